@@ -1,0 +1,123 @@
+"""`python -m engine <command>`: pretrain, prepare, export-hf, warmup-kernels.
+
+Every EngineConfig field becomes a flag (`--micro-batch-size`, booleans as `--tensorboard` /
+`--no-tensorboard`) with its default and meaning in `--help`. Only the flags a user actually gives
+override the preset and the `--config` file. Bad input exits 2 with one line naming the fix.
+"""
+
+import argparse
+import sys
+from dataclasses import MISSING, fields
+from typing import Any, Callable
+
+from engine.config import EngineConfig, build_config, flag_name
+from engine.errors import EXIT_DIVERGED, EXIT_USAGE, ConfigError, TrainingDiverged
+
+__all__ = ["main", "build_parser", "config_from_args"]
+
+_GROUP_TITLES = {
+    "run": "run", "model": "model (presets fill these)", "batch": "batch", "optim": "optimizer and schedule",
+    "data": "data", "eval": "evaluation", "output": "checkpoints and output", "parallel": "parallelism",
+    "kernels": "kernels (empty: register.toml default; TEMPER_OP_<OP> overrides)", "perf": "performance",
+}
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=argparse.SUPPRESS, metavar="RUN.TOML",
+                        help="TOML file of EngineConfig fields; flags given here override it")
+    groups: dict[str, Any] = {}
+    for f in fields(EngineConfig):
+        group_name = f.metadata["group"]
+        if group_name not in groups:
+            groups[group_name] = parser.add_argument_group(_GROUP_TITLES[group_name])
+        group = groups[group_name]
+        default = f.default if f.default is not MISSING else None
+        # argparse %-formats help strings: escape the literal percent signs.
+        help_text = f"{f.metadata['help']} (default: {default!r})".replace("%", "%%")
+        kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool, "str": str}[f.type]
+        if kind is bool:
+            group.add_argument(flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+        else:
+            group.add_argument(flag_name(f.name), dest=f.name, type=kind, default=argparse.SUPPRESS,
+                               metavar=kind.__name__.upper(), help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    names = {f.name for f in fields(EngineConfig)}
+    overrides = {k: v for k, v in vars(args).items() if k in names}
+    return build_config(overrides, getattr(args, "config", ""))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits with EXIT_USAGE (2) and one line, like ConfigError."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m engine", description="Temper pretraining engine for MiniCPM4-style decoders.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    pretrain = sub.add_parser("pretrain", help="train a model (torchrun for several processes)",
+                              description="Train a MiniCPM4-style decoder. Precedence: field default < --preset "
+                                          "(engine/model_spec.toml) < --config < flags.")
+    _add_config_flags(pretrain)
+
+    prepare = sub.add_parser("prepare", help="tokenize a dataset into memory-mapped token shards")
+    _add_config_flags(prepare)
+    prepare.add_argument("--out", required=True, help="output folder for the shards and index.json")
+    prepare.add_argument("--num-proc", type=int, default=1, help="tokenizer worker processes")
+
+    export = sub.add_parser("export-hf", help="write HF safetensors + config.json from a checkpoint")
+    export.add_argument("--checkpoint", required=True, help="checkpoint folder (a step_* folder or a save dir: newest)")
+    export.add_argument("--out", required=True, help="output folder")
+
+    warm = sub.add_parser("warmup-kernels", help="compile the configured kernels into the on-disk cache")
+    _add_config_flags(warm)
+    return parser
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from engine.train import pretrain
+
+    return pretrain(config_from_args(args))
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from engine.data.prepare import prepare_from_config
+
+    prepare_from_config(config_from_args(args), out_dir=args.out, num_proc=args.num_proc)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from engine.export_hf import export_hf
+
+    export_hf(args.checkpoint, args.out)
+    return 0
+
+
+def _warmup(args: argparse.Namespace) -> int:
+    from engine.warmup import warmup_kernels
+
+    return warmup_kernels(config_from_args(args))
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "warmup-kernels": _warmup,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except TrainingDiverged as err:
+        print(f"error: training diverged: {err}", file=sys.stderr)
+        return EXIT_DIVERGED

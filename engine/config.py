@@ -1,0 +1,288 @@
+"""EngineConfig: the single source of truth for every knob of the engine.
+
+One direction only: model_spec.toml presets -> `--config run.toml` -> CLI flags -> EngineConfig.
+Every field is a CLI flag (engine/cli.py derives them from the `help` metadata below). Fields a run
+derives (gradient accumulation from the global batch, the padded vocabulary) are resolved once by
+`resolve()` and logged, so the config printed in a run header is the config that ran.
+"""
+
+import dataclasses
+import difflib
+import math
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+
+__all__ = [
+    "EngineConfig",
+    "PRESETS_FILE",
+    "LR_SCHEDULES",
+    "preset_names",
+    "load_preset",
+    "load_config",
+    "build_config",
+    "resolve",
+    "to_dict",
+    "flag_name",
+]
+
+PRESETS_FILE = Path(__file__).with_name("model_spec.toml")
+LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "bf16", "fp32")
+
+
+def _f(default: Any, help: str, group: str) -> Any:
+    return field(default=default, metadata={"help": help, "group": group})
+
+
+@dataclass(kw_only=True, frozen=True)
+class EngineConfig:
+    """Every behavioural knob of a run. Frozen: derive a new one with dataclasses.replace."""
+
+    # --- run
+    preset: str = _f("tiny", "model preset from engine/model_spec.toml (minicpm4-8b, minicpm4-0.5b, tiny, llama-tiny)", "run")
+    seed: int = _f(1234, "seed for initialisation and data order; same seed -> identical [LOSS] lines", "run")
+    device: str = _f("auto", "cpu, cuda, or auto (cuda when available)", "run")
+    compute_dtype: str = _f("auto", "bf16, fp32, or auto (bf16 on cuda, fp32 on cpu); masters, grads and moments stay fp32", "run")
+    num_steps: int = _f(50, "optimizer steps to run (the step count the schedule spans)", "run")
+
+    # --- model (presets fill these)
+    vocab_size: int = _f(258, "tokenizer vocabulary size; the embedding is padded to --vocab-pad-multiple x TP", "model")
+    vocab_pad_multiple: int = _f(128, "pad the vocabulary to a multiple of this times TP (Megatron pads to 128 x TP)", "model")
+    hidden_size: int = _f(128, "model width", "model")
+    num_layers: int = _f(4, "decoder layers", "model")
+    num_heads: int = _f(4, "query heads", "model")
+    num_kv_heads: int = _f(2, "key/value heads (GQA); must divide --num-heads", "model")
+    head_dim: int = _f(32, "dimension of each attention head", "model")
+    ffn_hidden_size: int = _f(384, "SwiGLU inner width (the gate and up projections each have this many rows)", "model")
+    rms_norm_eps: float = _f(1e-6, "RMSNorm epsilon", "model")
+    rope_theta: float = _f(10000.0, "RoPE base", "model")
+    mup: bool = _f(True, "apply MiniCPM's muP scalings (--scale-emb, --scale-depth, --dim-model-base); off = llama-style, all 1", "model")
+    scale_emb: float = _f(12.0, "muP: embedding output multiplier", "model")
+    scale_depth: float = _f(1.4, "muP: residual branches are scaled by scale_depth / sqrt(num_layers)", "model")
+    dim_model_base: int = _f(256, "muP: logits are divided by hidden_size / dim_model_base; matrices init with std / sqrt of it", "model")
+    init_std: float = _f(0.1, "init std of embeddings and matrices (scaled as --mup says; residual outputs also / sqrt(2 L) without muP)", "model")
+
+    # --- batch
+    seq_length: int = _f(256, "tokens per sample (documents are packed with EOS to seq_length + 1)", "batch")
+    micro_batch_size: int = _f(8, "samples per micro-batch per data-parallel rank", "batch")
+    grad_accum_steps: int = _f(0, "micro-batches per step (0: derived from --global-batch-size, else 1)", "batch")
+    global_batch_size: int = _f(0, "samples per optimizer step = mbs x GAS x DP (0: derived)", "batch")
+
+    # --- optimizer and schedule
+    lr: float = _f(3e-4, "peak learning rate", "optim")
+    min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr (cosine, wsd, linear)", "optim")
+    lr_schedule: str = _f("cosine", "cosine (warmup + cosine), wsd (warmup-stable-decay, MiniCPM), constant, linear", "optim")
+    warmup_steps: int = _f(0, "linear warmup steps from 0 to --lr", "optim")
+    decay_steps: int = _f(0, "wsd: length of the final decay (0: 10% of --num-steps)", "optim")
+    weight_decay: float = _f(0.1, "AdamW decoupled weight decay for matrices and embeddings (never norms)", "optim")
+    adam_beta1: float = _f(0.9, "AdamW beta1", "optim")
+    adam_beta2: float = _f(0.95, "AdamW beta2", "optim")
+    adam_eps: float = _f(1e-8, "AdamW epsilon", "optim")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this (0: no clipping)", "optim")
+
+    # --- data
+    hf_dataset: str = _f("", "HF datasets source: a Hub name or local parquet/arrow/json/jsonl files or folder (empty: the bundled tiny corpus)", "data")
+    hf_dataset_config: str = _f("", "HF datasets configuration name", "data")
+    hf_split: str = _f("train", "training split of --hf-dataset", "data")
+    hf_val_split: str = _f("validation", "validation split of --hf-dataset (or of --hf-val-dataset)", "data")
+    hf_val_dataset: str = _f("", "separate validation source (Hub name or files); empty: --hf-val-split of --hf-dataset", "data")
+    hf_text_field: str = _f("text", "record field holding the text", "data")
+    hf_text_template: str = _f("", "format template over record fields, e.g. '{title}\\n\\n{text}' (overrides --hf-text-field)", "data")
+    tokenizer_path: str = _f("", "tokenizer.json, tokenizer.model, or a folder with one (empty: built-in byte tokenizer)", "data")
+    data_path: str = _f("", "token shards written by `engine prepare` (skips tokenization)", "data")
+    data_cache_dir: str = _f("", "where pretrain caches shards it prepares on the fly (empty: <run_dir>/data)", "data")
+
+    # --- evaluation
+    eval_every: int = _f(0, "evaluate every N steps (0: only the final evaluation)", "eval")
+    eval_steps: int = _f(8, "validation micro-batches per evaluation (0: no evaluation at all)", "eval")
+
+    # --- checkpoints and output
+    run_dir: str = _f("", "folder for metrics.jsonl, the resolved config and checkpoints (empty: outputs/<preset>)", "output")
+    save_dir: str = _f("", "checkpoint folder (empty: <run_dir>/checkpoints)", "output")
+    save_every: int = _f(0, "checkpoint every N steps (0: only at the end, if --save-final)", "output")
+    save_final: bool = _f(True, "checkpoint after the last step", "output")
+    keep_last: int = _f(3, "keep this many newest checkpoints", "output")
+    resume: str = _f("", "'auto' (newest checkpoint in --save-dir, if any) or a checkpoint path", "output")
+    log_every: int = _f(1, "print the [LOSS] line every N steps", "output")
+    tensorboard: bool = _f(False, "also write TensorBoard scalars under <run_dir>/tensorboard", "output")
+    peak_tflops: float = _f(0.0, "peak bf16 dense TFLOP/s per device for MFU (0: from the GPU model; 989 for H100/H200)", "output")
+
+    # --- parallelism
+    tp: int = _f(1, "tensor-parallel size (consecutive ranks); data-parallel size = world size / tp", "parallel")
+    sequence_parallel: bool = _f(False, "shard norms and residuals along the sequence across the TP group", "parallel")
+
+    # --- kernels (empty: the op's register.toml default; TEMPER_OP_<OP> overrides)
+    op_attention: str = _f("", "attention kernel version (see engine/ops/attention/register.toml)", "kernels")
+    op_rmsnorm: str = _f("", "rmsnorm kernel version", "kernels")
+    op_gemm_fc1: str = _f("", "fused fc1 + SwiGLU kernel version", "kernels")
+    op_gemm_output: str = _f("", "fused LM head + cross-entropy kernel version", "kernels")
+
+    # --- performance
+    activation_checkpointing: bool = _f(False, "recompute each decoder layer in backward (saves memory, costs ~1/3 more compute)", "perf")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        multiple = self.vocab_pad_multiple * self.tp
+        return math.ceil(self.vocab_size / multiple) * multiple
+
+    @property
+    def dp_size_hint(self) -> int:
+        """Data-parallel size implied by the resolved batch (global = mbs x GAS x DP)."""
+        return self.global_batch_size // (self.micro_batch_size * self.grad_accum_steps)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+_FIELDS = {f.name: f for f in fields(EngineConfig)}
+
+
+def _check_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in _FIELDS:
+            close = difflib.get_close_matches(name, list(_FIELDS), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see `python -m engine pretrain --help`"
+            raise ConfigError(f"{where}: {key}", value, hint, "is not an EngineConfig field")
+        out[name] = _coerce(name, value, where)
+    return out
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    kind = _FIELDS[name].type
+    ok = {
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str),
+    }[kind if isinstance(kind, str) else kind.__name__]
+    if not ok:
+        raise ConfigError(f"{where}: {name}", value, f"give a {kind if isinstance(kind, str) else kind.__name__}", "has the wrong type")
+    return float(value) if kind in ("float", float) else value
+
+
+def preset_names() -> list[str]:
+    with PRESETS_FILE.open("rb") as fh:
+        return list(tomllib.load(fh))
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    with PRESETS_FILE.open("rb") as fh:
+        presets = tomllib.load(fh)
+    if name not in presets:
+        raise ConfigError("preset", name, f"choose one of: {', '.join(presets)}", "is not a known preset")
+    return _check_keys(presets[name], f"preset {name}")
+
+
+def load_config(path: str) -> dict[str, Any]:
+    """Read a run.toml of EngineConfig fields (flat, or under an [engine] table)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError("config", path, "pass an existing TOML file", "does not exist")
+    try:
+        with file.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError("config", path, f"fix the TOML syntax ({err})", "does not parse") from err
+    if "engine" in data and isinstance(data["engine"], dict):
+        data = data["engine"]
+    return _check_keys(data, path)
+
+
+def build_config(overrides: dict[str, Any], config_path: str = "") -> EngineConfig:
+    """Defaults < preset < --config file < explicit overrides (CLI flags the user actually gave)."""
+    from_file = load_config(config_path) if config_path else {}
+    preset = overrides.get("preset") or from_file.get("preset") or EngineConfig.preset
+    values: dict[str, Any] = {}
+    values.update(load_preset(preset))
+    values.update(from_file)
+    values.update(_check_keys(overrides, "flags"))
+    values["preset"] = preset
+    return EngineConfig(**values)
+
+
+def _choice(cfg: EngineConfig, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(cfg, name)
+    if value not in choices:
+        raise ConfigError(flag_name(name), value, f"use one of: {', '.join(choices)}", "is not a valid choice")
+
+
+def _positive(cfg: EngineConfig, *names: str, allow_zero: bool = False) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if value < 0 or (value == 0 and not allow_zero):
+            need = "0 or more" if allow_zero else "a positive number"
+            raise ConfigError(flag_name(name), value, f"use {need}", "is out of range")
+
+
+def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
+    """Validate everything that can be checked before any work, and fill derived fields.
+
+    Raises ConfigError (one line, names field, value and fix) on the first problem found.
+    """
+    _choice(cfg, "device", DEVICES)
+    _choice(cfg, "compute_dtype", DTYPES)
+    _choice(cfg, "lr_schedule", LR_SCHEDULES)
+    _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
+              "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
+              "log_every", "lr", "init_std", "dim_model_base")
+    _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_steps",
+              "save_every", "weight_decay", "grad_clip", "peak_tflops", allow_zero=True)
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ConfigError("--num-kv-heads", cfg.num_kv_heads, f"use a divisor of --num-heads {cfg.num_heads}", "does not divide the query heads")
+    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
+        raise ConfigError("--min-lr-ratio", cfg.min_lr_ratio, "use a value in [0, 1]", "is out of range")
+    if cfg.warmup_steps > cfg.num_steps:
+        raise ConfigError("--warmup-steps", cfg.warmup_steps, f"use at most --num-steps {cfg.num_steps}", "is longer than the run")
+    if cfg.lr_schedule == "wsd" and cfg.warmup_steps + cfg.decay_steps > cfg.num_steps:
+        raise ConfigError("--decay-steps", cfg.decay_steps, f"warmup {cfg.warmup_steps} + decay must fit in --num-steps {cfg.num_steps}", "is too long")
+    if cfg.resume not in ("", "auto") and not Path(cfg.resume).exists():
+        raise ConfigError("--resume", cfg.resume, "pass 'auto' or an existing checkpoint folder", "does not exist")
+    for beta in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(cfg, beta) < 1.0:
+            raise ConfigError(flag_name(beta), getattr(cfg, beta), "use a value in [0, 1)", "is out of range")
+
+    # Parallel layout: TP groups of consecutive ranks, DP over the rest.
+    if world_size % cfg.tp:
+        raise ConfigError("--tp", cfg.tp, f"use a divisor of the world size {world_size}", "does not divide the number of processes")
+    for heads in ("num_heads", "num_kv_heads"):
+        n = getattr(cfg, heads)
+        if heads == "num_kv_heads" and cfg.tp > n and cfg.tp % n == 0:
+            continue  # more TP ranks than KV heads: each KV head is replicated on tp / n ranks
+        if n % cfg.tp:
+            raise ConfigError("--tp", cfg.tp, f"use a TP size that divides {flag_name(heads)} {n}", "does not divide the heads")
+    if cfg.ffn_hidden_size % cfg.tp:
+        raise ConfigError("--tp", cfg.tp, f"use a TP size that divides --ffn-hidden-size {cfg.ffn_hidden_size}", "does not divide the FFN")
+    if cfg.sequence_parallel and cfg.seq_length % cfg.tp:
+        raise ConfigError("--seq-length", cfg.seq_length, f"use a multiple of --tp {cfg.tp} with --sequence-parallel", "does not split across TP")
+    dp = world_size // cfg.tp
+
+    # Batch: global = mbs x GAS x DP; either of GAS / global may be given, or both if consistent.
+    mbs, gas, gbs = cfg.micro_batch_size, cfg.grad_accum_steps, cfg.global_batch_size
+    if gas and gbs and gbs != mbs * gas * dp:
+        raise ConfigError(
+            "--global-batch-size", gbs,
+            f"global batch {gbs} != mbs {mbs} x GAS {gas} x DP {dp}; set --grad-accum-steps {max(1, gbs // (mbs * dp))} "
+            f"or --global-batch-size {mbs * gas * dp}", "is inconsistent")
+    if gbs and not gas:
+        if gbs % (mbs * dp):
+            raise ConfigError("--global-batch-size", gbs, f"use a multiple of mbs {mbs} x DP {dp} = {mbs * dp}", "does not split into micro-batches")
+        gas = gbs // (mbs * dp)
+    gas = gas or 1
+    gbs = mbs * gas * dp
+    return dataclasses.replace(cfg, grad_accum_steps=gas, global_batch_size=gbs)
+
+
+def to_dict(cfg: EngineConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

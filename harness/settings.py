@@ -1,0 +1,45 @@
+"""The only module of the harness that reads environment variables (names in ENV_WHITELIST.md).
+
+API keys are read here on demand and handed to SDK clients in memory; they are never stored in a
+record, a log or a config file.
+"""
+
+import os
+from pathlib import Path
+
+__all__ = ["temper_home", "runs_dir", "api_key", "base_url", "no_color"]
+
+_KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+_URLS = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
+
+
+def temper_home() -> Path:
+    """Folder holding milestones/, prompts/ and runs/: TEMPER_HOME, else the checkout this file is in."""
+    home = os.environ.get("TEMPER_HOME", "")
+    return Path(home).resolve() if home else Path(__file__).resolve().parent.parent
+
+
+def runs_dir() -> Path:
+    override = os.environ.get("TEMPER_RUNS_DIR", "")
+    return Path(override).resolve() if override else temper_home() / "runs"
+
+
+def api_key(provider: str) -> str:
+    """The provider's API key from the environment, or "" when unset."""
+    if provider == "anthropic":
+        return os.environ.get("ANTHROPIC_API_KEY", "")
+    if provider == "openai":
+        return os.environ.get("OPENAI_API_KEY", "")
+    raise ValueError(f"unknown provider {provider!r}; expected one of {sorted(_KEYS)}")
+
+
+def base_url(provider: str) -> str:
+    if provider == "anthropic":
+        return os.environ.get("ANTHROPIC_BASE_URL", "")
+    if provider == "openai":
+        return os.environ.get("OPENAI_BASE_URL", "")
+    raise ValueError(f"unknown provider {provider!r}; expected one of {sorted(_URLS)}")
+
+
+def no_color() -> bool:
+    return bool(os.environ.get("NO_COLOR", ""))
