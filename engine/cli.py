@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export-hf", help="write HF safetensors + config.json from a checkpoint")
     export.add_argument("--checkpoint", required=True, help="checkpoint folder (a step_* folder or a save dir: newest)")
-    export.add_argument("--out", required=True, help="output folder")
+    export.add_argument("--out", required=True, help="output folder (replaced atomically)")
+    export.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weight dtype to write")
 
     warm = sub.add_parser("warmup-kernels", help="compile the configured kernels into the on-disk cache")
     _add_config_flags(warm)
@@ -96,7 +97,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from engine.export_hf import export_hf
 
-    export_hf(args.checkpoint, args.out)
+    export_hf(args.checkpoint, args.out, dtype=args.dtype)
     return 0
 
 

@@ -1,0 +1,49 @@
+"""The FLOP count behind every MFU the engine prints (the Megatron / ForgeTrain count).
+
+Per token: 6 x (parameters of the matmuls: QKV, O, FC1 (gate and up), FC2, and the LM head over the
+true vocabulary) + 6 x L x (num_heads x head_dim) x seq for causal attention (QK^T and AV,
+forward and backward, halved for the causal mask). Embedding lookups count 0. Recomputation is not
+counted (it is overhead, not useful work). MFU = that x tokens / (seconds x devices x peak).
+"""
+
+from engine.config import EngineConfig
+from engine.errors import ConfigError
+
+__all__ = ["matmul_params", "flops_per_token", "peak_flops", "mfu", "PEAK_TFLOPS"]
+
+# Dense bf16 tensor-core peak per device, TFLOP/s (vendor datasheets, SXM parts, no sparsity).
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "GH200": 989.0, "A100": 312.0, "A800": 312.0,
+               "B200": 2250.0, "B100": 1750.0, "L40S": 362.0}
+
+
+def matmul_params(cfg: EngineConfig) -> int:
+    h, d = cfg.hidden_size, cfg.head_dim
+    qkv = h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d
+    o = cfg.num_heads * d * h
+    fc1 = h * 2 * cfg.ffn_hidden_size
+    fc2 = cfg.ffn_hidden_size * h
+    return cfg.num_layers * (qkv + o + fc1 + fc2) + h * cfg.vocab_size
+
+
+def flops_per_token(cfg: EngineConfig) -> float:
+    attention = 6 * cfg.num_layers * cfg.num_heads * cfg.head_dim * cfg.seq_length
+    return 6.0 * matmul_params(cfg) + attention
+
+
+def peak_flops(cfg: EngineConfig, device_name: str) -> float:
+    """Peak FLOP/s of one device: --peak-tflops if given, else by GPU model name; 0 on CPU (no MFU)."""
+    if cfg.peak_tflops > 0:
+        return cfg.peak_tflops * 1e12
+    if device_name == "cpu":
+        return 0.0
+    for key, tflops in PEAK_TFLOPS.items():
+        if key in device_name.upper():
+            return tflops * 1e12
+    raise ConfigError("--peak-tflops", cfg.peak_tflops, f"pass the bf16 dense peak of a {device_name!r} in TFLOP/s",
+                      "is unset and the GPU is not in the known list")
+
+
+def mfu(cfg: EngineConfig, tokens: int, seconds: float, num_devices: int, peak: float) -> float:
+    if peak <= 0 or seconds <= 0:
+        return 0.0
+    return flops_per_token(cfg) * tokens / (seconds * num_devices * peak)

@@ -1,0 +1,81 @@
+"""Per-step wire lines on stdout, their JSONL twin, and optional TensorBoard scalars.
+
+`tokens` is the number of tokens in that step (global, all DP ranks) and `time_s` that step's wall
+time, so tokens / time_s is the step's throughput.
+
+The wire format is a contract with the harness's log parser (keep it byte for byte):
+  [LOSS] step=N global_loss=%.9e grad_norm=%.9e lr=%.6e tokens=N time_s=%.6f mfu=%.4f
+  [EVAL] step=N val_loss=%.9e val_bpb=%.6f tokens=N
+`.9e` keeps bitwise comparisons of losses honest. Only the main rank writes. MFU uses the count in
+engine/flops.py and is printed as a fraction (0.5 = 50%).
+"""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["MetricsWriter", "loss_line", "eval_line"]
+
+
+def loss_line(step: int, loss: float, grad_norm: float, lr: float, tokens: int, time_s: float, mfu: float) -> str:
+    return (f"[LOSS] step={step} global_loss={loss:.9e} grad_norm={grad_norm:.9e} lr={lr:.6e} "
+            f"tokens={tokens} time_s={time_s:.6f} mfu={mfu:.4f}")
+
+
+def eval_line(step: int, val_loss: float, val_bpb: float, tokens: int) -> str:
+    return f"[EVAL] step={step} val_loss={val_loss:.9e} val_bpb={val_bpb:.6f} tokens={tokens}"
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: Path, *, enabled: bool, tensorboard: bool, append: bool = False,
+                 stream: TextIO | None = None):
+        """append: continue metrics.jsonl (a resumed run); otherwise start it afresh."""
+        self.enabled = enabled
+        self.stream = stream or sys.stdout
+        self._jsonl = None
+        self._tb = None
+        if not enabled:
+            return
+        self._jsonl = (run_dir / "metrics.jsonl").open("a" if append else "w", encoding="utf-8")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def _emit(self, line: str, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        print(line, file=self.stream, flush=True)
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            step = record["step"]
+            for key, value in record.items():
+                if key not in ("kind", "step") and isinstance(value, (int, float)):
+                    self._tb.add_scalar(f"{record['kind']}/{key}", value, step)
+
+    def log_step(self, *, step: int, loss: float, grad_norm: float, lr: float, tokens: int, time_s: float,
+                 mfu: float, peak_mem_gib: float, print_line: bool = True) -> None:
+        record = {"kind": "loss", "step": step, "global_loss": loss, "grad_norm": grad_norm, "lr": lr,
+                  "tokens": tokens, "time_s": time_s, "mfu": mfu, "peak_mem_gib": peak_mem_gib}
+        line = loss_line(step, loss, grad_norm, lr, tokens, time_s, mfu)
+        if print_line:
+            self._emit(line, record)
+        elif self.enabled:
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
+
+    def log_eval(self, *, step: int, val_loss: float, val_bpb: float, tokens: int) -> None:
+        record = {"kind": "eval", "step": step, "val_loss": val_loss, "val_bpb": val_bpb, "tokens": tokens}
+        self._emit(eval_line(step, val_loss, val_bpb, tokens), record)
+
+    def info(self, text: str) -> None:
+        if self.enabled:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()

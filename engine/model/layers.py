@@ -1,0 +1,196 @@
+"""Building blocks of the MiniCPM4 decoder, written for tensor parallelism from the start.
+
+Each block holds only its own shard of the weights (TP size 1: the whole weight) and calls the hot
+math through the op dispatcher (`OpSet`), so kernels and TP slot in without changing the model:
+- QKV and FC1 are column-parallel: each rank owns whole heads / a slice of the FFN.
+- O and FC2 are row-parallel: their outputs are partial sums, all-reduced at the region's end.
+- The embedding and the LM head are vocab-parallel over the padded vocabulary.
+
+Every parameter also knows how to initialise its shard from the full, layout-independent tensor
+(`init_shard`), so TP = 1 and TP = 2 start from the same model bit for bit.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import EngineConfig
+from engine.distributed import ParallelState, copy_to_tp, reduce_from_tp
+from engine.model.init import Initializer
+from engine.ops import OpSet
+
+__all__ = ["RMSNormWeight", "Rotary", "Attention", "MLP", "VocabEmbedding", "DecoderLayer", "kv_head_range"]
+
+
+def kv_head_range(num_kv_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
+    """KV heads this TP rank holds. With more TP ranks than KV heads, each head is replicated on
+    tp_size / num_kv_heads consecutive ranks (their gradients are then summed over those ranks)."""
+    if tp_size <= num_kv_heads:
+        per = num_kv_heads // tp_size
+        return tp_rank * per, (tp_rank + 1) * per
+    head = tp_rank // (tp_size // num_kv_heads)
+    return head, head + 1
+
+
+class RMSNormWeight(nn.Module):
+    """The learnable gain of an RMSNorm (replicated on every TP rank); the math is ops.rmsnorm."""
+
+    def __init__(self, size: int, device: torch.device | str, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size, device=device, dtype=dtype))
+
+    def init_shard(self, init: Initializer, name: str) -> None:
+        with torch.no_grad():
+            self.weight.fill_(1.0)
+
+
+class Rotary(nn.Module):
+    """RoPE in the rotate-half convention of HF Llama (so exported weights need no permutation)."""
+
+    def __init__(self, head_dim: int, theta: float, max_seq: int, device: torch.device | str):
+        super().__init__()
+        self.head_dim, self.theta, self.max_seq = head_dim, theta, max_seq
+        self.register_buffer("cos", torch.empty(max_seq, head_dim, device=device), persistent=False)
+        self.register_buffer("sin", torch.empty(max_seq, head_dim, device=device), persistent=False)
+
+    def init_shard(self, init: Initializer, name: str) -> None:
+        # Same arithmetic as HF Llama's default rope (fp32 inverse frequencies, outer product).
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=self.cos.device).float() / self.head_dim))
+        t = torch.arange(self.max_seq, device=self.cos.device, dtype=torch.int64).float()
+        freqs = torch.outer(t, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        with torch.no_grad():
+            self.cos.copy_(emb.cos())
+            self.sin.copy_(emb.sin())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [b, s, h, d] -> rotated, in x's dtype."""
+        s = x.shape[1]
+        cos = self.cos[:s].to(x.dtype)[None, :, None, :]
+        sin = self.sin[:s].to(x.dtype)[None, :, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """GQA self-attention: column-parallel fused QKV, causal attention op, row-parallel O."""
+
+    def __init__(self, cfg: EngineConfig, par: ParallelState, ops: OpSet, device, dtype):
+        super().__init__()
+        self.par, self.ops = par, ops
+        self.head_dim = cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
+        self.q_heads = cfg.num_heads // par.tp_size
+        self.kv_lo, self.kv_hi = kv_head_range(cfg.num_kv_heads, par.tp_rank, par.tp_size)
+        self.kv_heads = self.kv_hi - self.kv_lo
+        self.hidden = cfg.hidden_size
+        rows = (self.q_heads + 2 * self.kv_heads) * cfg.head_dim
+        self.qkv = nn.Parameter(torch.empty(rows, cfg.hidden_size, device=device, dtype=dtype))
+        self.o = nn.Parameter(torch.empty(cfg.hidden_size, self.q_heads * cfg.head_dim, device=device, dtype=dtype))
+        self.softmax_scale = 1.0 / math.sqrt(cfg.head_dim)
+
+    def init_shard(self, init: Initializer, name: str) -> None:
+        d, r = self.head_dim, self.par.tp_rank
+        q_rows = slice(r * self.q_heads * d, (r + 1) * self.q_heads * d)
+        kv_rows = slice(self.kv_lo * d, self.kv_hi * d)
+        with torch.no_grad():
+            q = init.matrix(f"{name}.wq", (self.num_heads * d, self.hidden))[q_rows]
+            k = init.matrix(f"{name}.wk", (self.num_kv_heads * d, self.hidden))[kv_rows]
+            v = init.matrix(f"{name}.wv", (self.num_kv_heads * d, self.hidden))[kv_rows]
+            self.qkv.copy_(torch.cat([q, k, v]))
+            o = init.residual_out(f"{name}.wo", (self.hidden, self.num_heads * d))
+            self.o.copy_(o[:, q_rows])
+
+    def forward(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        b, s, _ = x.shape
+        x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
+        qkv = F.linear(x, self.qkv)
+        d = self.head_dim
+        q, k, v = qkv.split([self.q_heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q = rotary(q.view(b, s, self.q_heads, d))
+        k = rotary(k.view(b, s, self.kv_heads, d))
+        v = v.view(b, s, self.kv_heads, d)
+        out = self.ops.attention(q, k, v, softmax_scale=self.softmax_scale)
+        out = F.linear(out.reshape(b, s, self.q_heads * d), self.o)
+        return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
+
+
+class MLP(nn.Module):
+    """SwiGLU: column-parallel fused [gate; up] FC1 (ops.gemm_fc1), row-parallel FC2."""
+
+    def __init__(self, cfg: EngineConfig, par: ParallelState, ops: OpSet, device, dtype):
+        super().__init__()
+        self.par, self.ops = par, ops
+        self.ffn, self.hidden = cfg.ffn_hidden_size, cfg.hidden_size
+        self.local = cfg.ffn_hidden_size // par.tp_size
+        self.fc1 = nn.Parameter(torch.empty(2 * self.local, cfg.hidden_size, device=device, dtype=dtype))
+        self.fc2 = nn.Parameter(torch.empty(cfg.hidden_size, self.local, device=device, dtype=dtype))
+
+    def init_shard(self, init: Initializer, name: str) -> None:
+        rows = slice(self.par.tp_rank * self.local, (self.par.tp_rank + 1) * self.local)
+        with torch.no_grad():
+            gate = init.matrix(f"{name}.w_gate", (self.ffn, self.hidden))[rows]
+            up = init.matrix(f"{name}.w_up", (self.ffn, self.hidden))[rows]
+            self.fc1.copy_(torch.cat([gate, up]))
+            self.fc2.copy_(init.residual_out(f"{name}.w_down", (self.hidden, self.ffn))[:, rows])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
+        out = F.linear(self.ops.gemm_fc1(x, self.fc1), self.fc2)
+        return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
+
+
+class VocabEmbedding(nn.Module):
+    """Vocab-parallel embedding over the padded vocabulary: each rank looks up its rows, zeroes the
+    tokens it does not own, and the partial embeddings are summed across TP."""
+
+    def __init__(self, cfg: EngineConfig, par: ParallelState, device, dtype):
+        super().__init__()
+        self.par = par
+        self.padded = cfg.padded_vocab_size
+        self.local = self.padded // par.tp_size
+        self.start = par.tp_rank * self.local
+        self.hidden = cfg.hidden_size
+        self.weight = nn.Parameter(torch.empty(self.local, cfg.hidden_size, device=device, dtype=dtype))
+
+    def init_shard(self, init: Initializer, name: str) -> None:
+        with torch.no_grad():
+            full = init.embedding(name, (self.padded, self.hidden))
+            self.weight.copy_(full[self.start:self.start + self.local])
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.par.tp_size == 1:
+            return F.embedding(tokens, self.weight)
+        local = tokens - self.start
+        outside = (local < 0) | (local >= self.local)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block. The residual stream and the last branch output travel separately so the
+    norm can fuse `residual += scale * branch` (MiniCPM's depth scaling) into one kernel."""
+
+    def __init__(self, cfg: EngineConfig, par: ParallelState, ops: OpSet, device, dtype):
+        super().__init__()
+        self.ops, self.eps = ops, cfg.rms_norm_eps
+        self.residual_scale = cfg.scale_depth / math.sqrt(cfg.num_layers) if cfg.mup else 1.0
+        self.attn_norm = RMSNormWeight(cfg.hidden_size, device, dtype)
+        self.attn = Attention(cfg, par, ops, device, dtype)
+        self.mlp_norm = RMSNormWeight(cfg.hidden_size, device, dtype)
+        self.mlp = MLP(cfg, par, ops, device, dtype)
+
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor | None, rotary: Rotary):
+        if branch is None:  # first layer: the residual stream is the embedding output
+            hidden = self.ops.rmsnorm(residual, self.attn_norm.weight, eps=self.eps)
+        else:
+            hidden, residual = self.ops.rmsnorm(branch, self.attn_norm.weight, eps=self.eps,
+                                                residual=residual, residual_scale=self.residual_scale)
+        branch = self.attn(hidden, rotary)
+        hidden, residual = self.ops.rmsnorm(branch, self.mlp_norm.weight, eps=self.eps,
+                                            residual=residual, residual_scale=self.residual_scale)
+        return residual, self.mlp(hidden)

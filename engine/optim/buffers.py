@@ -1,0 +1,104 @@
+"""Flat, bucketed buffers for parameters and their fp32 gradients (Megatron's layout).
+
+Every parameter is a view into one contiguous buffer of the model dtype, and its gradient is
+accumulated into a view of one contiguous fp32 buffer (`main_grad`) by a post-accumulate hook:
+- gradient accumulation over micro-batches happens in fp32, whatever the compute dtype;
+- data parallelism can reduce-scatter whole buckets, launched as soon as backward fills one;
+- the distributed optimizer owns one contiguous slice of every bucket (`shard_ranges`).
+
+Parameters are laid out in reverse order of `named_parameters()`, roughly the order in which
+backward produces their gradients, so the first bucket is ready first. Each bucket is padded to a
+multiple of the data-parallel size so it splits evenly.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["Entry", "Bucket", "FlatBuffers"]
+
+_ALIGN = 64  # elements; keeps every view 128/256-byte aligned for vectorised kernels
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    param: nn.Parameter
+    start: int  # offset in the flat buffers
+    numel: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.numel
+
+
+@dataclass(frozen=True)
+class Bucket:
+    index: int
+    start: int
+    end: int  # padded end; (end - start) % dp_size == 0
+    entries: tuple[Entry, ...]
+
+
+class FlatBuffers:
+    def __init__(self, model: nn.Module, *, dp_size: int = 1, bucket_numel: int = 40_000_000):
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        assert named, "model has no trainable parameters"
+        dtype, device = named[0][1].dtype, named[0][1].device
+        self.dp_size = dp_size
+        entries: list[Entry] = []
+        buckets: list[Bucket] = []
+        offset = bucket_start = 0
+        current: list[Entry] = []
+        for name, param in reversed(named):
+            entry = Entry(name, param, offset, param.numel())
+            entries.append(entry)
+            current.append(entry)
+            offset = _round_up(entry.end, _ALIGN)
+            if offset - bucket_start >= bucket_numel:
+                end = _round_up(offset, dp_size * _ALIGN)
+                buckets.append(Bucket(len(buckets), bucket_start, end, tuple(current)))
+                offset = bucket_start = end
+                current = []
+        if current:
+            end = _round_up(offset, dp_size * _ALIGN)
+            buckets.append(Bucket(len(buckets), bucket_start, end, tuple(current)))
+            offset = end
+        self.entries = tuple(entries)
+        self.buckets = tuple(buckets)
+        self.numel = offset
+        self.params = torch.zeros(self.numel, dtype=dtype, device=device)
+        self.grads = torch.zeros(self.numel, dtype=torch.float32, device=device)
+        for e in self.entries:
+            view = self.params[e.start:e.end].view_as(e.param)
+            view.copy_(e.param.detach())
+            e.param.data = view
+        self._hooks = [e.param.register_post_accumulate_grad_hook(self._make_hook(e)) for e in self.entries]
+
+    def _make_hook(self, entry: Entry):
+        main = self.grads[entry.start:entry.end].view_as(entry.param)
+
+        def hook(param: torch.Tensor) -> None:
+            main.add_(param.grad)
+            param.grad = None
+
+        return hook
+
+    def grad_view(self, entry: Entry) -> torch.Tensor:
+        return self.grads[entry.start:entry.end].view_as(entry.param)
+
+    def zero_grads(self) -> None:
+        self.grads.zero_()
+
+    def shard_ranges(self, dp_rank: int) -> list[tuple[int, int]]:
+        """The [start, end) ranges of the flat buffers this DP rank's optimizer owns, one per bucket."""
+        ranges = []
+        for b in self.buckets:
+            size = (b.end - b.start) // self.dp_size
+            ranges.append((b.start + dp_rank * size, b.start + (dp_rank + 1) * size))
+        return ranges

@@ -1,0 +1,126 @@
+"""AdamW with fp32 master weights and fp32 moments over the flat buffers.
+
+The model computes in its own dtype (bf16 on GPU); the optimizer keeps fp32 masters for the slice
+of the flat buffers this data-parallel rank owns (`FlatBuffers.shard_ranges`), steps them with
+torch's AdamW (fused on CUDA, foreach on CPU) using the fp32 `main_grad` views as gradients, and
+writes the result back into the model's parameter buffer. One `Segment` is the part of one
+parameter that lies in an owned range; with DP = 1 every parameter is one whole segment.
+
+Weight decay applies to matrices and embeddings (ndim >= 2), never to norm gains.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from engine.config import EngineConfig
+from engine.distributed import ParallelState
+from engine.optim.buffers import Entry, FlatBuffers
+
+__all__ = ["Segment", "MixedPrecisionAdamW"]
+
+
+@dataclass
+class Segment:
+    entry: Entry
+    lo: int  # absolute range [lo, hi) in the flat buffers
+    hi: int
+    master: torch.Tensor  # fp32, 1-D, hi - lo elements
+
+    @property
+    def param_range(self) -> tuple[int, int]:
+        """The same range as offsets into the flattened parameter."""
+        return self.lo - self.entry.start, self.hi - self.entry.start
+
+
+class MixedPrecisionAdamW:
+    def __init__(self, buffers: FlatBuffers, cfg: EngineConfig, par: ParallelState):
+        self.buffers, self.cfg, self.par = buffers, cfg, par
+        self.segments: list[Segment] = []
+        for lo, hi in buffers.shard_ranges(par.dp_rank):
+            for e in buffers.entries:
+                a, b = max(lo, e.start), min(hi, e.end)
+                if a < b:
+                    master = buffers.params[a:b].detach().float().clone()
+                    master.grad = buffers.grads[a:b]
+                    self.segments.append(Segment(e, a, b, master))
+        decay = [s.master for s in self.segments if s.entry.param.ndim >= 2]
+        no_decay = [s.master for s in self.segments if s.entry.param.ndim < 2]
+        groups = [g for g in ({"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+        impl = {"fused": True} if par.device.type == "cuda" else {"foreach": True}
+        self.adam = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                      eps=cfg.adam_eps, **impl)
+
+    @torch.no_grad()
+    def grad_norm(self) -> float:
+        """Global L2 norm of the fp32 gradients this rank's optimizer owns, summed over DP ranks
+        (their shards are disjoint) and TP ranks (their shards are disjoint; a TP-replicated
+        parameter is counted on TP rank 0 only)."""
+        squares = torch.zeros((), dtype=torch.float32, device=self.buffers.grads.device)
+        for s in self.segments:
+            if self.par.tp_size > 1 and self.par.tp_rank != 0 and getattr(s.entry.param, "tp_replicated", False):
+                continue
+            squares += torch.sum(s.master.grad * s.master.grad)
+        if self.par.dp_size > 1:
+            dist.all_reduce(squares, group=self.par.dp_group)
+        if self.par.tp_size > 1:
+            dist.all_reduce(squares, group=self.par.tp_group)
+        return math.sqrt(squares.item())
+
+    @torch.no_grad()
+    def clip(self, norm: float) -> None:
+        """Scale gradients so their global norm is at most cfg.grad_clip (as clip_grad_norm_ does)."""
+        if self.cfg.grad_clip <= 0 or not math.isfinite(norm):
+            return
+        coef = self.cfg.grad_clip / (norm + 1e-6)
+        if coef < 1.0:
+            for s in self.segments:
+                s.master.grad.mul_(coef)
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        for group in self.adam.param_groups:
+            group["lr"] = lr
+        self.adam.step()
+        for s in self.segments:
+            self.buffers.params[s.lo:s.hi].copy_(s.master)
+
+    # --- checkpoint state: masters and moments keyed by parameter name (flattened) ---------------
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Tensors to checkpoint. With one whole segment per parameter the keys are plain names."""
+        out: dict[str, torch.Tensor] = {}
+        for s in self.segments:
+            lo, hi = s.param_range
+            assert (lo, hi) == (0, s.entry.numel), "sharded segments need the distributed checkpoint layout"
+            state = self.adam.state.get(s.master, {})
+            out[f"master/{s.entry.name}"] = s.master
+            out[f"exp_avg/{s.entry.name}"] = state.get("exp_avg", torch.zeros_like(s.master))
+            out[f"exp_avg_sq/{s.entry.name}"] = state.get("exp_avg_sq", torch.zeros_like(s.master))
+        return out
+
+    def adam_step(self) -> int:
+        for s in self.segments:
+            state = self.adam.state.get(s.master)
+            if state and "step" in state:
+                return int(state["step"].item())
+        return 0
+
+    @torch.no_grad()
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], adam_step: int) -> None:
+        """Restore masters and moments (tensors as returned by state_tensors, loaded in place or
+        fresh), set the Adam step, and rewrite the model parameters from the masters."""
+        for s in self.segments:
+            name = s.entry.name
+            s.master.copy_(tensors[f"master/{name}"])
+            if adam_step > 0:
+                state = self.adam.state[s.master]
+                state["exp_avg"] = tensors[f"exp_avg/{name}"].clone()
+                state["exp_avg_sq"] = tensors[f"exp_avg_sq/{name}"].clone()
+                # fused/foreach AdamW keep the step as a float32 tensor (on the device when fused)
+                dev = s.master.device if self.par.device.type == "cuda" else torch.device("cpu")
+                state["step"] = torch.tensor(float(adam_step), dtype=torch.float32, device=dev)
+            self.buffers.params[s.lo:s.hi].copy_(s.master)

@@ -1,0 +1,69 @@
+"""The self-describing header every run prints first: code, versions, hardware, layout, config.
+
+Enough to reproduce or question a run from its log alone (git commit, library versions, GPU model,
+resolved config, and which kernel version of every op ran).
+"""
+
+import json
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["git_commit", "library_versions", "device_name", "header_lines"]
+
+_KERNEL_LIBS = ("nvidia-cutlass-dsl", "quack-kernels", "flash-attn-4", "transformers", "datasets", "tokenizers",
+                "sentencepiece")
+
+
+def git_commit() -> str:
+    """HEAD of the checkout the engine runs from, with '+dirty' when it has local changes."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return "unknown (not a git checkout)"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"unknown ({type(err).__name__})"
+    return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions from package metadata (nothing is imported)."""
+    out = {}
+    for name in _KERNEL_LIBS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def header_lines(*, device: torch.device, launcher: str, world: int, tp: int, dp: int, op_versions: dict[str, str],
+                 data: str, params: int, matmul_params: int, flops_per_token: float, config: dict[str, Any]) -> list[str]:
+    cuda = torch.version.cuda or "none"
+    libs = " ".join(f"{k}={v}" for k, v in library_versions().items())
+    ops = " ".join(f"{k}={v}" for k, v in sorted(op_versions.items()))
+    return [
+        f"[RUN] temper engine git={git_commit()} python={platform.python_version()} torch={torch.__version__} "
+        f"cuda={cuda} device={device_name(device)} host={socket.gethostname()}",
+        f"[RUN] argv={' '.join(sys.argv)}",
+        f"[RUN] layout launcher={launcher} world={world} tp={tp} dp={dp}",
+        f"[RUN] ops {ops}",
+        f"[RUN] libs {libs}",
+        f"[RUN] data {data}",
+        f"[RUN] model params={params} matmul_params={matmul_params} flops_per_token={flops_per_token:.6e} "
+        f"(MFU count: engine/flops.py, 6 x matmul params + 6 x L x h x s)",
+        "[CONFIG] " + json.dumps(config, sort_keys=True),
+    ]

@@ -1,0 +1,258 @@
+"""The pretraining loop: `python -m engine pretrain` (torchrun for several processes).
+
+Order of work, so that bad input fails before anything is written:
+1. resolve the config against the launch (batch sizes, layout), pick device and dtype;
+2. validate the resume target and build the data (tokenizer / dataset errors surface here);
+3. only then create the run dir, print the header, build model and optimizer, restore state;
+4. per step: all micro-batches' valid tokens are counted first, so each micro-batch's loss is
+   divided by the GLOBAL token count (exact gradient whatever mbs x GAS x DP split);
+   NaN/Inf stops the run before the optimizer step (the last checkpoint is never overwritten);
+   SIGTERM / SIGUSR1 save a checkpoint at the next step boundary and exit 0.
+"""
+
+import json
+import math
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.checkpoint import (check_compatible, find_checkpoint, load_checkpoint, meta_for, read_meta,
+                               save_checkpoint, write_text_atomic)
+from engine.config import EngineConfig, resolve, to_dict
+from engine.data import BatchLoader, build_data
+from engine.distributed import ParallelState, init_parallel, shutdown_parallel
+from engine.env import launch_env
+from engine.errors import ConfigError, TrainingDiverged
+from engine.evaluate import evaluate
+from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
+from engine.metrics import MetricsWriter
+from engine.model import IGNORE_INDEX, Transformer, build_model
+from engine.ops import resolve_ops
+from engine.optim import FlatBuffers, MixedPrecisionAdamW, lr_at
+from engine.parallel import gather_params, reduce_grads
+from engine.runinfo import device_name, header_lines
+
+__all__ = ["pretrain", "resolve_device", "Trainer"]
+
+
+def resolve_device(cfg: EngineConfig) -> tuple[str, torch.dtype]:
+    """Device type and compute dtype for `auto` settings; a requested CUDA that is absent is an error."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device", "cuda", "run on a machine with a CUDA GPU or pass --device cpu", "is not available")
+    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype_name = cfg.compute_dtype if cfg.compute_dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
+    return device, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+
+
+class _StopFlag:
+    """SIGTERM / SIGUSR1 (SLURM preemption) ask for a checkpoint at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name = ""
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+
+class Trainer:
+    """Holds one run's state; `run()` trains from the current step to cfg.num_steps."""
+
+    def __init__(self, cfg: EngineConfig, par: ParallelState, dtype: torch.dtype, launcher: str = "none"):
+        self.cfg, self.par, self.dtype = cfg, par, dtype
+        self.run_dir = Path(cfg.run_dir or f"outputs/{cfg.preset}")
+        self.save_dir = Path(cfg.save_dir) if cfg.save_dir else self.run_dir / "checkpoints"
+        self.layout = {"tp": par.tp_size, "dp": par.dp_size}
+
+        # 2. everything that can reject the input, before anything is written
+        self.resume_from = find_checkpoint(cfg.resume, self.save_dir)
+        self.resume_meta = None
+        if self.resume_from is not None:
+            self.resume_meta = read_meta(self.resume_from)
+            check_compatible(self.resume_meta, cfg, self.resume_from, self.layout)
+        cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else self.run_dir / "data"
+        self.data = build_data(cfg, cache_dir=cache, dp_rank=par.dp_rank, dp_size=par.dp_size)
+        self.loader = BatchLoader(self.data.train, micro_batch_size=cfg.micro_batch_size,
+                                  grad_accum_steps=cfg.grad_accum_steps, dp_rank=par.dp_rank,
+                                  dp_size=par.dp_size, seed=cfg.seed)
+        self.token_bytes = torch.tensor(self.data.tokenizer.token_byte_lengths(), dtype=torch.float64)
+        self.ops = resolve_ops(cfg, par.device)
+        self.peak = peak_flops(cfg, device_name(par.device))
+
+        # 3. outputs, model, optimizer
+        if par.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.run_dir / "config.json", _json(to_dict(cfg)))
+        self.metrics = MetricsWriter(self.run_dir, enabled=par.is_main, tensorboard=cfg.tensorboard,
+                                     append=self.resume_from is not None)
+        self.model: Transformer = build_model(cfg, par, self.ops, dtype)
+        self.buffers = FlatBuffers(self.model, dp_size=par.dp_size)
+        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        for line in header_lines(device=par.device, launcher=launcher, world=par.world_size, tp=par.tp_size,
+                                 dp=par.dp_size, op_versions=self.ops.versions, data=self.data.description,
+                                 params=n_params, matmul_params=matmul_params(cfg),
+                                 flops_per_token=flops_per_token(cfg), config=to_dict(cfg)):
+            self.metrics.info(line)
+        self.step = 0
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+        self.stop = _StopFlag()
+
+    # --- checkpoint state ---------------------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        rng = {"cpu": torch.get_rng_state()}
+        if self.par.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.par.device)
+        prefix = f"tp{self.par.tp_rank}/" if self.par.tp_size > 1 else ""
+        optim = {prefix + k: v for k, v in self.optimizer.state_tensors().items()}
+        return {
+            "optim": optim,
+            "trainer": {"step": self.step, "adam_step": self.optimizer.adam_step(), "data": self.loader.state_dict()},
+            f"rng/rank{self.par.rank}": rng,
+        }
+
+    def save(self) -> Path:
+        path = save_checkpoint(self.save_dir, self.step, self._state(), meta_for(self.cfg, self.step, self.layout),
+                               is_main=self.par.is_main, keep_last=self.cfg.keep_last)
+        self.metrics.info(f"[CKPT] step={self.step} path={path}")
+        return path
+
+    def _restore(self, path: Path) -> None:
+        state = self._state()
+        load_checkpoint(path, state)
+        prefix = f"tp{self.par.tp_rank}/" if self.par.tp_size > 1 else ""
+        tensors = {k[len(prefix):]: v for k, v in state["optim"].items()}
+        self.optimizer.load_state_tensors(tensors, int(state["trainer"]["adam_step"]))
+        self.loader.load_state_dict(state["trainer"]["data"])
+        rng = state[f"rng/rank{self.par.rank}"]
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"], self.par.device)
+        self.step = int(state["trainer"]["step"])
+        self.metrics.info(f"[RUN] resumed from {path} at step {self.step}")
+
+    # --- one optimizer step -------------------------------------------------------------------------
+
+    def _all_reduce_dp(self, t: torch.Tensor) -> torch.Tensor:
+        if self.par.dp_size > 1:
+            dist.all_reduce(t, group=self.par.dp_group)
+        return t
+
+    def train_step(self) -> tuple[float, float, float]:
+        micro = [(x.to(self.par.device, non_blocking=True), y.to(self.par.device, non_blocking=True))
+                 for x, y in self.loader.next_step()]
+        valid = torch.zeros((), dtype=torch.float32, device=self.par.device)
+        for _, labels in micro:
+            valid += (labels != IGNORE_INDEX).sum()
+        valid = self._all_reduce_dp(valid)
+        self.buffers.zero_grads()
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)
+        for inputs, labels in micro:
+            loss = self.model(inputs, labels)
+            (loss / valid).backward()
+            loss_sum += loss.detach()
+        reduce_grads(self.buffers, self.par)
+        loss_value = (self._all_reduce_dp(loss_sum) / valid).item()
+        grad_norm = self.optimizer.grad_norm()
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+            raise TrainingDiverged(self._divergence_report(loss_value, grad_norm))
+        self.optimizer.clip(grad_norm)
+        lr = lr_at(self.cfg, self.step)
+        self.optimizer.step(lr)
+        gather_params(self.buffers, self.par)
+        return loss_value, grad_norm, lr
+
+    def _divergence_report(self, loss: float, grad_norm: float) -> str:
+        norms = []
+        for e in self.buffers.entries:
+            n = self.buffers.grad_view(e).float().norm().item()
+            norms.append((not math.isfinite(n), n if math.isfinite(n) else 0.0, e.name, n))
+        worst = sorted(norms, reverse=True)[:5]
+        layers = ", ".join(f"{name}={n:.3e}" for _, _, name, n in worst)
+        last = find_checkpoint("auto", self.save_dir)
+        kept = f"last good checkpoint {last} (not overwritten)" if last else "no checkpoint was written"
+        return f"step {self.step + 1}: loss={loss} grad_norm={grad_norm}; largest grad norms: {layers}; {kept}"
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    def _stop_agreed(self) -> bool:
+        flag = torch.tensor(1 if self.stop.requested else 0, device=self.par.device)
+        if self.par.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _evaluate(self) -> None:
+        if self.cfg.eval_steps == 0 or self.data.validation is None:
+            return
+        val_loss, bpb, tokens = evaluate(self.model, self.data.validation, self.cfg, self.par, self.token_bytes)
+        self.metrics.log_eval(step=self.step, val_loss=val_loss, val_bpb=bpb, tokens=tokens)
+
+    def run(self) -> int:
+        cfg = self.cfg
+        self.stop.install()
+        saved_at = self.step if self.resume_from is not None else -1
+        try:
+            while self.step < cfg.num_steps:
+                if self.par.device.type == "cuda":
+                    torch.cuda.synchronize(self.par.device)
+                t0 = time.perf_counter()
+                loss, grad_norm, lr = self.train_step()
+                if self.par.device.type == "cuda":
+                    torch.cuda.synchronize(self.par.device)
+                dt = time.perf_counter() - t0
+                self.step += 1
+                mem = torch.cuda.max_memory_allocated(self.par.device) / 2**30 if self.par.device.type == "cuda" else 0.0
+                self.metrics.log_step(step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=cfg.tokens_per_step,
+                                      time_s=dt, mfu=mfu(cfg, cfg.tokens_per_step, dt, self.par.world_size, self.peak),
+                                      peak_mem_gib=mem, print_line=self.step % cfg.log_every == 0 or self.step == cfg.num_steps)
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.num_steps:
+                    self._evaluate()
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save()
+                    saved_at = self.step
+                if self._stop_agreed():
+                    if saved_at != self.step:
+                        self.save()
+                    self.metrics.info(f"[RUN] stopped by {self.stop.signal_name or 'signal'} at step {self.step}; "
+                                      f"resume with --resume auto")
+                    return 0
+            self._evaluate()
+            if cfg.save_final and saved_at != self.step:
+                self.save()
+            return 0
+        finally:
+            self.stop.uninstall()
+            self.metrics.close()
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def pretrain(cfg: EngineConfig) -> int:
+    env = launch_env()
+    cfg = resolve(cfg, env.world_size)
+    device_type, dtype = resolve_device(cfg)
+    cfg = replace(cfg, device=device_type, compute_dtype="bf16" if dtype == torch.bfloat16 else "fp32")
+    par = init_parallel(env, cfg.tp, device_type)
+    try:
+        return Trainer(cfg, par, dtype, launcher=env.launcher).run()
+    finally:
+        shutdown_parallel()
