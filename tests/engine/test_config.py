@@ -1,0 +1,108 @@
+"""EngineConfig: presets, precedence, validation messages, CLI flags for every field."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import build_parser, config_from_args
+from engine.config import EngineConfig, build_config, preset_names, resolve
+from engine.errors import ConfigError
+
+
+def test_presets_exist_and_resolve():
+    assert {"minicpm4-8b", "minicpm4-0.5b", "tiny", "llama-tiny"} <= set(preset_names())
+    for name in preset_names():
+        resolve(build_config({"preset": name}), world_size=1)
+
+
+def test_minicpm4_8b_matches_the_published_config():
+    import json
+    from tests.conftest import SHARED
+
+    cfg = build_config({"preset": "minicpm4-8b"})
+    path = SHARED / "data" / "tokenizers" / "minicpm4" / "config.json"
+    if not path.exists():
+        pytest.skip("../shared/data is absent")
+    hf = json.loads(path.read_text())
+    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.ffn_hidden_size, cfg.vocab_size) == (
+        hf["hidden_size"], hf["num_hidden_layers"], hf["num_attention_heads"], hf["num_key_value_heads"],
+        hf["intermediate_size"], hf["vocab_size"])
+    assert (cfg.scale_emb, cfg.scale_depth, cfg.dim_model_base, cfg.rms_norm_eps, cfg.rope_theta, cfg.init_std) == (
+        hf["scale_emb"], hf["scale_depth"], hf["dim_model_base"], hf["rms_norm_eps"], hf["rope_theta"], hf["initializer_range"])
+    assert cfg.head_dim * cfg.num_heads == hf["hidden_size"]
+    assert cfg.padded_vocab_size == 73472  # multiple of 128 (x TP 1)
+    assert dataclasses.replace(cfg, tp=2).padded_vocab_size == 73472  # 36736 per rank, 128-aligned
+
+
+def test_precedence_defaults_preset_file_flags(tmp_path):
+    run = tmp_path / "run.toml"
+    run.write_text('seq_length = 64\nlr = 0.5\n[unused]\n'.replace("[unused]\n", ""))
+    cfg = build_config({"lr": 0.25}, str(run))
+    assert cfg.preset == "tiny"
+    assert cfg.hidden_size == 128  # from the preset
+    assert cfg.seq_length == 64  # from the file
+    assert cfg.lr == 0.25  # the flag wins
+
+
+def test_every_field_is_a_cli_flag():
+    parser = build_parser()
+    pretrain = parser._subparsers._group_actions[0].choices["pretrain"]
+    dests = {a.dest for a in pretrain._actions}
+    assert {f.name for f in dataclasses.fields(EngineConfig)} <= dests
+    args = parser.parse_args(["pretrain", "--micro-batch-size", "3", "--no-mup", "--preset", "llama-tiny"])
+    cfg = config_from_args(args)
+    assert cfg.micro_batch_size == 3 and cfg.mup is False and cfg.preset == "llama-tiny"
+
+
+def test_help_lists_fields_with_defaults():
+    out = subprocess.run([sys.executable, "-m", "engine", "pretrain", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "--global-batch-size" in out and "default: 0" in out and "--sequence-parallel" in out
+
+
+@pytest.mark.parametrize("overrides,world,field,fragment", [
+    ({"preset": "nope"}, 1, "preset", "choose one of"),
+    ({"micro_batch_size": 2, "grad_accum_steps": 8, "global_batch_size": 64}, 2, "--global-batch-size",
+     "global batch 64 != mbs 2 x GAS 8 x DP 2"),
+    ({"global_batch_size": 30, "micro_batch_size": 4}, 1, "--global-batch-size", "multiple of mbs"),
+    ({"num_kv_heads": 3}, 1, "--num-kv-heads", "divisor of --num-heads"),
+    ({"tp": 3}, 6, "--tp", "divides --num-heads"),
+    ({"tp": 2}, 3, "--tp", "divisor of the world size"),
+    ({"lr_schedule": "step"}, 1, "--lr-schedule", "cosine, wsd, constant, linear"),
+    ({"warmup_steps": 100, "num_steps": 10}, 1, "--warmup-steps", "at most --num-steps"),
+    ({"device": "tpu"}, 1, "--device", "auto, cpu, cuda"),
+])
+def test_bad_input_names_field_and_fix(overrides, world, field, fragment):
+    with pytest.raises(ConfigError) as info:
+        resolve(build_config(overrides), world_size=world)
+    assert info.value.field == field
+    assert fragment in str(info.value)
+
+
+def test_batch_resolution():
+    cfg = resolve(build_config({"micro_batch_size": 2, "global_batch_size": 16}), world_size=2)
+    assert (cfg.grad_accum_steps, cfg.global_batch_size) == (4, 16)
+    cfg = resolve(build_config({"micro_batch_size": 2, "grad_accum_steps": 3}), world_size=2)
+    assert cfg.global_batch_size == 12
+    cfg = resolve(build_config({"tp": 2, "micro_batch_size": 2, "grad_accum_steps": 8}), world_size=4)
+    assert cfg.global_batch_size == 2 * 8 * 2  # DP = 4 / TP 2
+
+
+def test_unknown_key_in_config_file_suggests_the_field(tmp_path):
+    run = tmp_path / "run.toml"
+    run.write_text("micro_batch_sise = 4\n")
+    with pytest.raises(ConfigError, match="did you mean 'micro_batch_size'"):
+        build_config({}, str(run))
+
+
+def test_wrong_type_in_config_file(tmp_path):
+    run = tmp_path / "run.toml"
+    run.write_text('num_steps = "ten"\n')
+    with pytest.raises(ConfigError, match="wrong type"):
+        build_config({}, str(run))
+
+
+def test_kv_heads_replicated_when_tp_exceeds_them():
+    cfg = resolve(build_config({"preset": "minicpm4-8b", "tp": 8}), world_size=8)
+    assert cfg.tp == 8 and cfg.padded_vocab_size % (128 * 8) == 0

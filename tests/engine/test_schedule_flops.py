@@ -1,0 +1,53 @@
+"""LR schedules against their closed forms, and the MFU FLOP count against hand arithmetic."""
+
+import math
+
+import pytest
+
+from engine.config import build_config, resolve
+from engine.flops import flops_per_token, matmul_params, mfu
+from engine.optim import lr_at
+
+
+def cfg_for(schedule, **kw):
+    return resolve(build_config({"lr_schedule": schedule, "lr": 1.0, "min_lr_ratio": 0.1, "num_steps": 100,
+                                 "warmup_steps": 10, **kw}))
+
+
+def test_warmup_is_linear_to_peak():
+    cfg = cfg_for("cosine")
+    assert [lr_at(cfg, s) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+
+
+def test_cosine_endpoints_and_midpoint():
+    cfg = cfg_for("cosine")
+    assert lr_at(cfg, 10) == pytest.approx(1.0)
+    assert lr_at(cfg, 55) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the 90 decay steps
+    assert lr_at(cfg, 99) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 89 / 90)))
+
+
+def test_linear_and_constant():
+    assert lr_at(cfg_for("linear"), 55) == pytest.approx(1.0 - 0.9 * 0.5)
+    assert [lr_at(cfg_for("constant"), s) for s in (10, 50, 99)] == [1.0, 1.0, 1.0]
+
+
+def test_wsd_stable_then_decays_to_min():
+    cfg = cfg_for("wsd", decay_steps=20)
+    assert lr_at(cfg, 50) == 1.0 and lr_at(cfg, 79) == 1.0
+    assert lr_at(cfg, 80) == pytest.approx(1.0 - 0.9 / 20)
+    assert lr_at(cfg, 99) == pytest.approx(0.1)
+    default = cfg_for("wsd")  # decay defaults to 10% of the run
+    assert lr_at(default, 89) == 1.0 and lr_at(default, 99) == pytest.approx(0.1)
+
+
+def test_minicpm4_8b_flops_by_hand():
+    cfg = resolve(build_config({"preset": "minicpm4-8b"}))
+    h, L, f, v, s = 4096, 32, 16384, 73448, 4096
+    qkv = h * (32 + 2 * 2) * 128
+    per_layer = qkv + 4096 * h + h * 2 * f + f * h
+    assert matmul_params(cfg) == L * per_layer + h * v
+    assert flops_per_token(cfg) == 6 * (L * per_layer + h * v) + 6 * L * 4096 * s
+    # 8B-class: ~7.88e9 matmul params -> 4.73e10 + attention 3.2e9 = ~5.05e10 FLOP per token
+    assert 5.0e10 < flops_per_token(cfg) < 5.1e10
+    # one step of 8 x 4096 tokens in 2.5 s on 8 GPUs at 989 TFLOP/s
+    assert mfu(cfg, 8 * 4096, 2.5, 8, 989e12) == pytest.approx(flops_per_token(cfg) * 8 * 4096 / (2.5 * 8 * 989e12))
