@@ -94,24 +94,28 @@ class Trainer:
         self.ops = resolve_ops(cfg, par.device)
         self.peak = peak_flops(cfg, device_name(par.device))
 
-        # 3. outputs, model, optimizer
+        # 3. model and optimizer; a damaged checkpoint is rejected here, still before any write
+        self.model: Transformer = build_model(cfg, par, self.ops, dtype)
+        self.buffers = FlatBuffers(self.model, dp_size=par.dp_size)
+        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par)
+        self.step = 0
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+
+        # 4. outputs
         if par.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.run_dir / "config.json", _json(to_dict(cfg)))
         self.metrics = MetricsWriter(self.run_dir, enabled=par.is_main, tensorboard=cfg.tensorboard,
                                      append=self.resume_from is not None)
-        self.model: Transformer = build_model(cfg, par, self.ops, dtype)
-        self.buffers = FlatBuffers(self.model, dp_size=par.dp_size)
-        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par)
         n_params = sum(p.numel() for p in self.model.parameters())
         for line in header_lines(device=par.device, launcher=launcher, world=par.world_size, tp=par.tp_size,
                                  dp=par.dp_size, op_versions=self.ops.versions, data=self.data.description,
                                  params=n_params, matmul_params=matmul_params(cfg),
                                  flops_per_token=flops_per_token(cfg), config=to_dict(cfg)):
             self.metrics.info(line)
-        self.step = 0
         if self.resume_from is not None:
-            self._restore(self.resume_from)
+            self.metrics.info(f"[RUN] resumed from {self.resume_from} at step {self.step}")
         self.stop = _StopFlag()
 
     # --- checkpoint state ---------------------------------------------------------------------------
@@ -146,7 +150,6 @@ class Trainer:
         if "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"], self.par.device)
         self.step = int(state["trainer"]["step"])
-        self.metrics.info(f"[RUN] resumed from {path} at step {self.step}")
 
     # --- one optimizer step -------------------------------------------------------------------------
 

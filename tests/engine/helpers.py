@@ -1,0 +1,39 @@
+"""Helpers for engine tests: run the CLI as a real subprocess and parse its wire lines."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["run_engine", "loss_lines", "eval_lines", "deterministic_fields", "TINY_FAST"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Small enough for a few seconds per run on 2 CPU cores.
+TINY_FAST = ["--preset", "tiny", "--device", "cpu", "--seq-length", "64", "--micro-batch-size", "4",
+             "--eval-steps", "2", "--num-steps", "6"]
+
+_LOSS = re.compile(r"^\[LOSS\] step=(\d+) global_loss=(\S+) grad_norm=(\S+) lr=(\S+) tokens=(\d+) time_s=(\S+) mfu=(\S+)$")
+
+
+def run_engine(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"engine exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def loss_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("[LOSS]")]
+
+
+def eval_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("[EVAL]")]
+
+
+def deterministic_fields(line: str) -> tuple[str, ...]:
+    """step, loss, grad norm, lr, tokens: everything in a [LOSS] line except wall time and MFU."""
+    m = _LOSS.match(line)
+    assert m, f"not a [LOSS] wire line: {line!r}"
+    return m.groups()[:5]

@@ -1,0 +1,60 @@
+"""Bad input: one line naming the field and the fix, exit code 2, nothing written."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.engine.helpers import TINY_FAST, run_engine
+
+
+def assert_rejected(tmp_path: Path, *args: str, fragment: str) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_engine("pretrain", *TINY_FAST, "--run-dir", str(run_dir), *args, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert fragment in lines[0], lines[0]
+    assert not run_dir.exists(), "a rejected run must write nothing"
+
+
+def test_unknown_preset(tmp_path):
+    assert_rejected(tmp_path, "--preset", "gpt5", fragment="preset='gpt5'")
+
+
+def test_inconsistent_batch_sizes(tmp_path):
+    assert_rejected(tmp_path, "--micro-batch-size", "2", "--grad-accum-steps", "8", "--global-batch-size", "64",
+                    fragment="global batch 64 != mbs 2 x GAS 8 x DP 1")
+
+
+def test_missing_text_field(tmp_path):
+    data = tmp_path / "docs.jsonl"
+    data.write_text("\n".join(json.dumps({"body": f"document number {i} " * 50}) for i in range(20)) + "\n")
+    assert_rejected(tmp_path, "--hf-dataset", str(data), "--eval-steps", "0", fragment="--hf-text-field")
+
+
+def test_empty_dataset(tmp_path):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("")
+    assert_rejected(tmp_path, "--hf-dataset", str(data), "--eval-steps", "0", fragment="--hf-dataset")
+
+
+def test_tokenizer_vocab_exceeds_model(tmp_path, shared_data):
+    assert_rejected(tmp_path, "--tokenizer-path", str(shared_data / "tokenizers" / "minicpm4"), fragment="--vocab-size")
+
+
+def test_corrupt_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt" / "step_00000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / "meta.json").write_text("{not json")
+    (ckpt / ".metadata").write_bytes(b"garbage")
+    assert_rejected(tmp_path, "--resume", str(ckpt), fragment="--resume")
+
+
+def test_truncated_checkpoint_shards(tmp_path):
+    src = tmp_path / "src"
+    run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--run-dir", str(src))
+    ckpt = src / "checkpoints" / "step_00000002"
+    for shard in ckpt.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])
+    assert_rejected(tmp_path, "--resume", str(ckpt), fragment="--resume")
