@@ -73,7 +73,12 @@ _SPECS: list[ToolSpec] = [
             "type": "object",
             "properties": {
                 "path": {"type": "string", "description": "File path relative to the worktree root."},
-                "start_line": {"type": "integer", "description": "First line to show (1-based).", "default": 1, "minimum": 1},
+                "start_line": {
+                    "type": "integer",
+                    "description": "First line to show (1-based).",
+                    "default": 1,
+                    "minimum": 1,
+                },
                 "end_line": {
                     "type": "integer",
                     "description": "Last line to show, inclusive. Omit to read to the end of the file.",
@@ -104,7 +109,13 @@ _SPECS: list[ToolSpec] = [
                     "description": "Only files whose path or name matches this glob, e.g. '*.py'.",
                     "default": "",
                 },
-                "max_results": {"type": "integer", "description": "Stop after this many matching lines.", "default": 100, "minimum": 1, "maximum": 1000},
+                "max_results": {
+                    "type": "integer",
+                    "description": "Stop after this many matching lines.",
+                    "default": 100,
+                    "minimum": 1,
+                    "maximum": 1000,
+                },
                 "ignore_case": {"type": "boolean", "description": "Case-insensitive matching.", "default": False},
             },
             "required": ["pattern"],
@@ -150,7 +161,11 @@ _SPECS: list[ToolSpec] = [
             "type": "object",
             "properties": {
                 "command": {"type": "string", "description": "The bash command line."},
-                "timeout_s": {"type": "number", "description": "Seconds before the command is killed.", "exclusiveMinimum": 0},
+                "timeout_s": {
+                    "type": "number",
+                    "description": "Seconds before the command is killed (default: the harness's setting).",
+                    "exclusiveMinimum": 0,
+                },
             },
             "required": ["command"],
             "additionalProperties": False,
@@ -171,8 +186,17 @@ _SPECS: list[ToolSpec] = [
             "type": "object",
             "properties": {
                 "job_id": {"type": "string", "description": "The job id."},
-                "tail": {"type": "integer", "description": "How many last lines to return.", "default": 200, "minimum": 1},
-                "grep": {"type": "string", "description": "Only lines matching this regular expression.", "default": ""},
+                "tail": {
+                    "type": "integer",
+                    "description": "How many last lines to return.",
+                    "default": 200,
+                    "minimum": 1,
+                },
+                "grep": {
+                    "type": "string",
+                    "description": "Only lines matching this regular expression.",
+                    "default": "",
+                },
             },
             "required": ["job_id"],
             "additionalProperties": False,

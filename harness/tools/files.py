@@ -93,7 +93,7 @@ def list_dir(ctx: ToolContext, path: str = ".", depth: int = 2) -> str:
         nonlocal truncated
         try:
             entries = sorted(os.scandir(real_dir), key=lambda e: (not e.is_dir(follow_symlinks=False), e.name))
-        except OSError as e:
+        except OSError as e:  # guard: allow fail-fast -- shown to the model in the listing
             out.append(f"{'  ' * level}[cannot list: {e.strerror}]")
             return
         for entry in entries:
@@ -123,13 +123,13 @@ def list_dir(ctx: ToolContext, path: str = ".", depth: int = 2) -> str:
                 else:
                     try:
                         n = sum(1 for e in os.scandir(entry.path) if e.name != ".git")
-                    except OSError:
+                    except OSError:  # guard: allow fail-fast -- unreadable folder: count unknown, listed as 0
                         n = 0
                     out.append(f"{indent}{entry.name}/  ({n} entries){tag}")
             else:
                 try:
                     size = entry.stat(follow_symlinks=False).st_size
-                except OSError:
+                except OSError:  # guard: allow fail-fast -- vanished while listing: size unknown
                     size = 0
                 out.append(f"{indent}{entry.name}  ({size} bytes){tag}")
 
@@ -194,7 +194,8 @@ def _candidate_files(ctx: ToolContext, root_real: Path, base: ResolvedPath) -> l
     checkout (like ripgrep), else every file except caches."""
     if (root_real / ".git").exists():
         proc = subprocess.run(
-            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", base.rel],
+            ["git", "--literal-pathspecs", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+             "--", base.rel],
             cwd=root_real,
             capture_output=True,
         )
@@ -260,7 +261,7 @@ def search(
                 skipped_large += 1
                 continue
             data = resolved.read_bytes()
-        except OSError:  # vanished or unreadable between listing and reading: nothing to search
+        except OSError:  # guard: allow fail-fast -- vanished or unreadable since listing: nothing to search
             continue
         if _is_binary(data):
             skipped_binary += 1

@@ -130,10 +130,16 @@ def _header_path(raw: str) -> str | None:
 
 
 def _strip_git_prefixes(old: str | None, new: str | None) -> tuple[str | None, str | None]:
-    """Drop git's a/ and b/ prefixes, but only when the header uses them the way git does."""
+    """Drop git's a/ and b/ prefixes where the header uses them the way git does, or where only one
+    side has its prefix and the two paths are otherwise the same ('--- a/x', '+++ x')."""
+    old_bare = old[2:] if old is not None and old.startswith("a/") else old
+    new_bare = new[2:] if new is not None and new.startswith("b/") else new
     if (old is None or old.startswith("a/")) and (new is None or new.startswith("b/")):
-        old = old[2:] if old is not None else None
-        new = new[2:] if new is not None else None
+        return old_bare, new_bare
+    if old_bare == new:
+        return new, new
+    if new_bare == old:
+        return old, old
     return old, new
 
 
@@ -379,19 +385,16 @@ def _leading(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
-def _indent_change(patch_lines: list[str], file_lines: list[str]) -> tuple[str, str] | None:
-    """('add', X) / ('remove', X) when the file's indentation differs from the patch's by one
-    uniform prefix X, so added lines can be shifted the same way; None otherwise."""
-    pairs = [(_leading(p), _leading(f)) for p, f in zip(patch_lines, file_lines) if p.strip()]
-    if not pairs or all(p == f for p, f in pairs):
+def _indent_change(patch_line: str, file_line: str) -> tuple[str, str] | None:
+    """('add', X) when the file's line is indented by X more than the patch's, ('remove', X) when
+    by X less, None when equal or not a prefix relation (tabs against spaces)."""
+    p, f = _leading(patch_line), _leading(file_line)
+    if p == f or not patch_line.strip():
         return None
-    for kind, (short, long_) in (("add", (0, 1)), ("remove", (1, 0))):
-        prefixes = set()
-        for pair in pairs:
-            s, l_ = pair[short], pair[long_]
-            prefixes.add(l_[: len(l_) - len(s)] if l_.endswith(s) and len(l_) >= len(s) else None)
-        if len(prefixes) == 1 and None not in prefixes:
-            return kind, prefixes.pop()
+    if f.endswith(p):
+        return "add", f[: len(f) - len(p)]
+    if p.endswith(f):
+        return "remove", p[: len(p) - len(f)]
     return None
 
 
@@ -407,7 +410,7 @@ def _local_indent_changes(hunk: Hunk, matched: list[str]) -> list[tuple[str, str
             old_index.append(None)
             continue
         old_index.append(j if text.strip() else None)
-        per_old.append(_indent_change([text], [matched[j]]))
+        per_old.append(_indent_change(text, matched[j]))
         j += 1
     out: list[tuple[str, str] | None] = []
     for k, (op, _) in enumerate(hunk.ops):
@@ -568,7 +571,7 @@ def apply_hunks(content: str | None, hunks: list[Hunk], path: str) -> tuple[str,
         changes = _local_indent_changes(hunk, matched) if level == 2 else [None] * len(hunk.ops)
         new_block: list[str] = []
         j = 0
-        for (op, text), change in zip(hunk.ops, changes):
+        for (op, text), change in zip(hunk.ops, changes, strict=True):
             if op == " ":
                 new_block.append(matched[j] if level else text)
                 j += 1

@@ -79,7 +79,7 @@ def group_members(pgid: int) -> list[int] | None:
             continue
         try:
             stat = (entry / "stat").read_text()
-        except OSError:  # the process exited while we looked: it is not a member any more
+        except OSError:  # guard: allow fail-fast -- the process exited while we looked: not a member
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
@@ -95,7 +95,7 @@ def _leader_exited(pid: int) -> bool:
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
-    except ProcessLookupError:  # nobody left in the group: nothing to signal
+    except ProcessLookupError:  # guard: allow fail-fast -- nobody left in the group: nothing to signal
         return
 
 

@@ -298,3 +298,14 @@ def test_executable_bit_survives_a_patch(ctx: ToolContext, tree: Path) -> None:
     assert not call(ctx, "apply_patch", patch="run.sh\n<<<<<<< SEARCH\necho a\n=======\necho b\n>>>>>>> REPLACE\n").is_error
     assert script.stat().st_mode & 0o777 == 0o755
     assert script.read_text() == "#!/bin/sh\necho b\n"
+
+
+@pytest.mark.parametrize(
+    "old_header,new_header",
+    [("a/README.md", "b/README.md"), ("README.md", "README.md"), ("a/README.md", "README.md"), ("README.md", "b/README.md")],
+)
+def test_header_path_prefixes(ctx: ToolContext, tree: Path, old_header: str, new_header: str) -> None:
+    patch = f"--- {old_header}\t2024-01-01 10:00:00\n+++ {new_header}\n@@ -1 +1 @@\n-hello\n+bye\n"
+    res = call(ctx, "apply_patch", patch=patch)
+    assert not res.is_error, res.content
+    assert (tree / "README.md").read_text() == "bye\n"
