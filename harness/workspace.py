@@ -1,0 +1,334 @@
+"""The git side of a run: one branch and one worktree per run, one commit per attempt.
+
+The agent works in `runs/<run-id>/worktree`, a git worktree of the user's repository on the branch
+`temper/<run-id>`, created from a base commit. The user's own checkout (its HEAD, index and files)
+is never touched, except by `merge_into_user`, which the CLI calls only with `--merge` after an
+accepted verdict and which refuses a dirty checkout.
+
+Every attempt becomes one commit (empty when nothing changed) whose message ends with trailers
+that `git log --format='%(trailers)'` and `Workspace.history()` read back:
+
+    Milestone: m03-fused-rmsnorm
+    Run: 20250101-120000-ab12
+    Attempt: 2
+    Verdict: rejected
+    MFU: 0.4312
+
+Git runs with hooks disabled, commit signing off and auto-gc off: the user's hooks and settings
+must neither block a run nor run code the agent wrote. Commits carry the identity
+`Temper <temper@localhost>`; a merge into the user's branch uses the user's own identity when one is
+configured.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+__all__ = ["Workspace", "WorkspaceError", "TRAILER_KEYS"]
+
+TRAILER_KEYS = ("Milestone", "Run", "Attempt", "Verdict", "MFU")
+_QUIET = (
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "commit.gpgsign=false",
+    "-c", "gc.auto=0",
+    "-c", "core.quotepath=false",
+)
+_TEMPER_IDENTITY = ("-c", "user.name=Temper", "-c", "user.email=temper@localhost")
+_DIFF_OPTS = ("--no-color", "--no-ext-diff", "--no-renames", "--src-prefix=a/", "--dst-prefix=b/")
+_RECORD = "workspace.json"
+
+
+class WorkspaceError(Exception):
+    """A git problem the user can act on; the message says what and how."""
+
+
+def _git(cwd: Path, *args: str, env: Mapping[str, str] | None = None, strip: bool = True) -> str:
+    try:
+        out = git.Git(str(cwd)).execute(
+            ["git", *_QUIET, *args], env=env, strip_newline_in_stdout=strip, stdout_as_string=True
+        )
+    except git.GitCommandError as e:
+        stderr = (e.stderr or "").strip().removeprefix("stderr: ").strip("'\n ")
+        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {stderr or e}") from e
+    assert isinstance(out, str)
+    return out
+
+
+def _git_path(cwd: Path, *rev_parse_args: str) -> Path:
+    """An absolute path from `git rev-parse` (which may answer relative to cwd; git < 2.31 has no
+    --path-format=absolute)."""
+    return (cwd / _git(cwd, "rev-parse", *rev_parse_args)).resolve()
+
+
+def _open_repo(path: Path) -> git.Repo:
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
+        raise WorkspaceError(f"{path} is not inside a git repository") from e
+    if repo.bare:
+        raise WorkspaceError(f"{path} is a bare repository; point Temper at a checkout")
+    return repo
+
+
+def _resolve_commit(repo_dir: Path, rev: str) -> str:
+    try:
+        return _git(repo_dir, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except WorkspaceError as e:
+        raise WorkspaceError(f"{rev!r} is not a commit of the repository at {repo_dir}") from e
+
+
+def _check_run_id(repo_dir: Path, run_id: str) -> str:
+    if not run_id or "/" in run_id or run_id.strip() != run_id or run_id.startswith("."):
+        raise WorkspaceError(f"run id {run_id!r} must be one non-empty path segment without '/' or spaces")
+    branch = f"temper/{run_id}"
+    try:
+        _git(repo_dir, "check-ref-format", "--branch", branch)
+    except WorkspaceError as e:
+        raise WorkspaceError(f"run id {run_id!r} cannot be part of a git branch name ({branch})") from e
+    return branch
+
+
+def _branch_exists(repo_dir: Path, branch: str) -> bool:
+    return bool(_git(repo_dir, "branch", "--list", branch).strip())
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _one_line(name: str, value: str) -> str:
+    if "\n" in value or "\r" in value:
+        raise ValueError(f"{name} must be one line for a commit trailer, got {value!r}")
+    return value.strip()
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A run's worktree. `repo` is the user's repository, `branch` None for a scratch worktree."""
+
+    repo: Path
+    worktree: Path
+    base: str
+    branch: str | None
+    run_id: str
+
+    # ---------------------------------------------------------------------------- lifecycle
+
+    @staticmethod
+    def create(repo: Path, *, base: str, run_id: str, root: Path) -> "Workspace":
+        """Branch `temper/<run_id>` at `base` and its worktree at root/<run_id>/worktree."""
+        r = _open_repo(Path(repo))
+        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        branch = _check_run_id(repo_dir, run_id)
+        base_sha = _resolve_commit(repo_dir, base)
+        if _branch_exists(repo_dir, branch):
+            raise WorkspaceError(f"branch {branch} already exists; resume that run or pick another run id")
+        run_dir = Path(root).resolve() / run_id
+        worktree = run_dir / "worktree"
+        if worktree.exists():
+            raise WorkspaceError(f"{worktree} already exists; resume that run or pick another run id")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _git(repo_dir, "worktree", "add", "-q", "-b", branch, str(worktree), base_sha)
+        ws = Workspace(repo=repo_dir, worktree=worktree, base=base_sha, branch=branch, run_id=run_id)
+        record = {"repo": str(repo_dir), "base": base_sha, "branch": branch, "worktree": str(worktree)}
+        _atomic_write_text(run_dir / _RECORD, json.dumps(record, indent=2) + "\n")
+        return ws
+
+    @staticmethod
+    def open(repo: Path, *, run_id: str, root: Path) -> "Workspace":
+        """Re-open a run's workspace (resume). A worktree folder that was deleted is re-created
+        from the branch, so only committed attempts survive that."""
+        r = _open_repo(Path(repo))
+        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        branch = _check_run_id(repo_dir, run_id)
+        run_dir = Path(root).resolve() / run_id
+        record_path = run_dir / _RECORD
+        if not record_path.exists():
+            raise WorkspaceError(f"no workspace record at {record_path}; was run {run_id!r} started here?")
+        record = json.loads(record_path.read_text())
+        if not _branch_exists(repo_dir, branch):
+            raise WorkspaceError(f"branch {branch} no longer exists; run {run_id!r} cannot be resumed")
+        worktree = run_dir / "worktree"
+        if not (worktree / ".git").exists():
+            _git(repo_dir, "worktree", "prune")
+            _git(repo_dir, "worktree", "add", "-q", str(worktree), branch)
+        return Workspace(repo=repo_dir, worktree=worktree, base=record["base"], branch=branch, run_id=run_id)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def scratch(repo: Path, base: str) -> Iterator["Workspace"]:
+        """A throw-away detached worktree at `base` (for `temper gate --patch`), removed on exit
+        whether or not the body raised."""
+        r = _open_repo(Path(repo))
+        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        base_sha = _resolve_commit(repo_dir, base)
+        holder = Path(tempfile.mkdtemp(prefix="temper-scratch-"))
+        worktree = holder / "worktree"
+        try:
+            _git(repo_dir, "worktree", "add", "-q", "--detach", str(worktree), base_sha)
+            yield Workspace(repo=repo_dir, worktree=worktree, base=base_sha, branch=None, run_id="scratch")
+        finally:
+            # Deleting the folder and pruning cannot fail on a dirty or half-created worktree the
+            # way `git worktree remove` can, so cleanup never masks the body's own exception.
+            shutil.rmtree(holder, ignore_errors=True)
+            _git(repo_dir, "worktree", "prune")
+
+    def remove(self, *, delete_branch: bool = False) -> None:
+        """Delete the worktree folder and its registration; the branch (the run's history) stays
+        unless `delete_branch`."""
+        if (self.worktree / ".git").exists():
+            _git(self.repo, "worktree", "remove", "--force", str(self.worktree))
+        elif self.worktree.exists():
+            shutil.rmtree(self.worktree)
+        _git(self.repo, "worktree", "prune")
+        if delete_branch and self.branch is not None and _branch_exists(self.repo, self.branch):
+            _git(self.repo, "branch", "-D", self.branch)
+
+    # ------------------------------------------------------------------------------ attempts
+
+    def commit_attempt(
+        self, attempt: int, *, milestone: str, run_id: str, verdict: str, mfu: float | None, message: str
+    ) -> str:
+        """Commit the whole worktree (new files too, .gitignore respected) as one attempt; empty
+        attempts get an empty commit so there is exactly one commit per attempt. Returns the sha."""
+        trailers = {
+            "Milestone": _one_line("milestone", milestone),
+            "Run": _one_line("run_id", run_id),
+            "Attempt": str(int(attempt)),
+            "Verdict": _one_line("verdict", verdict),
+            "MFU": "n/a" if mfu is None else f"{mfu:.4f}",
+        }
+        subject = message.strip() or f"attempt {attempt}"
+        text = subject + "\n\n" + "\n".join(f"{k}: {v}" for k, v in trailers.items()) + "\n"
+        _git(self.worktree, "add", "-A")
+        # --cleanup=whitespace keeps lines starting with '#' (markdown headings in agent messages).
+        _git(self.worktree, *_TEMPER_IDENTITY, "commit", "-q", "--allow-empty", "--no-verify",
+             "--cleanup=whitespace", "-m", text)
+        return _git(self.worktree, "rev-parse", "HEAD")
+
+    def history(self) -> list[tuple[str, dict[str, str]]]:
+        """(sha, trailers) of the commits since the base, oldest first."""
+        out = _git(self.worktree, "log", "--reverse", "-z", "--format=%H%n%(trailers:only,unfold)",
+                   f"{self.base}..HEAD")
+        entries = []
+        for chunk in filter(None, (c.strip("\n") for c in out.split("\0"))):
+            sha, _, body = chunk.partition("\n")
+            trailers = {}
+            for line in body.splitlines():
+                key, sep, value = line.partition(":")
+                if sep:
+                    trailers[key.strip()] = value.strip()
+            entries.append((sha, trailers))
+        return entries
+
+    def head(self) -> str:
+        return _git(self.worktree, "rev-parse", "HEAD")
+
+    # --------------------------------------------------------------------------------- diffs
+
+    @contextlib.contextmanager
+    def _snapshot_index(self) -> Iterator[dict[str, str]]:
+        """An env whose GIT_INDEX_FILE is a copy of the worktree's index with everything added,
+        so untracked files show in diffs without touching the real index."""
+        index = _git_path(self.worktree, "--git-path", "index")
+        with tempfile.TemporaryDirectory(prefix="temper-index-") as tmp:
+            copy = Path(tmp) / "index"
+            if index.exists():
+                shutil.copyfile(index, copy)
+            env = {"GIT_INDEX_FILE": str(copy)}
+            _git(self.worktree, "add", "-A", env=env)
+            yield env
+
+    def diff(self, base: str | None = None, *, binary: bool = True) -> str:
+        """The worktree (committed or not, untracked files included) against `base` (default: the
+        run's base commit), as a patch `git apply` and `apply_patch_file` accept."""
+        rev = _resolve_commit(self.worktree, base or self.base)
+        with self._snapshot_index() as env:
+            args = ["diff", "--cached", *_DIFF_OPTS, *(["--binary"] if binary else []), rev]
+            return _git(self.worktree, *args, env=env, strip=False)
+
+    def changed_paths(self, base: str | None = None) -> list[str]:
+        """Paths that differ from `base` (added, modified, deleted; both sides of a rename)."""
+        rev = _resolve_commit(self.worktree, base or self.base)
+        with self._snapshot_index() as env:
+            args = ["diff", "--cached", "--name-only", "-z", "--no-renames", rev]
+            out = _git(self.worktree, *args, env=env, strip=False)
+        return sorted(p for p in out.split("\0") if p)
+
+    def apply_patch_file(self, path: Path) -> None:
+        """Apply a patch file (as written by `diff`) to the worktree, all or nothing."""
+        patch = Path(path).resolve()
+        if not patch.is_file():
+            raise WorkspaceError(f"patch file {path} does not exist")
+        try:
+            _git(self.worktree, "apply", "--check", "--whitespace=nowarn", str(patch))
+        except WorkspaceError as e:
+            raise WorkspaceError(f"patch {path} does not apply to {self.base[:12]}: {e}") from e
+        _git(self.worktree, "apply", "--whitespace=nowarn", str(patch))
+
+    def reset_to(self, sha: str) -> None:
+        """Make the worktree and the run's branch exactly commit `sha` (untracked files go too;
+        ignored files such as caches stay)."""
+        rev = _resolve_commit(self.worktree, sha)
+        _git(self.worktree, "reset", "-q", "--hard", rev)
+        _git(self.worktree, "clean", "-q", "-fd")
+
+    # --------------------------------------------------------------------------------- merge
+
+    def merge_into_user(self, checkout: Path, *, sha: str | None = None) -> str:
+        """Merge the run's result (default: its branch tip) into the branch checked out at
+        `checkout`: a fast-forward when possible, else a merge commit. Refuses a dirty checkout,
+        a detached HEAD, or a merge in progress; a conflicting merge is aborted. Returns the new
+        HEAD of the user's branch."""
+        user = _open_repo(Path(checkout))
+        user_dir = Path(user.working_tree_dir or checkout).resolve()
+        ours = _git_path(self.repo, "--git-common-dir")
+        theirs = _git_path(user_dir, "--git-common-dir")
+        if ours != theirs:
+            raise WorkspaceError(f"{user_dir} is not a checkout of the repository at {self.repo}")
+        if user.head.is_detached:
+            raise WorkspaceError(f"{user_dir} has a detached HEAD; check out the branch to merge into first")
+        for marker in ("MERGE_HEAD", "REBASE_HEAD", "CHERRY_PICK_HEAD", "rebase-merge", "rebase-apply"):
+            if _git_path(user_dir, "--git-path", marker).exists():
+                raise WorkspaceError(f"{user_dir} has a merge, rebase or cherry-pick in progress; finish it first")
+        if user.is_dirty(index=True, working_tree=True, untracked_files=False):
+            status = _git(user_dir, "status", "--porcelain", "--untracked-files=no").splitlines()
+            listing = "\n  ".join(status[:10]) + ("\n  ..." if len(status) > 10 else "")
+            raise WorkspaceError(
+                f"{user_dir} has uncommitted changes; commit or stash them, then merge again:\n  {listing}"
+            )
+        target = _resolve_commit(self.repo, sha or self.branch or self.head())
+        # The user's own identity signs the merge; Temper's only where none is configured.
+        has_identity = bool(_git(user_dir, "config", "--default", "", "--get", "user.email"))
+        identity = () if has_identity else _TEMPER_IDENTITY
+        label = self.branch or target[:12]
+        try:
+            message = f"Merge {label} (Temper run {self.run_id})"
+            _git(user_dir, *identity, "merge", "-q", "--no-verify", "--no-edit", "-m", message, target)
+        except WorkspaceError as e:
+            merge_head = _git_path(user_dir, "--git-path", "MERGE_HEAD")
+            if merge_head.exists():
+                conflicts = _git(user_dir, "diff", "--name-only", "--diff-filter=U").splitlines()
+                _git(user_dir, "merge", "--abort")
+                raise WorkspaceError(
+                    f"merging {label} into {user_dir} conflicts in {', '.join(conflicts) or 'some files'}; "
+                    f"the merge was aborted and your checkout is unchanged. Merge by hand: git merge {label}"
+                ) from e
+            raise
+        return _git(user_dir, "rev-parse", "HEAD")
