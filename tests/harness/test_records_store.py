@@ -20,6 +20,7 @@ from harness.records import (
     scrub,
     scrub_text,
 )
+from harness.report import write_report
 from harness.verdict import GateResult, Verdict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -314,9 +315,10 @@ def test_api_keys_never_reach_disk(tmp_path, monkeypatch):
     record.note(f"note {FAKE_PLAIN}", extra={"deep": [FAKE_OPENAI]})
     record.finish("error", reason=f"crashed with {FAKE_OPENAI}")
     RunRecord.open(record.dir)  # rewrites run.json from events: still clean
+    write_report(record.dir)  # and the report, built from all of it
 
     files = [p for p in record.dir.rglob("*") if p.is_file()]
-    assert {p.name for p in files} >= {"run.json", "events.jsonl", "diff.patch", "verdict.json", "log", "metrics.jsonl"}
+    assert {p.name for p in files} >= {"run.json", "events.jsonl", "diff.patch", "verdict.json", "log", "metrics.jsonl", "report.html"}
     for path in files:
         data = path.read_bytes()
         for secret in secrets_:
