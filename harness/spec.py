@@ -1,0 +1,701 @@
+"""Milestone specs: one TOML file per milestone, validated by pydantic, loaded into a frozen `Milestone`.
+
+A milestone says what the agent must achieve (goal, context), what it may touch (editable globs),
+what it may never touch (the judge, tests, the spec itself), what runs before it starts (a setup
+patch), how an attempt is judged (ordered gates) and what it may spend (budget). The gate runner
+walks `Milestone.gates` in order and stops at the first failure.
+
+Errors name the file and the field path in one line, e.g.
+`milestones/x.toml: gates[2].rules[0].op: Input should be '<', '<=', '>', '>=' or '==' (got '=>')`.
+
+Paths in a spec are relative to the repository root (the worktree), use `/`, and never leave it.
+Globs: `**` matches any number of path segments (also none), `*` and `?` stay inside one segment.
+Protection wins over editability: a file matching both is protected. The one exception is tests:
+`tests/**` is protected unless an `editable` glob that starts with `tests/` names the file.
+"""
+
+import hashlib
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+__all__ = [
+    "SpecError",
+    "Milestone",
+    "ContextFile",
+    "Budget",
+    "ProtectedGate",
+    "GuardsGate",
+    "PytestGate",
+    "JobGate",
+    "MetricsGate",
+    "MetricRule",
+    "Gate",
+    "MetricInfo",
+    "METRICS",
+    "OPS",
+    "GATE_KINDS",
+    "GUARD_RULES",
+    "JUDGE_GLOBS",
+    "TEST_GLOB",
+    "compare",
+    "glob_match",
+    "render_argv",
+    "load_milestone",
+    "load_milestones",
+    "find_milestone",
+]
+
+
+class SpecError(ValueError):
+    """A milestone file is missing, does not parse, or breaks a rule. One line: file, field path, problem."""
+
+    def __init__(self, source: str | Path, problems: list[tuple[str, str]]):
+        self.source = str(source)
+        self.problems = problems
+        first_path, first_msg = problems[0]
+        where = f"{self.source}: {first_path}: " if first_path else f"{self.source}: "
+        more = f" (+{len(problems) - 1} more: " + "; ".join(f"{p}: {m}" for p, m in problems[1:]) + ")" if len(problems) > 1 else ""
+        super().__init__(f"{where}{first_msg}{more}")
+
+
+# ---------------------------------------------------------------- vocabulary
+
+# The judge and everything that decides how it runs: an agent that could edit any of these could
+# relax its own gates. Beyond the obvious folders: pytest configuration and conftest.py files change
+# what is collected, ENV_WHITELIST.md feeds the ssot guard, .ci/ is the CI the team trusts.
+JUDGE_GLOBS: tuple[str, ...] = (
+    "harness/**",
+    "guards/**",
+    "guards.toml",
+    "milestones/**",
+    "prompts/**",
+    "ENV_WHITELIST.md",
+    "pyproject.toml",
+    "setup.cfg",
+    "pytest.ini",
+    "tox.ini",
+    "**/conftest.py",
+    "sitecustomize.py",
+    "usercustomize.py",
+    ".ci/**",
+)
+TEST_GLOB = "tests/**"
+
+GATE_KINDS = ("protected", "guards", "pytest", "job", "metrics")
+# Rule names of `temper guards check` (guards/): the engine's red lines.
+GUARD_RULES = ("ssot", "dag", "public-surface", "fail-fast")
+# Engine subcommand each job task runs (`python -m engine <argv[0]> ...`).
+_TASK_COMMAND = {"train": "pretrain", "stress": "stress", "bench": "bench"}
+
+OPS: dict[str, str] = {"<": "less than", "<=": "at most", ">": "more than", ">=": "at least", "==": "exactly"}
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """One metric the judge can compute from a job's parsed results."""
+
+    description: str
+    tasks: tuple[str, ...]  # job tasks that produce it
+    needs_ref: bool = False  # compares against a reference trajectory (a file or an earlier job)
+    unit: str = ""
+
+
+# The closed vocabulary. The judge computes every value itself from the job's [LOSS] lines / JSONL
+# twin and the model config; it never trusts a number the engine claims (MFU least of all).
+METRICS: dict[str, MetricInfo] = {
+    "final_loss": MetricInfo("global_loss of the last logged step in the window", ("train",)),
+    "min_loss": MetricInfo("lowest global_loss in the window", ("train",)),
+    "steps": MetricInfo("number of steps logged in the window", ("train",), unit="steps"),
+    "mfu": MetricInfo(
+        "median model FLOPs utilisation over the window, recomputed by the harness from step times and the "
+        "model config (Megatron count: 6 x matmul params incl. LM head + causal attention; peak 989 TFLOP/s)",
+        ("train",),
+    ),
+    "tokens_per_s": MetricInfo("median global tokens / time_s over the window", ("train",), unit="tokens/s"),
+    "step_time_s": MetricInfo("median time_s per step over the window", ("train",), unit="s"),
+    "loss_rel_diff": MetricInfo(
+        "max over common steps of |loss - ref| / |ref|", ("train",), needs_ref=True
+    ),
+    "loss_max_abs_diff": MetricInfo(
+        "max over common steps of |loss - ref| (0.0 means bitwise equal at .9e)", ("train",), needs_ref=True
+    ),
+    "grad_norm_rel_diff": MetricInfo(
+        "max over common steps of |grad_norm - ref| / |ref|", ("train",), needs_ref=True
+    ),
+    "val_loss": MetricInfo("validation loss of the final evaluation", ("train",)),
+    "val_bpb": MetricInfo("validation bits per byte of the final evaluation", ("train",), unit="bits/byte"),
+    "speedup": MetricInfo("bench: median baseline time / median candidate time", ("bench",), unit="x"),
+}
+
+
+def compare(op: str, actual: float, value: float) -> bool:
+    """`actual <op> value`. NaN never passes: a diverged run must not satisfy `loss <= 5`."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; expected one of {list(OPS)}")
+    if math.isnan(actual) or math.isnan(value):
+        return False
+    return {
+        "<": actual < value,
+        "<=": actual <= value,
+        ">": actual > value,
+        ">=": actual >= value,
+        "==": actual == value,
+    }[op]
+
+
+# ---------------------------------------------------------------- globs and paths
+
+
+@lru_cache(maxsize=512)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")  # zero or more whole segments
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[":
+            end = pattern.find("]", i + 1)
+            if end == -1:
+                out.append(re.escape("["))
+                i += 1
+            else:
+                body = pattern[i + 1 : end]
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append(f"[{body}]")
+                i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """True when the repo-relative POSIX `path` matches `pattern` (`**` spans segments, `*` does not)."""
+    return _glob_regex(pattern).match(path) is not None
+
+
+def _check_relpath(value: str, what: str = "path") -> str:
+    if not value:
+        raise ValueError(f"empty {what}")
+    if "\\" in value:
+        raise ValueError(f"{what} {value!r} uses '\\'; write repository paths with '/'")
+    pure = PurePosixPath(value)
+    if pure.is_absolute() or value.startswith("~"):
+        raise ValueError(f"{what} {value!r} must be relative to the repository root")
+    if ".." in pure.parts:
+        raise ValueError(f"{what} {value!r} must not leave the repository ('..')")
+    return value
+
+
+def _literal_prefix(pattern: str) -> str:
+    """The part of a glob before its first wildcard: 'engine/ops/**' -> 'engine/ops/'."""
+    match = re.search(r"[*?\[]", pattern)
+    return pattern if match is None else pattern[: match.start()]
+
+
+def _check_glob(value: str) -> str:
+    return _check_relpath(value, "glob")
+
+
+def _check_selector(value: str) -> str:
+    _check_relpath(value.split("::", 1)[0], "selector")
+    return value
+
+
+# Item-level validation keeps the index in error paths: `editable[1]`, not `editable`.
+_RelPath = Annotated[str, AfterValidator(_check_relpath)]
+_Glob = Annotated[str, AfterValidator(_check_glob)]
+_Selector = Annotated[str, AfterValidator(_check_selector)]
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+_NAME = r"[a-z0-9][a-z0-9_-]*"
+
+
+def _placeholders(arg: str) -> list[str]:
+    return [m.group(1) for m in _PLACEHOLDER.finditer(arg) if m.group(1) is not None]
+
+
+def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, job_dirs: Mapping[str, str | Path]) -> list[str]:
+    """Fill a job's argv placeholders: {job_dir}, {worktree}, {job_dir:NAME} (an earlier job's folder).
+
+    `{{` and `}}` are literal braces. The spec loader has already checked every name.
+    """
+    def fill(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if token in ("{{", "}}"):
+            return token[0]
+        name = match.group(1)
+        if name == "job_dir":
+            return str(job_dir)
+        if name == "worktree":
+            return str(worktree)
+        if name.startswith("job_dir:") and name[len("job_dir:"):] in job_dirs:
+            return str(job_dirs[name[len("job_dir:"):]])
+        raise KeyError(f"unknown placeholder {token} (known: {{job_dir}}, {{worktree}}, {{job_dir:NAME}} for {sorted(job_dirs)})")
+
+    return [_PLACEHOLDER.sub(fill, arg) for arg in argv]
+
+
+# ---------------------------------------------------------------- models
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+class ContextFile(_Strict):
+    """A file the prompt shows (`include = true`: an excerpt inlined) or only points to."""
+
+    path: str
+    include: bool = False
+    lines: tuple[int, int] | None = None  # 1-based, inclusive; None: the whole file (up to the prompt's cap)
+    why: str = ""
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _check_relpath(value)
+
+    @field_validator("lines")
+    @classmethod
+    def _lines(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1 <= value[0] <= value[1]:
+            raise ValueError(f"lines {list(value)} must be [first, last] with 1 <= first <= last")
+        return value
+
+
+class Budget(_Strict):
+    """Limits checked before every model call; the first one spent ends the run as budget_exhausted."""
+
+    max_turns: int = Field(gt=0)
+    max_tokens: int = Field(gt=0)  # input + output tokens over the whole run
+    max_cost_usd: float | None = Field(default=None, gt=0)  # None: no cost limit (unknown prices stay allowed)
+    max_wall_s: float = Field(gt=0)
+    max_attempts: int = Field(gt=0)
+
+
+class _GateBase(_Strict):
+    name: str = ""  # filled by the loader: the kind for the first gate of a kind, else "<kind>-<n>"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if value and not re.fullmatch(_NAME, value):
+            raise ValueError(f"name {value!r} must match {_NAME} (lower case, digits, '-', '_')")
+        return value
+
+
+class ProtectedGate(_GateBase):
+    """Judge integrity: every protected file hashes as at the base commit; test count does not drop."""
+
+    kind: Literal["protected"]
+    count_tests: bool = True  # collect pytest at base and at the attempt; fewer tests fail the gate
+    count_selectors: list[str] = Field(default_factory=lambda: ["tests"])
+
+
+class GuardsGate(_GateBase):
+    """`temper guards check` over `paths` with the named rules (all by default)."""
+
+    kind: Literal["guards"]
+    paths: list[_RelPath] = Field(default_factory=lambda: ["engine"], min_length=1)
+    rules: list[Literal["ssot", "dag", "public-surface", "fail-fast"]] = Field(
+        default_factory=lambda: list(GUARD_RULES), min_length=1
+    )
+
+
+class PytestGate(_GateBase):
+    """pytest on `selectors`; fails when fewer than `min_collected` tests are collected (a deleted test
+    file or a skip-everything conftest must not pass)."""
+
+    kind: Literal["pytest"]
+    selectors: list[_Selector] = Field(min_length=1)
+    min_collected: int = Field(gt=0)
+    args: list[str] = Field(default_factory=list)
+    timeout_s: float = Field(default=600, gt=0)
+
+
+class JobGate(_GateBase):
+    """Runs the engine (`python -m engine <argv>`, or torchrun / srun for several processes).
+
+    The log (stdout + stderr of all ranks) goes to `runs/<run>/jobs/<name>/log`; train jobs pass
+    `--run-dir {job_dir}` so the engine's metrics.jsonl lands beside it. `task` is what the job does
+    (the key `kind` is taken: it says this gate is a job).
+    """
+
+    kind: Literal["job"]
+    name: str = Field(min_length=1)
+    task: Literal["train", "stress", "bench"]
+    launcher: Literal["local", "slurm"] = "local"
+    nodes: int = Field(default=1, gt=0)
+    nproc: int = Field(default=1, gt=0)  # processes per node
+    gpus: int = Field(default=0, ge=0)  # GPUs per node; 0: CPU job
+    partition: str = ""  # slurm only; empty: the cluster's default
+    timeout_s: float = Field(gt=0)
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)  # e.g. {TEMPER_OP_ATTENTION = "fa4"}
+    expect_exit: int = 0
+    log: str = "log"
+    metrics_file: str = "metrics.jsonl"  # relative to the job's folder
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.fullmatch(r"TEMPER_[A-Z0-9_]+", key):
+                raise ValueError(f"env {key!r}: jobs may set only TEMPER_* variables (see ENV_WHITELIST.md)")
+        return value
+
+    @field_validator("log", "metrics_file")
+    @classmethod
+    def _file(cls, value: str) -> str:
+        return _check_relpath(value, "file")
+
+
+class MetricRule(_Strict):
+    """`<metric of job> <op> <value>`, optionally against a reference (a protected file or an earlier job)
+    and over a window of steps (from_step / to_step, inclusive)."""
+
+    job: str = ""  # empty: the only job gate before this metrics gate
+    metric: str
+    op: str
+    value: float
+    ref: str | None = None  # JSONL reference trajectory, repo-relative; must be a protected path
+    ref_job: str | None = None  # an earlier job of this milestone
+    from_step: int | None = Field(default=None, ge=0)
+    to_step: int | None = Field(default=None, ge=0)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, value: str) -> str:
+        if value not in METRICS:
+            raise ValueError(f"unknown metric {value!r}; expected one of: {', '.join(METRICS)}")
+        return value
+
+    @field_validator("op")
+    @classmethod
+    def _op(cls, value: str) -> str:
+        if value not in OPS:
+            raise ValueError(f"unknown op {value!r}; expected one of: {' '.join(OPS)}")
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"value {value!r} must be a finite number")
+        return value
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, value: str | None) -> str | None:
+        return None if value is None else _check_relpath(value, "ref")
+
+    def describe(self) -> str:
+        """Human form for prompts and reports: 'mfu of train >= 0.55 (steps 5..)'."""
+        against = f" vs {self.ref}" if self.ref else f" vs job {self.ref_job}" if self.ref_job else ""
+        window = ""
+        if self.from_step is not None or self.to_step is not None:
+            window = f" (steps {'' if self.from_step is None else self.from_step}..{'' if self.to_step is None else self.to_step})"
+        return f"{self.metric} of {self.job or 'the job'}{against} {self.op} {self.value:g}{window}"
+
+
+class MetricsGate(_GateBase):
+    kind: Literal["metrics"]
+    rules: list[MetricRule] = Field(min_length=1)
+
+
+Gate = Annotated[Union[ProtectedGate, GuardsGate, PytestGate, JobGate, MetricsGate], Field(discriminator="kind")]
+
+
+class Milestone(_Strict):
+    id: str
+    title: str = Field(min_length=1)
+    goal: str = Field(min_length=1)  # markdown
+    context: list[ContextFile] = Field(default_factory=list)
+    editable: list[_Glob] = Field(min_length=1)
+    protected: list[_Glob] = Field(default_factory=list)  # in addition to JUDGE_GLOBS and tests/**
+    setup: str | None = None  # a patch (git apply) committed before the agent starts
+    gates: list[Gate] = Field(min_length=1)
+    budget: Budget
+
+    _source: Path | None = PrivateAttr(default=None)
+    _spec_hash: str = PrivateAttr(default="")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", value):
+            raise ValueError(f"id {value!r} must be lower case letters, digits and '-'")
+        return value
+
+    @field_validator("context", mode="before")
+    @classmethod
+    def _context(cls, value: Any) -> Any:
+        # A bare string is a pointer: `context = ["engine/config.py", {path = "...", include = true}]`.
+        if isinstance(value, list):
+            return [{"path": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, value: str | None) -> str | None:
+        return None if value is None else _check_relpath(value, "setup")
+
+    # -- derived, set by load_milestone
+    @property
+    def source(self) -> Path | None:
+        """The TOML file this milestone was loaded from."""
+        return self._source
+
+    @property
+    def spec_hash(self) -> str:
+        """sha256 of the TOML bytes and the setup patch bytes: what a run was judged against."""
+        return self._spec_hash
+
+    # -- protection
+    @property
+    def editable_test_globs(self) -> tuple[str, ...]:
+        return tuple(g for g in self.editable if g.startswith("tests/"))
+
+    @property
+    def protected_globs(self) -> tuple[str, ...]:
+        """Every glob the protected gate hashes: judge, tests, and the milestone's own list."""
+        return JUDGE_GLOBS + (TEST_GLOB,) + tuple(self.protected)
+
+    def is_protected(self, path: str) -> bool:
+        if any(glob_match(g, path) for g in JUDGE_GLOBS + tuple(self.protected)):
+            return True
+        if glob_match(TEST_GLOB, path):
+            return not any(glob_match(g, path) for g in self.editable_test_globs)
+        return False
+
+    def is_editable(self, path: str) -> bool:
+        return not self.is_protected(path) and any(glob_match(g, path) for g in self.editable)
+
+    # -- gates
+    def job_gates(self) -> list[JobGate]:
+        return [g for g in self.gates if isinstance(g, JobGate)]
+
+    def gate(self, name: str) -> Gate:
+        for gate in self.gates:
+            if gate.name == name:
+                return gate
+        raise KeyError(f"milestone {self.id} has no gate {name!r}; gates: {[g.name for g in self.gates]}")
+
+    def missing_files(self, root: str | Path) -> list[str]:
+        """Repo-relative files the spec names that do not exist under `root` (context, refs, setup)."""
+        root = Path(root)
+        named = [c.path for c in self.context]
+        named += [r.ref for g in self.gates if isinstance(g, MetricsGate) for r in g.rules if r.ref]
+        named += [self.setup] if self.setup else []
+        return [p for p in named if not (root / p).exists()]
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for i, item in enumerate(loc):
+        # Pydantic inserts the discriminator value after a gate's index: gates.2.metrics.rules -> drop it.
+        if (i >= 2 and loc[i - 2] == "gates" and isinstance(loc[i - 1], int) and item in GATE_KINDS):
+            continue
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts)
+
+
+def _pydantic_problems(err: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for e in err.errors():
+        path = _loc(tuple(e["loc"]))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            path = f"{path}.kind"
+            msg = f"must be one of: {', '.join(GATE_KINDS)}" + (
+                f" (got {e['input'].get('kind')!r})" if isinstance(e.get("input"), dict) and "kind" in e["input"] else ""
+            )
+        elif e["type"] == "extra_forbidden":
+            msg = "unknown field (a typo?)"
+        elif e["type"] not in ("missing", "value_error") and not isinstance(e.get("input"), (dict, list, type(None))):
+            msg = f"{msg} (got {e['input']!r})"
+        problems.append((path, msg))
+    return problems
+
+
+def _fill_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """Name unnamed gates and give each metric rule its job, so later stages never guess."""
+    seen: dict[str, int] = {}
+    jobs_so_far: list[str] = []
+    gates = []
+    for gate in data["gates"]:
+        gate = dict(gate)
+        kind = gate["kind"]
+        seen[kind] = seen.get(kind, 0) + 1
+        if not gate.get("name"):
+            gate["name"] = kind if seen[kind] == 1 else f"{kind}-{seen[kind]}"
+        if kind == "job":
+            jobs_so_far.append(gate["name"])
+        if kind == "metrics" and len(jobs_so_far) == 1:
+            gate["rules"] = [r if r.get("job") else {**r, "job": jobs_so_far[0]} for r in gate["rules"]]
+        gates.append(gate)
+    return {**data, "gates": gates}
+
+
+def _cross_checks(m: Milestone) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    if not isinstance(m.gates[0], ProtectedGate):
+        problems.append(("gates[0].kind", "the first gate must be kind = \"protected\" (judge integrity runs before anything else)"))
+    names: dict[str, int] = {}
+    jobs: dict[str, JobGate] = {}
+    for i, gate in enumerate(m.gates):
+        where = f"gates[{i}]"
+        if gate.name in names:
+            problems.append((f"{where}.name", f"duplicate gate name {gate.name!r} (also gates[{names[gate.name]}])"))
+        names[gate.name] = i
+        if isinstance(gate, ProtectedGate) and i > 0:
+            problems.append((f"{where}.kind", "only the first gate may be \"protected\""))
+        if isinstance(gate, JobGate):
+            problems += _job_checks(gate, where, jobs)
+            jobs[gate.name] = gate
+        if isinstance(gate, MetricsGate):
+            if not jobs:
+                problems.append((f"{where}.kind", "a metrics gate needs a job gate before it"))
+                continue
+            for j, rule in enumerate(gate.rules):
+                problems += _rule_checks(m, rule, f"{where}.rules[{j}]", jobs)
+    for i, glob in enumerate(m.editable):
+        prefix = _literal_prefix(glob)
+        if prefix and not prefix.startswith("tests/") and any(
+            glob_match(j, prefix) or glob_match(j, prefix.rstrip("/") + "/x") for j in JUDGE_GLOBS
+        ):
+            problems.append((f"editable[{i}]", f"{glob!r} lies in the judge ({', '.join(JUDGE_GLOBS[:5])}, ...), which is never editable"))
+    return problems
+
+
+def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate]) -> list[tuple[str, str]]:
+    problems = []
+    expected = _TASK_COMMAND[gate.task]
+    if gate.argv[0] != expected:
+        problems.append((f"{where}.argv[0]", f"a {gate.task} job runs `engine {expected}`: argv must start with {expected!r} (got {gate.argv[0]!r})"))
+    if gate.gpus and gate.nproc != gate.gpus:
+        problems.append((f"{where}.nproc", f"one process per GPU: nproc {gate.nproc} != gpus {gate.gpus}"))
+    if gate.partition and gate.launcher != "slurm":
+        problems.append((f"{where}.partition", "partition applies to launcher = \"slurm\" only"))
+    if gate.task == "train":
+        try:
+            run_dir = gate.argv[gate.argv.index("--run-dir") + 1]
+        except (ValueError, IndexError):
+            run_dir = ""
+        if run_dir != "{job_dir}":
+            problems.append((f"{where}.argv", "train jobs must pass \"--run-dir\", \"{job_dir}\" so the metrics land in the job's folder"))
+    for k, arg in enumerate(gate.argv):
+        for name in _placeholders(arg):
+            if name in ("job_dir", "worktree"):
+                continue
+            if name.startswith("job_dir:") and name[len("job_dir:"):] in earlier:
+                continue
+            problems.append((f"{where}.argv[{k}]", f"unknown placeholder {{{name}}}: use {{job_dir}}, {{worktree}} or {{job_dir:NAME}} of an earlier job ({', '.join(earlier) or 'none'})"))
+    return problems
+
+
+def _rule_checks(m: Milestone, rule: MetricRule, where: str, jobs: dict[str, JobGate]) -> list[tuple[str, str]]:
+    problems = []
+    info = METRICS[rule.metric]
+    if not rule.job:
+        problems.append((f"{where}.job", f"several jobs run before this gate ({', '.join(jobs)}): name one"))
+    elif rule.job not in jobs:
+        problems.append((f"{where}.job", f"no job gate named {rule.job!r} before this gate (earlier jobs: {', '.join(jobs)})"))
+    elif jobs[rule.job].task not in info.tasks:
+        problems.append((f"{where}.metric", f"{rule.metric} comes from {'/'.join(info.tasks)} jobs; job {rule.job!r} is a {jobs[rule.job].task} job"))
+    if info.needs_ref and (rule.ref is None) == (rule.ref_job is None):
+        problems.append((f"{where}.ref", f"{rule.metric} compares against a reference: give exactly one of ref (a file) or ref_job (an earlier job)"))
+    if not info.needs_ref and (rule.ref is not None or rule.ref_job is not None):
+        problems.append((f"{where}.ref", f"{rule.metric} takes no reference"))
+    if rule.ref_job is not None:
+        if rule.ref_job not in jobs:
+            problems.append((f"{where}.ref_job", f"no job gate named {rule.ref_job!r} before this gate"))
+        elif rule.ref_job == rule.job:
+            problems.append((f"{where}.ref_job", "a job cannot be its own reference"))
+    if rule.ref is not None and not m.is_protected(rule.ref):
+        problems.append((f"{where}.ref", f"{rule.ref!r} is not protected, so the agent could edit its own reference: keep references under milestones/"))
+    if rule.from_step is not None and rule.to_step is not None and rule.from_step > rule.to_step:
+        problems.append((f"{where}.to_step", f"to_step {rule.to_step} is before from_step {rule.from_step}"))
+    return problems
+
+
+def load_milestone(path: str | Path, root: str | Path | None = None) -> Milestone:
+    """Read and validate one milestone file. `root` is the repository root the spec's paths are
+    relative to (default: the folder above milestones/). Raises SpecError naming file and field path."""
+    path = Path(path)
+    root = Path(root) if root is not None else path.resolve().parent.parent
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(path, [("", "file not found")]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise SpecError(path, [("", f"not valid TOML: {err}")]) from None
+    try:
+        milestone = Milestone.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(path, _pydantic_problems(err)) from None
+    milestone = Milestone.model_validate(_fill_defaults(milestone.model_dump(mode="python", exclude_unset=False)))
+    problems = _cross_checks(milestone)
+    if milestone.id != path.stem:
+        problems.insert(0, ("id", f"{milestone.id!r} must equal the file name {path.stem!r} (so `temper run {path.stem}` finds it)"))
+    digest = hashlib.sha256(raw)
+    if milestone.setup is not None:
+        setup_file = root / milestone.setup
+        if not setup_file.is_file():
+            problems.append(("setup", f"patch {milestone.setup!r} not found under {root}"))
+        else:
+            digest.update(b"\0setup\0" + setup_file.read_bytes())
+    if problems:
+        raise SpecError(path, problems)
+    milestone._source = path
+    milestone._spec_hash = digest.hexdigest()
+    return milestone
+
+
+def load_milestones(directory: str | Path, root: str | Path | None = None) -> list[Milestone]:
+    """Every `*.toml` in `directory`, sorted by id; the first bad file raises."""
+    return [load_milestone(p, root) for p in sorted(Path(directory).glob("*.toml"))]
+
+
+def find_milestone(name: str, home: str | Path | None = None) -> Path:
+    """`demo-tiny` -> <home>/milestones/demo-tiny.toml; an existing path is returned as is."""
+    as_path = Path(name)
+    if as_path.suffix == ".toml" and as_path.is_file():
+        return as_path
+    if home is None:
+        from harness.settings import temper_home
+
+        home = temper_home()
+    candidate = Path(home) / "milestones" / f"{name}.toml"
+    if not candidate.is_file():
+        known = sorted(p.stem for p in (Path(home) / "milestones").glob("*.toml"))
+        raise SpecError(candidate, [("", f"no milestone {name!r}; known: {', '.join(known) or 'none'}")])
+    return candidate
