@@ -8,7 +8,15 @@ stop it on timeout or Ctrl-C, and hand back a JobResult with its log.
 
 from harness.jobs.local import LocalJob
 from harness.jobs.slurm import SlurmJob
-from harness.jobs.spec import TERMINAL_STATES, Job, JobError, JobResult, JobSpec, JobState, SubmitError
+from harness.jobs.spec import (
+    TERMINAL_STATES,
+    Job,
+    JobError,
+    JobResult,
+    JobSpec,
+    JobState,
+    SubmitError,
+)
 
 __all__ = [
     "launch",

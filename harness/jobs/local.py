@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import BinaryIO, TextIO
 
 from harness import settings
 from harness.jobs.spec import Job, JobError, JobResult, JobSpec, JobState
@@ -94,7 +95,7 @@ class LocalJob(Job):
                                       name=f"job-log-{spec.name}", daemon=True)
         self._pump.start()
 
-    def _copy_output(self, fd: int, log, times) -> None:  # type: ignore[no-untyped-def]
+    def _copy_output(self, fd: int, log: BinaryIO, times: TextIO) -> None:
         try:
             while chunk := os.read(fd, 1 << 16):
                 log.write(chunk)

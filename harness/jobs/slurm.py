@@ -119,9 +119,8 @@ def _write_atomic(path: Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # only still there if something failed before the replace
 
 
 def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:

@@ -37,6 +37,7 @@ __all__ = [
     "parse_eval_lines",
     "parse_metrics_jsonl",
     "parse_megatron_log",
+    "read_line_times",
 ]
 
 SOURCE_ENGINE_LOG = "engine-log"
@@ -175,7 +176,7 @@ def _parse_wire(body: str, marker: str, spec: tuple[tuple[str, re.Pattern[str]],
     if keys != expected:
         raise ValueError(f"expected fields {' '.join(expected)}, got {' '.join(keys) or 'none'}")
     values = {}
-    for (name, pattern), (_, value) in zip(spec, pairs):
+    for (name, pattern), (_, value) in zip(spec, pairs, strict=True):
         if not pattern.fullmatch(value):
             raise ValueError(f"{name}={value!r} is not {_FORMAT_NAMES[pattern]}")
         values[name] = value
@@ -367,3 +368,18 @@ def parse_megatron_log(text: str, seq_length: int | None = None) -> list[StepRec
     if problems:
         raise LogParseError("Megatron iteration lines", problems)
     return records
+
+
+def read_line_times(path: str | Path) -> list[float]:
+    """The local launcher's `<log>.times`: row i is when line i of the log arrived (s since launch).
+
+    Index with `record.line_no - 1` for records parsed from that log (not from metrics.jsonl).
+    """
+    rows = Path(path).read_text().split()
+    try:
+        times = [float(row) for row in rows]
+    except ValueError as err:
+        raise ValueError(f"{path}: not a line-times file ({err})") from None
+    if any(b < a for a, b in zip(times, times[1:], strict=False)):
+        raise ValueError(f"{path}: arrival times go backwards")
+    return times

@@ -27,6 +27,12 @@ Step MFU = flops_per_token x tokens / (time_s x num_gpus x peak_tflops x 1e12). 
 median over steady-state steps (first `skip_first` records dropped: allocator warm-up, JIT and
 kernel compilation) with mean, spread and extremes, and a plausibility verdict: above the GEMM
 ceiling (default 0.80 of peak: dense bf16 GEMMs on H100 reach ~0.75-0.8) is flagged implausible.
+
+`time_s` is itself the engine's claim. Local jobs come with the harness's own clock (the arrival
+time of every log line, harness/jobs/local.py); given it, the median spacing of consecutive [LOSS]
+lines per step is held against the median claimed time_s. Claimed times well below the clock
+inflate MFU (implausible); lines arriving much faster than the steps they report mean buffered
+output, which leaves the times unverifiable (implausible too: the engine must flush each line).
 """
 
 import json
@@ -50,12 +56,15 @@ __all__ = [
     "step_mfu",
     "mfu",
     "expected_tokens_per_step",
+    "clock_step_times",
 ]
 
 COUNT_NAME = "megatron: 6 x matmul params (QKV, O, FC1, FC2, LM head over the true vocab) + 6 x L x h_attn x s; embeddings 0"
 H100_PEAK_TFLOPS = 989.0  # dense bf16, H100 SXM and H200 (no sparsity)
 GEMM_CEILING = 0.80
 _CLAIM_TOLERANCE = 0.10  # the engine's own MFU may differ (padded vocab, its own timer) but not by more
+_CLOCK_SHORT = 0.80  # claimed step time below this fraction of the harness clock: understated
+_CLOCK_BURST = 1.50  # claimed step time above this multiple of the clock: lines arrive in bursts
 _SPREAD_WARNING = 0.20  # stdev / median of step MFU above this: noisy steps, the median is less telling
 
 _MODEL_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -176,6 +185,9 @@ class MfuSummary:
     peak_tflops: float
     ceiling: float
     reported_median: float | None  # the engine's own claim, for comparison only
+    claimed_step_s: float  # median time_s of the steady steps
+    clock_step_s: float | None  # median seconds per step between [LOSS] lines by the harness's clock
+    clock_mfu: float | None  # MFU with the clock's step time instead of time_s
     implausible_reasons: tuple[str, ...]
     warnings: tuple[str, ...]
     count: str = COUNT_NAME
@@ -193,14 +205,32 @@ class MfuSummary:
         return text
 
 
+def clock_step_times(records: Sequence[StepRecord], line_times: Sequence[float]) -> list[tuple[int, float]]:
+    """(step, seconds per step) by the harness's clock, between each record and the one before it.
+
+    `line_times[i]` is when log line i + 1 arrived. A gap of several steps (log_every > 1) is divided
+    by the number of steps; pairs where the step does not advance (a resumed run) are left out.
+    """
+    out = []
+    for prev, cur in zip(records, records[1:], strict=False):
+        if cur.source != "engine-log" or prev.source != "engine-log":
+            raise ValueError("the clock check needs records parsed from the job's log (line numbers of that log)")
+        gap = cur.step - prev.step
+        if gap <= 0 or max(cur.line_no, prev.line_no) > len(line_times):
+            continue
+        out.append((cur.step, (line_times[cur.line_no - 1] - line_times[prev.line_no - 1]) / gap))
+    return out
+
+
 def mfu(records: Sequence[StepRecord], model: ModelShape, num_gpus: int, peak_tflops: float = H100_PEAK_TFLOPS,
         skip_first: int = 2, *, ceiling: float = GEMM_CEILING, vocab: str = "true",
-        expected_tokens: int | None = None) -> MfuSummary:
+        expected_tokens: int | None = None, line_times: Sequence[float] | None = None) -> MfuSummary:
     """Recompute MFU from each step's tokens and time_s; summarize the steps after `skip_first`.
 
     `records` in log order (the first `skip_first` are warm-up). `expected_tokens` (from
     `expected_tokens_per_step(config)`) checks each step's token count: a step claiming more tokens
     than the batch holds would inflate MFU, so a mismatch is implausible, not a warning.
+    `line_times` (logparse.read_line_times of a local job's `<log>.times`) enables the clock check.
     """
     if num_gpus <= 0 or peak_tflops <= 0 or skip_first < 0 or not 0 < ceiling <= 1:
         raise ValueError(f"num_gpus={num_gpus}, peak_tflops={peak_tflops}, skip_first={skip_first}, ceiling={ceiling}: "
@@ -215,7 +245,7 @@ def mfu(records: Sequence[StepRecord], model: ModelShape, num_gpus: int, peak_tf
     median = statistics.median(per_step)
     if median > ceiling:
         implausible.append(f"median MFU {median:.2%} is above the GEMM ceiling {ceiling:.0%} of peak")
-    over_peak = [r.step for r, m in zip(steady, per_step) if m > 1.0]
+    over_peak = [r.step for r, m in zip(steady, per_step, strict=True) if m > 1.0]
     if over_peak:
         implausible.append(f"steps {over_peak[:10]} claim more than 100% of peak (their time_s is too small)")
     if expected_tokens is not None:
@@ -235,12 +265,32 @@ def mfu(records: Sequence[StepRecord], model: ModelShape, num_gpus: int, peak_tf
     if len(steady) < 3:
         warnings.append(f"only {len(steady)} steady-state steps")
 
+    claimed_step_s = statistics.median(r.time_s for r in steady)  # type: ignore[type-var]
+    clock_step_s = clock_mfu = None
+    if line_times is not None:
+        records = list(records)
+        pairs = clock_step_times(records[max(0, skip_first - 1):], line_times)
+        if pairs:
+            clock_step_s = statistics.median(dt for _, dt in pairs)
+            if clock_step_s > 0:
+                tokens = statistics.median(r.tokens for r in steady)  # type: ignore[type-var]
+                clock_mfu = flops * tokens / (clock_step_s * num_gpus * peak_tflops * 1e12)
+            if claimed_step_s < _CLOCK_SHORT * clock_step_s:
+                implausible.append(f"claimed step time {claimed_step_s:.6f} s is below the harness's clock "
+                                   f"{clock_step_s:.6f} s per step (MFU by the clock: {clock_mfu:.2%})")
+            elif claimed_step_s > _CLOCK_BURST * clock_step_s:
+                implausible.append(f"[LOSS] lines arrive every {clock_step_s:.6f} s but claim {claimed_step_s:.6f} s "
+                                   "steps: output is buffered, step times cannot be verified")
+        else:
+            warnings.append("no consecutive steady steps to hold against the harness's clock")
+
     tokens_per_s = statistics.median(r.tokens / r.time_s / num_gpus for r in steady)
     return MfuSummary(
         median=median, mean=statistics.fmean(per_step), stdev=stdev, min=min(per_step), max=max(per_step),
         steps=tuple(r.step for r in steady), per_step=tuple(per_step), skipped=len(records) - len(steady),
         flops_per_token=flops, tokens_per_s_per_gpu=tokens_per_s, tflops_per_gpu=median * peak_tflops,
         num_gpus=num_gpus, peak_tflops=peak_tflops, ceiling=ceiling, reported_median=reported,
+        claimed_step_s=claimed_step_s, clock_step_s=clock_step_s, clock_mfu=clock_mfu,
         implausible_reasons=tuple(implausible), warnings=tuple(warnings),
         count=COUNT_NAME if vocab == "true" else COUNT_NAME.replace("true vocab", "padded vocab"),
     )

@@ -2,7 +2,8 @@
 
 No test asserts on wall time; waits for a condition use generous deadlines (2 shared CPU cores)."""
 
-import _thread
+import os
+import signal
 import sys
 import threading
 import time
@@ -12,6 +13,8 @@ import pytest
 
 from harness.jobs import JobSpec, launch
 from harness.jobs.local import live_group_members
+
+__all__: list[str] = []
 
 WORKER = Path(__file__).with_name("fixtures") / "rank_worker.py"
 PY = sys.executable
@@ -138,7 +141,7 @@ def test_ctrl_c_in_wait_cancels_the_job_and_propagates(tmp_path: Path) -> None:
     spec = _spec(tmp_path, "ctrlc", [PY, "-c", "print('up', flush=True); import time; time.sleep(300)"], kill_grace_s=5)
     job = launch(spec)
     _until(lambda: "up" in spec.log_path.read_text(), "the job to start")
-    timer = threading.Timer(0.3, _thread.interrupt_main)  # what Ctrl-C in the terminal does
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))  # what Ctrl-C in a terminal does
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         job.wait(poll_s=0.05)
