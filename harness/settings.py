@@ -5,9 +5,10 @@ record, a log or a config file.
 """
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["temper_home", "runs_dir", "api_key", "base_url", "no_color"]
+__all__ = ["temper_home", "runs_dir", "api_key", "base_url", "no_color", "child_env"]
 
 _KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 _URLS = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
@@ -43,3 +44,14 @@ def base_url(provider: str) -> str:
 
 def no_color() -> bool:
     return bool(os.environ.get("NO_COLOR", ""))
+
+
+def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for a job the harness launches: this process's environment plus `overrides`.
+
+    The provider API keys are left out: jobs run code an agent wrote, and a key printed into a job
+    log would reach disk. An override may still set one deliberately.
+    """
+    env = {name: value for name, value in os.environ.items() if name not in _KEYS.values()}
+    env.update(overrides or {})
+    return env
