@@ -46,12 +46,18 @@ def no_color() -> bool:
     return bool(os.environ.get("NO_COLOR", ""))
 
 
+def _is_secret(name: str) -> bool:
+    upper = name.upper()
+    return name in _KEYS.values() or upper.endswith(("_API_KEY", "_TOKEN")) or "SECRET" in upper
+
+
 def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for a job the harness launches: this process's environment plus `overrides`.
 
-    The provider API keys are left out: jobs run code an agent wrote, and a key printed into a job
-    log would reach disk. An override may still set one deliberately.
+    Secrets are left out (the provider API keys and any *_API_KEY, *_TOKEN or *_SECRET* variable):
+    jobs and the agent's shell run code an agent wrote, and a key printed into a log would reach
+    disk. An override may still set one deliberately.
     """
-    env = {name: value for name, value in os.environ.items() if name not in _KEYS.values()}
+    env = {name: value for name, value in os.environ.items() if not _is_secret(name)}
     env.update(overrides or {})
     return env
