@@ -25,9 +25,9 @@ from harness.agents.common import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, parse_
 from harness.agents.pricing import cost_usd
 from harness.protocol import AgentError, AgentTurn, Message, StopReason, ToolCall, ToolSpec, Usage
 
-__all__ = ["AnthropicAgent", "DEFAULT_BASE_URL", "STOP_REASONS"]
+__all__ = ["AnthropicAgent", "ANTHROPIC_API_URL", "STOP_REASONS"]
 
-DEFAULT_BASE_URL = "https://api.anthropic.com"
+ANTHROPIC_API_URL = "https://api.anthropic.com"
 
 STOP_REASONS: dict[str, StopReason] = {
     "end_turn": "end_turn",
@@ -66,7 +66,7 @@ class AnthropicAgent:
             raise AgentError(f"anthropic:{model}: no API key; set ANTHROPIC_API_KEY in the environment")
         self.name = f"anthropic:{model}"
         self.model = model
-        self.base_url = base_url or settings.base_url("anthropic") or DEFAULT_BASE_URL
+        self.base_url = base_url or settings.base_url("anthropic") or ANTHROPIC_API_URL
         self.max_retries = max_retries
         self.prompt_caching = prompt_caching
         self._secret = key
@@ -79,9 +79,7 @@ class AnthropicAgent:
         return f"AnthropicAgent(model={self.model!r}, base_url={self.base_url!r})"
 
     def step(self, system: str, messages: list[Message], tools: list[ToolSpec], max_tokens: int) -> AgentTurn:
-        request = build_request(
-            self.model, system, messages, tools, max_tokens, prompt_caching=self.prompt_caching
-        )
+        request = build_request(self.model, system, messages, tools, max_tokens, prompt_caching=self.prompt_caching)
         try:
             response = self._client.messages.create(**request)
         except self._sdk.APIStatusError as err:
@@ -126,9 +124,7 @@ def build_request(
     if system:
         request["system"] = [{"type": "text", "text": system}]
     if tools:
-        request["tools"] = [
-            {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
-        ]
+        request["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
     if prompt_caching:
         if tools:
             request["tools"][-1]["cache_control"] = dict(_EPHEMERAL)

@@ -53,8 +53,7 @@ class SubprocessAgent(Protocol):
 
     name: str
 
-    def attempt(self, workdir: Path, prompt: str, *, log_path: Path, timeout_s: float) -> CliAttempt:
-        ...
+    def attempt(self, workdir: Path, prompt: str, *, log_path: Path, timeout_s: float) -> CliAttempt: ...
 
 
 Agent: TypeAlias = ChatAgent | SubprocessAgent

@@ -251,7 +251,9 @@ class _CliAgent:
         """The executable's full path; AgentError naming it and how to install it when missing."""
         path = self.executable if os.sep in self.executable else shutil.which(self.executable)
         if not path or not os.access(path, os.X_OK):
-            raise AgentError(f"{self.name}: executable {self.executable!r} not found; install it with `{self.install_hint}`")
+            raise AgentError(
+                f"{self.name}: executable {self.executable!r} not found; install it with `{self.install_hint}`"
+            )
         return path
 
     def command(self, workdir: Path) -> list[str]:
@@ -265,7 +267,12 @@ class _CliAgent:
         if not workdir.is_dir():
             raise AgentError(f"{self.name}: workdir {workdir} is not a directory")
         result = run_streaming(
-            self.command(workdir), cwd=workdir, stdin_text=prompt, log_path=Path(log_path), timeout_s=timeout_s, env=self.env
+            self.command(workdir),
+            cwd=workdir,
+            stdin_text=prompt,
+            log_path=Path(log_path),
+            timeout_s=timeout_s,
+            env=self.env,
         )
         usage, final_text = self.parse(result.lines)
         return CliAttempt(
@@ -384,4 +391,3 @@ class CodexAgent(_CliAgent):
 
     def parse(self, lines: list[str]) -> tuple[Usage | None, str]:
         return parse_codex_stream(lines, model=self.model or "")
-

@@ -35,9 +35,7 @@ def _bad(spec: str, why: str) -> ValueError:
 
 def _build(spec: str, factory: Callable[..., Any], *args: Any, **options: Any) -> Any:
     accepted = [
-        name
-        for name, p in inspect.signature(factory).parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
+        name for name, p in inspect.signature(factory).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY
     ]
     unknown = sorted(set(options) - set(accepted))
     if unknown:

@@ -21,9 +21,9 @@ from harness.agents.common import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, parse_
 from harness.agents.pricing import cost_usd
 from harness.protocol import AgentError, AgentTurn, Message, StopReason, ToolCall, ToolSpec, Usage
 
-__all__ = ["OpenAIChatAgent", "DEFAULT_BASE_URL", "PLACEHOLDER_KEY", "FINISH_REASONS"]
+__all__ = ["OpenAIChatAgent", "OPENAI_API_URL", "PLACEHOLDER_KEY", "FINISH_REASONS"]
 
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
+OPENAI_API_URL = "https://api.openai.com/v1"
 # Sent to openai-compatible servers when no key is given: the SDK insists on one, local servers ignore it.
 PLACEHOLDER_KEY = "not-needed"
 
@@ -61,7 +61,7 @@ class OpenAIChatAgent:
             self.name = f"openai-compatible:{base_url}#{model}"
             key = api_key or PLACEHOLDER_KEY
         else:
-            self.base_url = base_url or settings.base_url("openai") or DEFAULT_BASE_URL
+            self.base_url = base_url or settings.base_url("openai") or OPENAI_API_URL
             self.name = f"openai:{model}"
             key = api_key if api_key is not None else settings.api_key("openai")
             if not key:
@@ -193,13 +193,13 @@ def _tool_call(index: int, call: Any) -> ToolCall:
         custom = getattr(call, "custom", None)
         name = getattr(custom, "name", "") or ""
         raw = getattr(custom, "input", "") or ""
-        return ToolCall(
-            id=call_id, name=name, arguments={}, raw_arguments=raw, parse_error="not a function tool call"
-        )
+        return ToolCall(id=call_id, name=name, arguments={}, raw_arguments=raw, parse_error="not a function tool call")
     raw = function.arguments
     arguments, error = parse_arguments(raw)
     raw_text = raw if isinstance(raw, str) else json.dumps(raw)
-    return ToolCall(id=call_id, name=function.name or "", arguments=arguments, raw_arguments=raw_text, parse_error=error)
+    return ToolCall(
+        id=call_id, name=function.name or "", arguments=arguments, raw_arguments=raw_text, parse_error=error
+    )
 
 
 def _usage(usage: Any, model: str, *, priced: bool) -> Usage:

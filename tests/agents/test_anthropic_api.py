@@ -14,10 +14,14 @@ from harness.agents import ChatAgent, make_agent
 from harness.protocol import AgentError, AgentTurn, Message, ToolResult, ToolSpec
 from tests.loopback import anthropic_wire as aw
 
-KEY = "sk-ant-test-0123456789-SECRET"
+__all__: list[str] = []
+
+ANTHROPIC_TEST_KEY = "sk-ant-test-0123456789-SECRET"
 MODEL = "claude-opus-5"
 TOOLS = [
-    ToolSpec("read", "Read a file", {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+    ToolSpec(
+        "read", "Read a file", {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    ),
     ToolSpec("shell", "Run a command", {"type": "object", "properties": {"cmd": {"type": "string"}}}),
 ]
 
@@ -30,7 +34,7 @@ def server():
 
 def agent_for(server, model: str = MODEL, **options):
     options.setdefault("max_retries", 2)
-    return make_agent(f"anthropic:{model}", api_key=KEY, base_url=server.url, **options)
+    return make_agent(f"anthropic:{model}", api_key=ANTHROPIC_TEST_KEY, base_url=server.url, **options)
 
 
 def count_cache_marks(value) -> int:
@@ -102,7 +106,7 @@ def test_two_turn_tool_conversation_round_trips_ids_and_order(server):
             ],
         },
     ]
-    assert server.posts()[1].headers["authorization"] == f"Bearer {KEY}"
+    assert server.posts()[1].headers["authorization"] == f"Bearer {ANTHROPIC_TEST_KEY}"
 
 
 def test_cache_control_on_stable_prefix_and_moving_last_message(server):
@@ -113,7 +117,10 @@ def test_cache_control_on_stable_prefix_and_moving_last_message(server):
     agent = agent_for(server)
     conversation = [Message(role="user", text="go")]
     turn = agent.step("SYSTEM PROMPT", conversation, TOOLS, 64)
-    conversation += [Message(role="assistant", turn=turn), Message(role="tool", results=(ToolResult("toolu_1", "data"),))]
+    conversation += [
+        Message(role="assistant", turn=turn),
+        Message(role="tool", results=(ToolResult("toolu_1", "data"),)),
+    ]
     agent.step("SYSTEM PROMPT", conversation, TOOLS, 64)
 
     first, second = (r.body for r in server.posts())
@@ -183,13 +190,13 @@ def test_5xx_beyond_retries_is_an_agent_error(server):
 
 def test_401_is_not_retried_and_never_shows_the_key(server):
     # Worst case: a proxy that echoes the key it was given in its error message.
-    server.enqueue(aw.error(401, "authentication_error", f"invalid x-api-key {KEY}"))
+    server.enqueue(aw.error(401, "authentication_error", f"invalid x-api-key {ANTHROPIC_TEST_KEY}"))
     with pytest.raises(AgentError) as caught:
         agent_for(server).step("s", [Message(role="user", text="hi")], [], 64)
     message = str(caught.value)
     assert "HTTP 401 authentication_error" in message and "ANTHROPIC_API_KEY" in message
-    assert KEY not in message and KEY not in repr(caught.value)
-    assert KEY not in "".join(traceback.format_exception(caught.value))
+    assert ANTHROPIC_TEST_KEY not in message and ANTHROPIC_TEST_KEY not in repr(caught.value)
+    assert ANTHROPIC_TEST_KEY not in "".join(traceback.format_exception(caught.value))
     assert len(server.posts()) == 1
 
 
@@ -229,7 +236,12 @@ def test_malformed_tool_input_becomes_parse_error(server):
     assert as_list.arguments == {} and "JSON object" in as_list.parse_error
 
     results = tuple(ToolResult(c.id, c.parse_error or "ok", is_error=bool(c.parse_error)) for c in turn.tool_calls)
-    agent.step("s", [Message(role="user", text="go"), Message(role="assistant", turn=turn), Message(role="tool", results=results)], TOOLS, 64)
+    agent.step(
+        "s",
+        [Message(role="user", text="go"), Message(role="assistant", turn=turn), Message(role="tool", results=results)],
+        TOOLS,
+        64,
+    )
     sent = server.posts()[1].body["messages"][1]["content"]
     # The API requires an object: broken inputs go back as {} next to the error result.
     assert [b["input"] for b in sent] == [{}, {"path": "b.py"}, {}]
@@ -309,3 +321,28 @@ def test_unreachable_server_is_an_agent_error(server):
     server.__exit__(None, None, None)  # nothing listens on that port any more
     with pytest.raises(AgentError, match="could not connect"):
         closed.step("s", [Message(role="user", text="hi")], [], 8)
+
+
+def test_pause_turn_is_continued_from_the_assistant_message(server):
+    server.enqueue(
+        aw.reply(aw.message(aw.text("Searching the docs"), stop_reason="pause_turn")),
+        aw.reply(aw.message(aw.text(" and found it."))),
+    )
+    agent = agent_for(server)
+    conversation = [Message(role="user", text="look it up")]
+    paused = agent.step("s", conversation, [], 64)
+    assert paused.stop_reason == "pause_turn"
+    agent.step("s", conversation + [Message(role="assistant", turn=paused)], [], 64)
+    # Ending on the assistant's partial turn is how the API resumes it.
+    assert server.posts()[1].body["messages"][-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Searching the docs", "cache_control": {"type": "ephemeral"}}],
+    }
+
+
+def test_large_max_tokens_is_sent_without_streaming(server):
+    # On its default timeout the SDK refuses non-streaming calls it expects to exceed 10 minutes
+    # (here: 64k tokens, and a model it caps at 8192); the backend's explicit timeout avoids that.
+    server.enqueue(aw.reply(aw.message(aw.text("long"))))
+    turn = agent_for(server, model="claude-opus-4-1").step("s", [Message(role="user", text="hi")], [], 64_000)
+    assert turn.text == "long" and server.posts()[0].body["max_tokens"] == 64_000

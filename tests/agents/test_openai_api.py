@@ -13,7 +13,9 @@ from harness.agents import ChatAgent, make_agent
 from harness.protocol import AgentError, Message, ToolResult, ToolSpec
 from tests.loopback import openai_wire as ow
 
-KEY = "sk-proj-test-0123456789-SECRET"
+__all__: list[str] = []
+
+OPENAI_TEST_KEY = "sk-proj-test-0123456789-SECRET"
 TOOLS = [ToolSpec("read", "Read a file", {"type": "object", "properties": {"path": {"type": "string"}}})]
 
 
@@ -25,14 +27,17 @@ def server():
 
 def agent_for(server, model: str = "gpt-4.1", **options):
     options.setdefault("max_retries", 2)
-    return make_agent(f"openai:{model}", api_key=KEY, base_url=server.url + "/v1", **options)
+    return make_agent(f"openai:{model}", api_key=OPENAI_TEST_KEY, base_url=server.url + "/v1", **options)
 
 
 def test_two_turn_tool_conversation(server):
     server.enqueue(
         ow.completion(
             "Reading.",
-            tool_calls=[ow.tool_call("call_1", "read", {"path": "a.py"}), ow.tool_call("call_2", "read", {"path": "b.py"})],
+            tool_calls=[
+                ow.tool_call("call_1", "read", {"path": "a.py"}),
+                ow.tool_call("call_2", "read", {"path": "b.py"}),
+            ],
             finish_reason="tool_calls",
         ),
         ow.completion("Done."),
@@ -56,7 +61,10 @@ def test_two_turn_tool_conversation(server):
     body = server.posts()[1].body
     assert body["model"] == "gpt-4.1" and body["max_completion_tokens"] == 300 and "max_tokens" not in body
     assert body["tools"] == [
-        {"type": "function", "function": {"name": "read", "description": "Read a file", "parameters": TOOLS[0].parameters}}
+        {
+            "type": "function",
+            "function": {"name": "read", "description": "Read a file", "parameters": TOOLS[0].parameters},
+        }
     ]
     assert body["messages"] == [
         {"role": "system", "content": "Be careful."},
@@ -72,7 +80,7 @@ def test_two_turn_tool_conversation(server):
         {"role": "tool", "tool_call_id": "call_1", "content": "A"},
         {"role": "tool", "tool_call_id": "call_2", "content": "ERROR: no such file"},
     ]
-    assert server.posts()[0].headers["authorization"] == f"Bearer {KEY}"
+    assert server.posts()[0].headers["authorization"] == f"Bearer {OPENAI_TEST_KEY}"
 
 
 def test_malformed_arguments_become_parse_errors(server):
@@ -97,7 +105,12 @@ def test_malformed_arguments_become_parse_errors(server):
     assert turn.text == ""
 
     results = tuple(ToolResult(c.id, c.parse_error or "ok", is_error=bool(c.parse_error)) for c in turn.tool_calls)
-    agent.step("", [Message(role="user", text="go"), Message(role="assistant", turn=turn), Message(role="tool", results=results)], TOOLS, 50)
+    agent.step(
+        "",
+        [Message(role="user", text="go"), Message(role="assistant", turn=turn), Message(role="tool", results=results)],
+        TOOLS,
+        50,
+    )
     sent = server.posts()[1].body["messages"][1]
     assert sent["content"] is None
     assert [c["function"]["arguments"] for c in sent["tool_calls"]] == ["{}", "{}", "{}"]
@@ -127,7 +140,12 @@ def test_usage_with_cached_tokens_and_cost(server):
     server.enqueue(ow.completion("hi", tokens=ow.usage(prompt=12_000, completion_=500, cached=8_000)))
     turn = agent_for(server).step("", [Message(role="user", text="hi")], [], 600)
     usage = turn.usage
-    assert (usage.input_tokens, usage.cache_read_tokens, usage.output_tokens, usage.cache_write_tokens) == (4_000, 8_000, 500, 0)
+    assert (usage.input_tokens, usage.cache_read_tokens, usage.output_tokens, usage.cache_write_tokens) == (
+        4_000,
+        8_000,
+        500,
+        0,
+    )
     # gpt-4.1 list prices per MTok: input 2.00, cached input 0.50, output 8.00.
     assert usage.cost_usd == pytest.approx((4_000 * 2.00 + 8_000 * 0.50 + 500 * 8.00) / 1e6, rel=1e-12)
 
@@ -140,9 +158,14 @@ def test_unknown_openai_model_has_no_cost(server):
 
 def test_openai_compatible_server(server, monkeypatch):
     # The real OpenAI key must never travel to a foreign server.
-    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_TEST_KEY)
     server.enqueue(
-        ow.completion(None, tool_calls=[ow.tool_call("call_0", "read", {"path": "x"})], finish_reason="tool_calls", model="gpt-4.1")
+        ow.completion(
+            None,
+            tool_calls=[ow.tool_call("call_0", "read", {"path": "x"})],
+            finish_reason="tool_calls",
+            model="gpt-4.1",
+        )
     )
     spec = f"openai-compatible:{server.url}/v1#gpt-4.1"
     agent = make_agent(spec, max_retries=0)
@@ -189,12 +212,12 @@ def test_500_is_retried_then_succeeds(server):
 
 
 def test_401_is_an_agent_error_without_the_key(server):
-    server.enqueue(ow.error(401, "invalid_request_error", f"Incorrect API key provided: {KEY}"))
+    server.enqueue(ow.error(401, "invalid_request_error", f"Incorrect API key provided: {OPENAI_TEST_KEY}"))
     with pytest.raises(AgentError) as caught:
         agent_for(server).step("", [Message(role="user", text="hi")], [], 5)
     message = str(caught.value)
     assert "HTTP 401" in message and "OPENAI_API_KEY" in message
-    assert KEY not in message and KEY not in "".join(traceback.format_exception(caught.value))
+    assert OPENAI_TEST_KEY not in message and OPENAI_TEST_KEY not in "".join(traceback.format_exception(caught.value))
     assert len(server.posts()) == 1
 
 

@@ -122,4 +122,6 @@ def error(status: int, kind: str, text_: str, headers: dict[str, str] | None = N
 
 def rate_limited(retry_after: str, *, header: str = "retry-after", hold_s: float) -> Reply:
     """A 429 that keeps answering 429 until `hold_s` has passed, like the real limiter."""
-    return error(429, "rate_limit_error", "Number of requests has exceeded your rate limit", {header: retry_after}, hold_s)
+    return error(
+        429, "rate_limit_error", "Number of requests has exceeded your rate limit", {header: retry_after}, hold_s
+    )

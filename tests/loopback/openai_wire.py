@@ -23,7 +23,11 @@ def tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
 
 
 def usage(prompt: int = 20, completion_: int = 7, cached: int | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion_, "total_tokens": prompt + completion_}
+    body: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_,
+        "total_tokens": prompt + completion_,
+    }
     if cached is not None:
         body["prompt_tokens_details"] = {"cached_tokens": cached}
     return body

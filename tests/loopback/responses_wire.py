@@ -67,7 +67,12 @@ def stream(*items: dict[str, Any], model: str = "gpt-5", tokens: dict[str, Any] 
         started = dict(item, status="in_progress")
         if item["type"] == "message":
             started["content"] = []
-        events.append(("response.output_item.added", {"type": "response.output_item.added", "output_index": index, "item": started}))
+        events.append(
+            (
+                "response.output_item.added",
+                {"type": "response.output_item.added", "output_index": index, "item": started},
+            )
+        )
         if item["type"] == "message":
             events.append(
                 (
@@ -81,7 +86,9 @@ def stream(*items: dict[str, Any], model: str = "gpt-5", tokens: dict[str, Any] 
                     },
                 )
             )
-        events.append(("response.output_item.done", {"type": "response.output_item.done", "output_index": index, "item": item}))
+        events.append(
+            ("response.output_item.done", {"type": "response.output_item.done", "output_index": index, "item": item})
+        )
     done = dict(base, status="completed", output=list(items), usage=tokens if tokens is not None else usage())
     events.append(("response.completed", {"type": "response.completed", "response": done}))
     for _, data in events:

@@ -160,7 +160,10 @@ class LoopbackServer:
                     self.send_header(key, value)
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(payload)
+                    try:
+                        self.wfile.write(payload)
+                    except (BrokenPipeError, ConnectionResetError):
+                        self.close_connection = True  # the client was killed mid-request (timeout tests)
 
             do_POST = _handle
             do_GET = _handle
