@@ -1,23 +1,25 @@
 """Coding-assistant CLIs as subprocess agents: `cli:claude-code` and `cli:codex`.
 
 One `attempt` runs the CLI headless in the worktree with the milestone prompt on stdin (no argv
-length limit), in a new process group, streaming its JSONL events to `log_path` as they arrive and
-its stderr to `<log_path>.stderr`. On timeout the whole group gets SIGTERM, then SIGKILL after a
-grace period; after a normal exit, stragglers the CLI left running in its group are killed too.
-The CLI edits files itself; the harness gates whatever it leaves behind, so the permission flags
-below limit it to editing the worktree, not to being right.
+length limit), in a new process group. Its JSONL events stream to `log_path` and its stderr to
+`<log_path>.stderr` as they arrive (not atomically: a crash must leave what was seen). On timeout
+the whole group gets SIGTERM, then SIGKILL after a grace period; after a normal exit, stragglers
+the CLI left running in its group are killed too. The CLI edits files itself; the harness gates
+whatever it leaves behind, so the permission flags below keep it inside the worktree, they do not
+make it right.
 
-Claude Code: `claude -p --output-format stream-json --verbose --permission-mode acceptEdits`
-(acceptEdits: file edits inside the working directory are accepted, everything else needing
-permission is refused, as -p cannot ask). Its final `result` event carries usage and total_cost_usd.
-Codex: `codex exec --json --sandbox workspace-write --skip-git-repo-check -C <workdir> -`
-(workspace-write with /tmp and $TMPDIR excluded: commands write only inside the workdir, without
-network; exec never asks for approval). Its
-`turn.completed` events carry tokens; it reports no cost, so cost comes from the price table
-when the model is given and listed, else None.
+Claude Code: `claude -p --output-format stream-json --verbose --permission-mode acceptEdits --bare`.
+acceptEdits accepts file edits inside the working directory and refuses everything else that needs
+permission (reads and writes outside it, unapproved commands), since -p cannot ask. Its final
+`result` event carries usage and total_cost_usd.
 
-The child inherits the harness's environment unless `env` gives a complete one: that is how a
-test points a CLI at a loopback server (ANTHROPIC_BASE_URL / OPENAI_BASE_URL).
+Codex: `codex exec --json --sandbox workspace-write --skip-git-repo-check -C <workdir> -`, with
+/tmp and $TMPDIR excluded from the writable roots: commands write inside the workdir only and have
+no network; exec never asks for approval. Its `turn.completed` events carry tokens but no cost, so
+the cost comes from the price table when the model is given and listed, else None.
+
+The child inherits the harness's environment unless `env` gives a complete one (a merged
+environment needs `settings.child_env`, which does not exist yet: only settings.py reads os.environ).
 """
 
 import json
@@ -27,6 +29,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +49,13 @@ __all__ = [
 _KILL_GRACE_S = 5.0
 
 
+@dataclass(frozen=True)
 class StreamResult:
     """How a streamed subprocess ended, and the stdout lines it produced (decoded)."""
 
-    def __init__(self, exit_code: int, timed_out: bool, lines: list[str]) -> None:
-        self.exit_code = exit_code
-        self.timed_out = timed_out
-        self.lines = lines
+    exit_code: int
+    timed_out: bool
+    lines: list[str]
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -130,7 +133,8 @@ def run_streaming(
     _kill_group(pgid, signal.SIGKILL)
     for thread in threads:
         thread.join(timeout=kill_grace_s)
-    return StreamResult(proc.returncode, timed_out, lines)
+    # A copy: a reader still blocked on a pipe held open by an escaped grandchild may append later.
+    return StreamResult(proc.returncode, timed_out, list(lines))
 
 
 def _events(lines: list[str]) -> list[dict[str, Any]]:

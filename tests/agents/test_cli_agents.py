@@ -116,7 +116,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
         """,
     )
     log = tmp_path / "logs" / "cli.jsonl"
-    attempt = ClaudeCodeAgent(executable=str(exe)).attempt(tmp_path, "the prompt", log_path=log, timeout_s=2.0)
+    attempt = ClaudeCodeAgent(executable=str(exe)).attempt(tmp_path, "the prompt", log_path=log, timeout_s=3.0)
     assert attempt.timed_out and attempt.exit_code == -signal.SIGTERM
     assert attempt.usage is None and attempt.transcript_path == log
     assert json.loads(log.read_text().splitlines()[0]) == {"type": "system", "prompt": "the prompt"}
@@ -134,7 +134,7 @@ def test_sigterm_ignoring_child_is_killed(tmp_path):
         """,
     )
     result = run_streaming(
-        [str(exe)], cwd=tmp_path, stdin_text="", log_path=tmp_path / "out.log", timeout_s=1.5, kill_grace_s=0.5
+        [str(exe)], cwd=tmp_path, stdin_text="", log_path=tmp_path / "out.log", timeout_s=2.5, kill_grace_s=0.5
     )
     assert result.timed_out and result.exit_code == -signal.SIGKILL
     assert result.lines == ["ready\n"]
