@@ -84,13 +84,20 @@ class Usage:
 
 @dataclass(frozen=True)
 class AgentTurn:
-    """One model response: text, tool calls, why it stopped, and what it cost."""
+    """One model response: text, tool calls, why it stopped, and what it cost.
+
+    `provider_content` holds the provider's own content blocks of this turn when they carry more
+    than `text` and `tool_calls` can say (Anthropic thinking blocks with their signatures, server
+    tool blocks). The backend that produced the turn sends them back verbatim on the next call,
+    because the API rejects a tool loop whose thinking blocks were dropped. Empty otherwise.
+    """
 
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
     stop_reason: StopReason = "end_turn"
     usage: Usage = field(default_factory=Usage)
     model: str = ""
+    provider_content: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +110,7 @@ class AgentTurn:
             stop_reason=data.get("stop_reason", "end_turn"),
             usage=Usage(**data.get("usage", {})),
             model=data.get("model", ""),
+            provider_content=tuple(data.get("provider_content", ())),
         )
 
 

@@ -1,0 +1,3 @@
+"""Tests of the repository (pytest)."""
+
+__all__: list[str] = []
