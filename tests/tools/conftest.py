@@ -1,5 +1,5 @@
 """Fixtures of tools_helpers, visible to every test here."""
 
-from tools_helpers import ctx, tree
+from tests.tools.tools_helpers import ctx, tree
 
 __all__ = ["ctx", "tree"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.tools import ToolContext
-from tools_helpers import MODEL_PY, call, snapshot
+from tests.tools.tools_helpers import MODEL_PY, call, snapshot
 
 
 def _git_diff(old: str, new: str, tmp: Path, name: str = "f.txt") -> str:

@@ -6,7 +6,7 @@ import pytest
 
 from harness.protocol import ToolCall
 from harness.tools import TOOL_NAMES, ToolContext, ToolError, execute, tool_specs
-from tools_helpers import call
+from tests.tools.tools_helpers import call
 
 
 def test_specs_are_complete_json_schemas() -> None:

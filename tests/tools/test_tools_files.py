@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 from harness.tools import ToolContext
-from tools_helpers import MODEL_PY, call, git
+from tests.tools.tools_helpers import MODEL_PY, call, git
 
 
 def test_list_dir_tree_and_depth(ctx: ToolContext, tree: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from harness.tools import ToolContext
 from harness.tools.shell import group_members, run_shell
-from tools_helpers import call
+from tests.tools.tools_helpers import call
 
 
 def _alive(pid: int) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from harness.tools import ToolContext, matches_glob
-from tools_helpers import call, snapshot
+from tests.tools.tools_helpers import call, snapshot
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Fixtures of workspace_helpers, visible to every test here."""
 
-from workspace_helpers import user_repo
+from tests.workspace.workspace_helpers import user_repo
 
 __all__ = ["user_repo"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.workspace import TRAILER_KEYS, Workspace, WorkspaceError
-from workspace_helpers import fingerprint, git, make_dirty, write
+from tests.workspace.workspace_helpers import fingerprint, git, make_dirty, write
 
 
 def _attempt(ws: Workspace, n: int, verdict: str = "rejected", mfu: float | None = 0.41234) -> str:
