@@ -225,9 +225,14 @@ def import_edges(module: SourceModule, is_module: Callable[[str], bool]) -> list
             target = sub if alias.name != "*" and is_module(sub) else base
             edges.append(ImportEdge(target, node.lineno, node.col_offset + 1))
     imports = imports_of(module)
+    # Cheap pre-filter: only calls spelled like an import function are worth resolving.
+    spellings = {"__import__", "import_module"} | {n for n, t in imports.bindings.items() if t in IMPORT_FUNCTIONS}
     for call in module.nodes(ast.Call):
-        target = _call_target(module, call, imports)
-        if target:
-            edges.append(ImportEdge(target, call.lineno, call.col_offset + 1))
+        func = call.func
+        spelled = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if spelled in spellings:
+            target = _call_target(module, call, imports)
+            if target:
+                edges.append(ImportEdge(target, call.lineno, call.col_offset + 1))
     module.cache["import_edges"] = edges
     return edges

@@ -19,15 +19,17 @@ __all__ = ["SourceModule", "ModuleNamer", "iter_python_files", "parse_module", "
 
 PARSE_ERROR = "parse-error"
 
-# The node types rules ask for; indexing only these keeps the one walk over a file cheap.
-_INDEXED = (ast.Attribute, ast.Name, ast.Call, ast.Subscript, ast.Compare, ast.Import, ast.ImportFrom,
-            ast.ExceptHandler, ast.Global, ast.FunctionDef, ast.AsyncFunctionDef)
+# The node types every file is asked for; they are collected in the one walk over a file. Other types
+# (Name, the most common node, is needed only where the environment may be reached) are collected by a
+# second walk on first request.
+_INDEXED = (ast.Attribute, ast.Call, ast.Subscript, ast.Compare, ast.Import, ast.ImportFrom, ast.ExceptHandler,
+            ast.Global)
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
-def _index(tree: ast.AST) -> dict[type, list[ast.AST]]:
+def _index(tree: ast.AST, types: tuple[type, ...]) -> dict[type, list[ast.AST]]:
     """One iterative pass (deep expression trees must not hit the recursion limit); skips `ctx` nodes."""
-    index: dict[type, list[ast.AST]] = {cls: [] for cls in _INDEXED}
+    index: dict[type, list[ast.AST]] = {cls: [] for cls in types}
     stack = [tree]
     pop, push = stack.pop, stack.append
     node_type = ast.AST
@@ -48,9 +50,7 @@ def _index(tree: ast.AST) -> dict[type, list[ast.AST]]:
                         push(item)
             elif isinstance(value, node_type):
                 push(value)
-    for bucket in index.values():
-        bucket.reverse()  # the stack visits children last-first; restore source order roughly
-    return index
+    return index  # not in source order; the runner sorts findings by place
 
 
 class SourceModule:
@@ -74,7 +74,9 @@ class SourceModule:
 
     def nodes(self, cls: type) -> list:
         if self._index is None:
-            self._index = _index(self.tree)
+            self._index = _index(self.tree, _INDEXED)
+        if cls not in self._index:
+            self._index.update(_index(self.tree, (cls,)))
         return self._index[cls]
 
     def finding(self, rule: str, message: str, node: ast.AST | None = None, line: int = 1, col: int = 1) -> Finding:

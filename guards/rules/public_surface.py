@@ -8,7 +8,8 @@
   "private to that module". Dunder names are public. Private *modules* (`pkg/_impl.py`) are private
   to their package, so modules inside `pkg` may import them; a private name defined in a module is
   private to that module, so a package's own submodules may not import each other's.
-* guards.toml `[public-surface] allow_private` lists dotted names that may be used anyway.
+* guards.toml `[public-surface] allow_private` lists dotted names that may be used anyway; the few
+  underscore names the standard library documents as public (`os._exit`, `sys._getframe`) are fine.
 """
 
 import ast
@@ -21,7 +22,8 @@ from guards.source import SourceModule
 
 __all__ = ["PublicSurfaceRule", "module_bindings"]
 
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+# Underscore names the standard library documents as public API.
+_DOCUMENTED_PUBLIC = frozenset({"os._exit", "sys._getframe", "sys._current_frames", "sys._xoptions"})
 _BLOCKS = (ast.If, ast.Try, ast.TryStar, ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.While, ast.Match)
 
 
@@ -81,6 +83,8 @@ def module_bindings(module: SourceModule) -> set[str]:
             names.update(a.asname or a.name for a in stmt.names)
         elif isinstance(stmt, (ast.Try, ast.TryStar)):
             names.update(h.name for h in stmt.handlers if h.name)
+        elif type(stmt).__name__ == "TypeAlias":  # `type X = ...` (Python 3.12+)
+            names.update(_target_names(stmt.name))  # type: ignore[attr-defined]
     for node in module.nodes(ast.Global):  # `global X` in a function that assigns X
         names.update(node.names)
     return names
@@ -212,7 +216,7 @@ class PublicSurfaceRule(Rule):
                 continue  # `from x import obj`: obj._y is an object's attribute, not a module's private name
             owner = ".".join([target, *reversed(chain)])
             dotted = f"{owner}.{node.attr}"
-            if self.config.private_allowed(dotted) or owner == module.name:
+            if self.config.private_allowed(dotted) or dotted in _DOCUMENTED_PUBLIC or owner == module.name:
                 continue
             if self._inside(module, owner) and self.project.is_module(dotted):
                 continue

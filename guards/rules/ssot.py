@@ -13,7 +13,8 @@ parameter of a private helper of the env module whose every call passes a checka
 
 Constants. A module-level UPPER_CASE name bound to a literal (number, string, tuple of literals)
 that two modules of one top-level package bind to different values is the same knob defined twice;
-each site is reported, naming the other.
+each site is reported, naming the other. Leading underscores count too: `_TIMEOUT = 30` in one
+module and `_TIMEOUT = 60` in another are still one knob with two values.
 """
 
 import ast
