@@ -31,8 +31,8 @@ __all__ = [
 
 PRESETS_FILE = Path(__file__).with_name("model_spec.toml")
 LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "bf16", "fp32")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+DTYPE_CHOICES = ("auto", "bf16", "fp32")
 
 
 def _f(default: Any, help: str, group: str) -> Any:
@@ -231,8 +231,8 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
 
     Raises ConfigError (one line, names field, value and fix) on the first problem found.
     """
-    _choice(cfg, "device", DEVICES)
-    _choice(cfg, "compute_dtype", DTYPES)
+    _choice(cfg, "device", DEVICE_CHOICES)
+    _choice(cfg, "compute_dtype", DTYPE_CHOICES)
     _choice(cfg, "lr_schedule", LR_SCHEDULES)
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",

@@ -58,6 +58,7 @@ def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     jobs and the agent's shell run code an agent wrote, and a key printed into a log would reach
     disk. An override may still set one deliberately.
     """
+    # guard: allow ssot -- child processes (jobs, the agent's shell) inherit the environment minus secrets
     env = {name: value for name, value in os.environ.items() if not _is_secret(name)}
     env.update(overrides or {})
     return env
