@@ -3,9 +3,10 @@
 Sources (`--hf-dataset`):
 - a Hub name (`org/name`), loaded with `datasets.load_dataset(name, config, split=...)`;
 - local files: one file or a glob is a single split named `train` (the HF convention); a folder
-  maps files to splits by name, `<split>-*.ext`, `<split>_*.ext`, `<split>.ext` or `<split>/*.ext`
-  (so ../shared/data/corpus gives train, validation and sample); a `save_to_disk` folder is read
-  with `datasets.load_from_disk`. Formats by extension: parquet, arrow, json/jsonl (optionally
+  maps files to splits by name, `<split>-*.ext`, `<split>_*.ext` or `<split>.ext` (so
+  ../shared/data/corpus gives train, validation and sample), also one folder down (`data/train-*`,
+  the Hub layout), and every file in a subfolder named like a split (`train/`, `validation/`,
+  `test/`, ...) belongs to that split; a `save_to_disk` folder is read with `datasets.load_from_disk`. Formats by extension: parquet, arrow, json/jsonl (optionally
   .gz/.bz2/.xz/.zst), csv, txt (one record per line, field `text`).
 
 Each record becomes one document: the `--hf-text-field` value, or `--hf-text-template` rendered
@@ -44,6 +45,7 @@ from engine.data.format import (
     FORMAT_NAME, FORMAT_VERSION, INDEX_FILE, SHARD_MAX_BYTES, dtype_for_vocab, fsync_dir, itemsize,
     shard_file_name, write_json_atomic,
 )
+from engine.config import EngineConfig
 from engine.data.tokenizer import Tokenizer, load_tokenizer
 from engine.errors import ConfigError
 
@@ -62,6 +64,7 @@ DATA_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", "
                    ".csv": "csv", ".txt": "text"}
 _COMPRESSION = (".gz", ".bz2", ".xz", ".zst")
 _RECORDS_PER_BATCH = 512
+_SPLIT_FOLDERS = ("train", "training", "validation", "valid", "val", "dev", "test", "testing", "eval", "evaluation")
 _TYPECODE = {"uint16": "H", "uint32": "I"}  # array module codes; sizes checked at import below
 assert array.array("H").itemsize == 2 and array.array("I").itemsize == 4
 
@@ -418,17 +421,23 @@ def resolve_local_splits(source: str, flag: str = "--hf-dataset") -> dict[str, l
         return {"train": [str(path)]}
     if path.is_dir():
         splits: dict[str, list[str]] = {}
-        for entry in sorted(path.iterdir()):
-            if entry.name.startswith((".", "_")):
-                continue
-            if entry.is_file() and _builder_of(entry.name):
-                name = re.match(r"[^-_.]+", entry.name)
-                if name:
-                    splits.setdefault(name.group(0), []).append(str(entry))
-            elif entry.is_dir():
-                inner = sorted(str(f) for f in entry.iterdir() if f.is_file() and _builder_of(f.name))
-                if inner:
+
+        def by_name(folder: Path, depth: int) -> None:
+            for entry in sorted(folder.iterdir()):
+                if entry.name.startswith((".", "_")):
+                    continue
+                if entry.is_file() and _builder_of(entry.name):
+                    name = re.match(r"[^-_.]+", entry.name)
+                    if name:
+                        splits.setdefault(name.group(0), []).append(str(entry))
+                elif entry.is_dir() and entry.name in _SPLIT_FOLDERS:
+                    inner = sorted(str(f) for f in entry.rglob("*") if f.is_file() and _builder_of(f.name))
                     splits.setdefault(entry.name, []).extend(inner)
+                elif entry.is_dir() and depth == 0:
+                    by_name(entry, 1)
+
+        by_name(path, 0)
+        splits = {name: files for name, files in splits.items() if files}
         if not splits:
             raise ConfigError(flag, source, f"put data files ({', '.join(DATA_EXTENSIONS)}) in it", "has no data files")
         return splits
@@ -711,7 +720,7 @@ def check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
                           f"is smaller than the tokenizer's {tokenizer.vocab_size} ids ({tokenizer.name})")
 
 
-def _val_plan(cfg: Any, out: Path) -> _Job | None:
+def _val_plan(cfg: EngineConfig, out: Path) -> _Job | None:
     """The validation job, or None when there is none and none is needed (--eval-steps 0)."""
     source = cfg.hf_val_dataset or cfg.hf_dataset
     separate = bool(cfg.hf_val_dataset)
@@ -737,7 +746,7 @@ def _val_plan(cfg: Any, out: Path) -> _Job | None:
     return job
 
 
-def prepare_from_config(cfg: Any, out_dir: str | Path, num_proc: int = 1, progress: bool = True) -> Path:
+def prepare_from_config(cfg: EngineConfig, out_dir: str | Path, num_proc: int = 1, progress: bool = True) -> Path:
     """`python -m engine prepare`: write <out_dir>/train and <out_dir>/validation from cfg.
 
     Source: --hf-dataset (validation from --hf-val-dataset, else --hf-val-split of --hf-dataset),

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from engine.config import EngineConfig
 from engine.data.embedded import embedded_file, read_embedded
 from engine.data.format import COMPLETE_FILE, FAILED_FILE, INDEX_FILE, write_json_atomic
 from engine.data.loader import PackedSamples
@@ -87,7 +88,7 @@ def embedded_tokens(split: str, tokenizer: Tokenizer, renderer: TextRenderer) ->
 # --- 1. prepared folder ---------------------------------------------------------------------------
 
 
-def _tokenizer_for(index: dict[str, Any], cfg: Any, flag_value: str) -> Tokenizer:
+def _tokenizer_for(index: dict[str, Any], cfg: EngineConfig, flag_value: str) -> Tokenizer:
     """The tokenizer that wrote `index`: --tokenizer-path if given (must match), else the one the
     index names (the byte tokenizer, or the file it recorded, if it still matches)."""
     recorded = index["tokenizer"]
@@ -107,7 +108,7 @@ def _tokenizer_for(index: dict[str, Any], cfg: Any, flag_value: str) -> Tokenize
     return tok
 
 
-def _from_folder(folder: Path, cfg: Any, flag: str,
+def _from_folder(folder: Path, cfg: EngineConfig, flag: str,
                  tokenizer: Tokenizer | None = None) -> tuple[Tokenizer, PackedSamples, PackedSamples | None]:
     train_dir, val_dir = folder / "train", folder / "validation"
     if not (train_dir / INDEX_FILE).is_file():
@@ -130,7 +131,7 @@ def _from_folder(folder: Path, cfg: Any, flag: str,
 # --- 2. prepared on the fly -----------------------------------------------------------------------
 
 
-def _local_stamp(source: str) -> list[Any]:
+def _local_stamp(source: str, flag: str) -> list[Any]:
     """Sizes and mtimes of a local source's files, so edited files get a new cache key."""
     if not source or not is_local_source(source):
         return []
@@ -138,11 +139,11 @@ def _local_stamp(source: str) -> list[Any]:
     if path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
         files = sorted(str(p) for p in path.rglob("*") if p.is_file())
     else:
-        files = sorted(f for split_files in resolve_local_splits(source).values() for f in split_files)
+        files = sorted(f for split_files in resolve_local_splits(source, flag).values() for f in split_files)
     return [(str(Path(f).resolve()), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
 
 
-def cache_key(cfg: Any, tokenizer: Tokenizer) -> str:
+def cache_key(cfg: EngineConfig, tokenizer: Tokenizer) -> str:
     """Folder name under the cache for this config's --hf-dataset preparation."""
     def where(source: str) -> str:
         return str(Path(source).expanduser().resolve()) if source and is_local_source(source) else source
@@ -151,11 +152,11 @@ def cache_key(cfg: Any, tokenizer: Tokenizer) -> str:
              "val_source": where(cfg.hf_val_dataset), "val_split": cfg.hf_val_split,
              "text_field": "" if cfg.hf_text_template else cfg.hf_text_field, "template": cfg.hf_text_template,
              "tokenizer": tokenizer.name, "eos": tokenizer.eos_id, "want_val": cfg.eval_steps > 0,
-             "files": _local_stamp(cfg.hf_dataset) + _local_stamp(cfg.hf_val_dataset)}
+             "files": _local_stamp(cfg.hf_dataset, "--hf-dataset") + _local_stamp(cfg.hf_val_dataset, "--hf-val-dataset")}
     return "hf-" + hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _prepare_shared(cfg: Any, folder: Path, is_preparer: bool, timeout_s: float) -> None:
+def _prepare_shared(cfg: EngineConfig, folder: Path, is_preparer: bool, timeout_s: float) -> None:
     """Rank 0 prepares `folder` unless complete; the others wait for complete.json (module doc)."""
     complete, failed = folder / COMPLETE_FILE, folder / FAILED_FILE
     if complete.is_file():
@@ -165,7 +166,7 @@ def _prepare_shared(cfg: Any, folder: Path, is_preparer: bool, timeout_s: float)
             failed.unlink()
         try:
             prepare_from_config(cfg, out_dir=folder, num_proc=max(1, min(8, os.cpu_count() or 1)))
-        except BaseException as err:  # guard: allow fail-fast -- recorded for the waiting ranks, then re-raised
+        except BaseException as err:  # recorded for the waiting ranks, then re-raised
             folder.mkdir(parents=True, exist_ok=True)
             write_json_atomic(failed, {"error": str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"})
             raise
@@ -187,7 +188,7 @@ def _prepare_shared(cfg: Any, folder: Path, is_preparer: bool, timeout_s: float)
 # --- entry point ----------------------------------------------------------------------------------
 
 
-def build_data(cfg: Any, *, cache_dir: Path, dp_rank: int, dp_size: int, global_rank: int | None = None,
+def build_data(cfg: EngineConfig, *, cache_dir: Path, dp_rank: int, dp_size: int, global_rank: int | None = None,
                wait_timeout_s: float = PREPARE_WAIT_TIMEOUT_S) -> DataBundle:
     """Tokenizer plus packed train / validation samples for `cfg` (see the module doc for the order).
 

@@ -260,8 +260,11 @@ class SentencePieceTokenizer(Tokenizer):
             raise ConfigError(_FLAG, self.path, f"pass a valid sentencepiece tokenizer.model ({err})", "does not load") from err
         pieces = self._sp.get_piece_size()
         self._num_pieces = pieces
-        self.vocab_size = max([pieces] + [i + 1 for i in self._added])
-        added_blob = json.dumps(sorted(self._added.items()), ensure_ascii=False).encode()
+        # Only ids beyond the model's pieces are extra: the others (<unk>, <s>, </s>, which
+        # tokenizer_config.json lists too) are defined by the model itself.
+        extra = sorted((i, content) for i, (content, _) in self._added.items() if i >= pieces)
+        self.vocab_size = max([pieces] + [i + 1 for i, _ in extra])
+        added_blob = json.dumps(extra, ensure_ascii=False).encode()
         self.name = f"sentencepiece-{_sha256(self._model, added_blob)[:16]}"
         if self._sp.eos_id() < 0:
             raise ConfigError(_FLAG, self.path, "use a tokenizer with an end-of-sequence piece", "has no EOS (eos_id = -1)")
@@ -428,7 +431,7 @@ class HFTokenizer(Tokenizer):
             raise _import_error(Path(self.path), "tokenizers", err) from err
         try:
             self._tok = _Backend.from_str(self._json)
-        except Exception as err:  # guard: allow fail-fast -- tokenizers raises plain Exception for bad JSON; re-raised as ConfigError
+        except Exception as err:  # tokenizers raises plain Exception for bad JSON: re-raised as ConfigError
             raise ConfigError(_FLAG, self.path, f"pass a tokenizer.json that `tokenizers` can load ({err})", "does not load") from err
         self._tok.encode_special_tokens = True
         self._vocab = self._tok.get_vocab(with_added_tokens=True)
