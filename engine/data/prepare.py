@@ -63,7 +63,8 @@ __all__ = [
 DATA_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json",
                    ".csv": "csv", ".txt": "text"}
 _COMPRESSION = (".gz", ".bz2", ".xz", ".zst")
-_RECORDS_PER_BATCH = 512
+_RECORDS_PER_BATCH = 1024  # rows read from the dataset at a time
+_CHARS_PER_TASK = 1 << 20  # a tokenizer task holds about this much text (whole records, at least one)
 _SPLIT_FOLDERS = ("train", "training", "validation", "valid", "val", "dev", "test", "testing", "eval", "evaluation")
 _TYPECODE = {"uint16": "H", "uint32": "I"}  # array module codes; sizes checked at import below
 assert array.array("H").itemsize == 2 and array.array("I").itemsize == 4
@@ -593,14 +594,28 @@ def _num_rows(job: _Job) -> int:
     return len(job.dataset)
 
 
+def _by_size(columns: dict[str, list[Any]]) -> Iterator[dict[str, list[Any]]]:
+    """Cut a batch of rows into tasks of about _CHARS_PER_TASK characters, so workers get even
+    shares whether records are tweets or 300 KB chapters."""
+    names = list(columns)
+    rows = len(columns[names[0]]) if names else 0
+    start = size = 0
+    for i in range(rows):
+        size += sum(len(columns[n][i]) for n in names if isinstance(columns[n][i], str))
+        if size >= _CHARS_PER_TASK or i == rows - 1:
+            yield {n: columns[n][start:i + 1] for n in names}
+            start, size = i + 1, 0
+
+
 def _batches(job: _Job, fields: list[str]) -> Iterator[dict[str, list[Any]]]:
     if job.kind == "embedded":
         records = job.dataset
         for i in range(0, len(records), _RECORDS_PER_BATCH):
             part = records[i:i + _RECORDS_PER_BATCH]
-            yield {f: [r.get(f) for r in part] for f in fields}
+            yield from _by_size({f: [r.get(f) for r in part] for f in fields})
         return
-    yield from job.dataset.select_columns(fields).iter(batch_size=_RECORDS_PER_BATCH)
+    for columns in job.dataset.select_columns(fields).iter(batch_size=_RECORDS_PER_BATCH):
+        yield from _by_size(columns)
 
 
 def _write(job: _Job, tokenizer: Tokenizer, renderer: TextRenderer, num_proc: int, progress: bool,

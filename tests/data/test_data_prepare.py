@@ -138,6 +138,29 @@ def test_jsonl_text_field_skips_empty_documents(tmp_path, write_jsonl, jsonl_rec
     assert TokenShards(out).tokens(0, index["num_tokens"]).tolist() == stream_of(texts)
 
 
+def test_other_formats(tmp_path):
+    """parquet (glob), txt (one record per line), gzip jsonl and a save_to_disk DatasetDict all read
+    the same three documents."""
+    import gzip
+
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = ["first doc", "second — doc", "third 🙂"]
+    pq.write_table(pa.table({"text": docs[:2]}), tmp_path / "p-0.parquet")
+    pq.write_table(pa.table({"text": docs[2:]}), tmp_path / "p-1.parquet")
+    (tmp_path / "lines.txt").write_text("\n".join(docs) + "\n")
+    with gzip.open(tmp_path / "docs.jsonl.gz", "wt") as fh:
+        fh.writelines(json.dumps({"text": d}) + "\n" for d in docs)
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs}),
+                          "validation": datasets.Dataset.from_dict({"text": ["v"]})}).save_to_disk(str(tmp_path / "saved"))
+    for i, source in enumerate([tmp_path / "p-*.parquet", tmp_path / "lines.txt", tmp_path / "docs.jsonl.gz", tmp_path / "saved"]):
+        assert all_tokens(prep(tmp_path, source, out=f"out{i}")) == stream_of(docs), source
+    with pytest.raises(ConfigError, match="use one of: train, validation"):
+        prep(tmp_path, tmp_path / "saved", split="test", out="bad")
+
+
 def test_many_shards_read_back_across_boundaries(tmp_path, write_jsonl):
     rng = random.Random(0)
     records = [{"text": "".join(rng.choice("abcdefgh ñ€") for _ in range(rng.randint(1, 90)))} for _ in range(700)]
