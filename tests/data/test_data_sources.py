@@ -112,15 +112,19 @@ def test_data_path(prepared):
     assert str(prepared) in bundle.description
 
 
-def test_data_path_errors(prepared, tmp_path, minicpm_dir):
+def test_data_path_with_another_tokenizer(prepared, tmp_path, minicpm_dir):
+    pytest.importorskip("sentencepiece")
+    with pytest.raises(ConfigError, match="not the shards'") as err:
+        build_data(cfg_for(data_path=str(prepared), tokenizer_path=str(minicpm_dir), vocab_size=73448), cache_dir=tmp_path,
+                   dp_rank=0, dp_size=1)
+    assert err.value.field == "--tokenizer-path"
+
+
+def test_data_path_errors(prepared, tmp_path):
     base = cfg_for(data_path=str(prepared))
     with pytest.raises(ConfigError, match="pass --vocab-size 258") as err:
         build_data(dataclasses.replace(base, vocab_size=100), cache_dir=tmp_path, dp_rank=0, dp_size=1)
     assert err.value.field == "--vocab-size"
-    with pytest.raises(ConfigError, match="not the shards'") as err:
-        build_data(dataclasses.replace(base, tokenizer_path=str(minicpm_dir), vocab_size=73448), cache_dir=tmp_path,
-                   dp_rank=0, dp_size=1)
-    assert err.value.field == "--tokenizer-path"
     with pytest.raises(ConfigError, match="has no prepared train/"):
         build_data(cfg_for(data_path=str(tmp_path / "nothing")), cache_dir=tmp_path, dp_rank=0, dp_size=1)
     # Validation missing: fine with --eval-steps 0, an error naming the fix otherwise.
