@@ -1,0 +1,185 @@
+"""Packing the token stream into samples and dealing them to data-parallel ranks, resumably.
+
+`PackedSamples`: the stream (documents joined by EOS, exactly as `prepare` wrote it) cut Megatron
+style into samples of seq_length + 1 tokens, sample i starting at token i * seq_length, so
+consecutive samples share one token and every token but the first is a label exactly once per
+epoch. Inputs are sample[:-1], labels sample[1:]. Samples cross document boundaries: the EOS in
+the middle tells the model where one document ends (no attention masking across documents, the
+MiniCPM / Megatron pretraining default).
+
+`BatchLoader`: one epoch is a permutation of all samples drawn from a torch.Generator seeded by
+(seed, epoch). Step s of an epoch takes rows [s * G, (s + 1) * G) of that permutation, where
+G = micro_batch_size x grad_accum_steps x dp_size is the global batch. Micro-batch m of DP rank r
+takes rows [(m * dp + r) * mbs, (m * dp + r + 1) * mbs) of the step's rows, so the set of samples
+in an optimizer step depends only on G: DP=2 x GAS=1 and DP=1 x GAS=2 train on the same global
+batch, and a run may resume on a different layout with the same global batch. The last
+len % G samples of an epoch are dropped, so a step never mixes two epochs.
+
+The loader's state is four integers plus identities (`state_dict`); the next batch is a pure
+function of it, which is what makes bitwise resume possible.
+"""
+
+import hashlib
+from typing import Any, Iterator, Protocol
+
+import torch
+
+from engine.errors import ConfigError
+
+__all__ = ["TokenSource", "PackedSamples", "BatchLoader", "eval_batches", "LOADER_STATE_VERSION"]
+
+LOADER_STATE_VERSION = 1
+
+
+class TokenSource(Protocol):
+    """What PackedSamples reads: TokenShards (mmap) or InMemoryTokens."""
+
+    num_tokens: int
+    num_bytes: int
+    eos_id: int
+    tokenizer_name: str
+    fingerprint: str
+
+    def tokens(self, start: int, length: int) -> torch.Tensor: ...
+
+
+class PackedSamples:
+    """Samples of seq_length + 1 tokens; sample i is tokens [i * seq_length, i * seq_length + seq_length + 1)."""
+
+    def __init__(self, shards: TokenSource, seq_length: int):
+        if seq_length <= 0:
+            raise ConfigError("--seq-length", seq_length, "use a positive number", "is out of range")
+        self.shards = shards
+        self.seq_length = seq_length
+        self._len = max(0, (shards.num_tokens - 1) // seq_length)
+        self.fingerprint = hashlib.sha256(f"{shards.fingerprint}:{seq_length}".encode()).hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(f"sample {i} out of range for {self._len} samples")
+        return self.shards.tokens(i * self.seq_length, self.seq_length + 1)
+
+    def batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs [n, seq], labels [n, seq]) of the given samples, labels = inputs shifted by one."""
+        rows = torch.stack([self[i] for i in indices])
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def __repr__(self) -> str:
+        return f"PackedSamples({len(self)} x {self.seq_length + 1} tokens from {self.shards!r})"
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    """Decorrelated 63-bit seed per (seed, epoch); stable across Python runs (no hash())."""
+    return int.from_bytes(hashlib.sha256(f"temper-data:{seed}:{epoch}".encode()).digest()[:8], "little") >> 1
+
+
+class BatchLoader:
+    """Deterministic, resumable global batches of `samples` for one DP rank (see the module doc)."""
+
+    def __init__(self, samples: PackedSamples, *, micro_batch_size: int, grad_accum_steps: int, dp_rank: int,
+                 dp_size: int, seed: int):
+        if micro_batch_size <= 0 or grad_accum_steps <= 0 or dp_size <= 0:
+            raise ConfigError("--global-batch-size", (micro_batch_size, grad_accum_steps, dp_size),
+                              "use positive --micro-batch-size, --grad-accum-steps and data-parallel size", "is out of range")
+        assert 0 <= dp_rank < dp_size, f"dp_rank {dp_rank} outside dp_size {dp_size}"
+        self.samples = samples
+        self.micro_batch_size = micro_batch_size
+        self.grad_accum_steps = grad_accum_steps
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.seed = seed
+        self.global_batch_size = micro_batch_size * grad_accum_steps * dp_size
+        self.steps_per_epoch = len(samples) // self.global_batch_size
+        if self.steps_per_epoch == 0:
+            seq = samples.seq_length
+            fits = max(0, samples.shards.num_tokens - 1) // self.global_batch_size
+            raise ConfigError("--global-batch-size", self.global_batch_size,
+                              f"use a smaller --global-batch-size (at most {len(samples)}) or --seq-length "
+                              f"(at most {fits} for this batch), or more data",
+                              f"needs {self.global_batch_size} samples of --seq-length {seq} per step, but the data "
+                              f"({samples.shards.num_tokens} tokens) has only {len(samples)}")
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self._perm_epoch = -1
+        self._perm = torch.empty(0, dtype=torch.int64)
+
+    @property
+    def consumed_samples(self) -> int:
+        """Samples every rank together has consumed since the start of training (dropped tails excluded)."""
+        return (self.epoch * self.steps_per_epoch + self.step_in_epoch) * self.global_batch_size
+
+    def _permutation(self) -> torch.Tensor:
+        if self._perm_epoch != self.epoch:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(_epoch_seed(self.seed, self.epoch))
+            self._perm = torch.randperm(len(self.samples), generator=gen)
+            self._perm_epoch = self.epoch
+        return self._perm
+
+    def global_rows(self) -> list[int]:
+        """Sample indices of the next step's whole global batch (all ranks), in global-batch order."""
+        if self.step_in_epoch >= self.steps_per_epoch:
+            self.epoch += 1
+            self.step_in_epoch = 0
+        g = self.global_batch_size
+        return self._permutation()[self.step_in_epoch * g:(self.step_in_epoch + 1) * g].tolist()
+
+    def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The grad_accum_steps micro-batches (inputs, labels), each [mbs, seq], of this rank's next step."""
+        rows = self.global_rows()
+        mbs, dp, r = self.micro_batch_size, self.dp_size, self.dp_rank
+        out = [self.samples.batch(rows[(m * dp + r) * mbs:(m * dp + r + 1) * mbs]) for m in range(self.grad_accum_steps)]
+        self.step_in_epoch += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Rank-independent position: every rank holds the same dict, so one copy resumes all."""
+        return {"version": LOADER_STATE_VERSION, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                "consumed_samples": self.consumed_samples, "seed": self.seed, "global_batch_size": self.global_batch_size,
+                "num_samples": len(self.samples), "fingerprint": self.samples.fingerprint}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where `state` left off; refuses a state from other data, seed or batch."""
+        if state.get("version") != LOADER_STATE_VERSION:
+            raise ConfigError("--resume", f"loader state version {state.get('version')!r}",
+                              f"resume with an engine that writes version {LOADER_STATE_VERSION}, or start a fresh run",
+                              "is not readable")
+        if state["fingerprint"] != self.samples.fingerprint or state["num_samples"] != len(self.samples):
+            raise ConfigError("--resume", f"data fingerprint {state['fingerprint']}",
+                              "resume with the same dataset, tokenizer and --seq-length as the checkpoint, or start a "
+                              "fresh run", f"does not match this run's data ({self.samples.fingerprint}, "
+                              f"{len(self.samples)} samples of --seq-length {self.samples.seq_length})")
+        if state["seed"] != self.seed:
+            raise ConfigError("--seed", self.seed, f"resume with --seed {state['seed']} (the data order depends on it)",
+                              "differs from the checkpoint's")
+        if state["global_batch_size"] != self.global_batch_size:
+            raise ConfigError("--global-batch-size", self.global_batch_size,
+                              f"resume with --global-batch-size {state['global_batch_size']} (any mbs x GAS x DP layout "
+                              "giving it resumes exactly)", "differs from the checkpoint's")
+        epoch, step = int(state["epoch"]), int(state["step_in_epoch"])
+        if not (epoch >= 0 and 0 <= step <= self.steps_per_epoch):
+            raise ConfigError("--resume", f"loader position epoch {epoch} step {step}", "resume from an intact checkpoint",
+                              "is out of range")
+        self.epoch, self.step_in_epoch = epoch, step
+        assert self.consumed_samples == state["consumed_samples"], "inconsistent loader state"
+
+
+def eval_batches(samples: PackedSamples, *, micro_batch_size: int, num_batches: int, dp_rank: int,
+                 dp_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Validation micro-batches, unshuffled and identical every evaluation: batch b of rank r is
+    samples [(b * dp + r) * mbs, ... + mbs), so the DP ranks together cover the first
+    num_batches x mbs x dp samples once."""
+    need = num_batches * micro_batch_size * dp_size
+    if need > len(samples):
+        most = len(samples) // (micro_batch_size * dp_size)
+        raise ConfigError("--eval-steps", num_batches, f"use at most {most} (or a smaller --micro-batch-size / --seq-length)",
+                          f"needs {need} validation samples but the validation data has {len(samples)} of "
+                          f"--seq-length {samples.seq_length}")
+    for b in range(num_batches):
+        start = (b * dp_size + dp_rank) * micro_batch_size
+        yield samples.batch(list(range(start, start + micro_batch_size)))
