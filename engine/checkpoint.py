@@ -157,8 +157,10 @@ def load_checkpoint(path: Path, state: dict[str, Any]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
-    except (RuntimeError, ValueError, KeyError, OSError, EOFError) as err:
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    # DCP wraps a failing read in CheckpointException, which derives from BaseException.
+    except (dcp.CheckpointException, RuntimeError, ValueError, KeyError, OSError, EOFError) as err:
+        text = str(err).strip()
+        first = text.splitlines()[0][:200] if text else type(err).__name__
         raise ConfigError("--resume", str(path), "pass an earlier step_* folder or delete this one",
                           f"could not be loaded ({first})") from err
 

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from engine.checkpoint import (check_compatible, find_checkpoint, load_checkpoint, meta_for, read_meta,
                                save_checkpoint, write_text_atomic)
 from engine.config import EngineConfig, resolve, to_dict
-from engine.data import BatchLoader, build_data
+from engine.data.loader import BatchLoader
+from engine.data.sources import build_data
 from engine.distributed import ParallelState, init_parallel, shutdown_parallel
 from engine.env import launch_env
 from engine.errors import ConfigError, TrainingDiverged
@@ -86,7 +87,8 @@ class Trainer:
             self.resume_meta = read_meta(self.resume_from)
             check_compatible(self.resume_meta, cfg, self.resume_from, self.layout)
         cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else self.run_dir / "data"
-        self.data = build_data(cfg, cache_dir=cache, dp_rank=par.dp_rank, dp_size=par.dp_size)
+        self.data = build_data(cfg, cache_dir=cache, dp_rank=par.dp_rank, dp_size=par.dp_size, global_rank=par.rank,
+                               world_size=par.world_size)
         self.loader = BatchLoader(self.data.train, micro_batch_size=cfg.micro_batch_size,
                                   grad_accum_steps=cfg.grad_accum_steps, dp_rank=par.dp_rank,
                                   dp_size=par.dp_size, seed=cfg.seed)

@@ -516,12 +516,13 @@ def _unknown_split(job_split: str, flag: str, source: str, err: _MissingSplit, e
     return ConfigError(flag, job_split, f"use one of: {listed}{extra_fix}", f"is not a split of {source}{err.detail}")
 
 
-def _quiet_datasets(progress: bool) -> Callable[[], None]:
-    """Silence datasets' own progress bars when progress=False; returns the undo."""
+def _quiet_datasets(progress: bool) -> Callable[[], None]:  # noqa: ARG001 - kept for the call sites
+    """Silence datasets' own progress bars (our own `prepare` bar reports progress, and an error
+    must stay the only line on stderr); returns the undo."""
     import datasets
 
     was = datasets.is_progress_bar_enabled()
-    if not progress and was:
+    if was:
         datasets.disable_progress_bars()
         return datasets.enable_progress_bars
     return lambda: None

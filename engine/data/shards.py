@@ -23,7 +23,7 @@ from engine.errors import ConfigError
 
 __all__ = ["TokenShards", "InMemoryTokens", "read_index"]
 
-_FLAG = "--data-path"
+_DATA_PATH_FLAG = "--data-path"
 # Read raw shard bytes as signed ints of the same width, widen to int64, then mask: works on every
 # torch version (unsigned 16/32-bit dtypes have patchy op support before 2.3).
 _SIGNED = {"uint16": (torch.int16, 0xFFFF), "uint32": (torch.int32, 0xFFFFFFFF)}
@@ -38,15 +38,15 @@ def read_index(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     index_file = path / INDEX_FILE
     if not index_file.is_file():
-        raise ConfigError(_FLAG, str(path), _fix(path), f"has no {INDEX_FILE} (not a prepared split)")
+        raise ConfigError(_DATA_PATH_FLAG, str(path), _fix(path), f"has no {INDEX_FILE} (not a prepared split)")
     try:
         index = json.loads(index_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(_FLAG, str(path), _fix(path), f"has a corrupt {INDEX_FILE} ({err})") from err
+        raise ConfigError(_DATA_PATH_FLAG, str(path), _fix(path), f"has a corrupt {INDEX_FILE} ({err})") from err
     if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
-        raise ConfigError(_FLAG, str(path), _fix(path), f"has an {INDEX_FILE} that is not a {FORMAT_NAME} index")
+        raise ConfigError(_DATA_PATH_FLAG, str(path), _fix(path), f"has an {INDEX_FILE} that is not a {FORMAT_NAME} index")
     if index.get("version") != FORMAT_VERSION:
-        raise ConfigError(_FLAG, str(path), _fix(path),
+        raise ConfigError(_DATA_PATH_FLAG, str(path), _fix(path),
                           f"was written in format version {index.get('version')!r}; this engine reads {FORMAT_VERSION}")
     try:
         shards = [(str(s["file"]), int(s["num_tokens"]), str(s["sha256"])) for s in index["shards"]]
@@ -56,9 +56,9 @@ def read_index(path: str | Path) -> dict[str, Any]:
                   isinstance(tok["name"], str), 0 <= int(tok["eos_id"]) < int(tok["vocab_size"]),
                   int(index["num_bytes"]) >= 0, int(index["num_documents"]) > 0]
     except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(_FLAG, str(path), _fix(path), f"has an incomplete {INDEX_FILE} (missing or bad {err})") from err
+        raise ConfigError(_DATA_PATH_FLAG, str(path), _fix(path), f"has an incomplete {INDEX_FILE} (missing or bad {err})") from err
     if not all(checks):
-        raise ConfigError(_FLAG, str(path), _fix(path), f"has an inconsistent {INDEX_FILE}")
+        raise ConfigError(_DATA_PATH_FLAG, str(path), _fix(path), f"has an inconsistent {INDEX_FILE}")
     return index
 
 
@@ -79,14 +79,14 @@ class TokenShards:
             size = file.stat().st_size if file.is_file() else -1
             if size != n * self._itemsize:
                 what = "is missing" if size < 0 else f"has {size} bytes, index.json says {n * self._itemsize}"
-                raise ConfigError(_FLAG, str(self.path), _fix(self.path), f"shard {file.name} {what}")
+                raise ConfigError(_DATA_PATH_FLAG, str(self.path), _fix(self.path), f"shard {file.name} {what}")
             if verify:
                 digest = hashlib.sha256()
                 with file.open("rb") as fh:
                     for block in iter(lambda: fh.read(1 << 24), b""):
                         digest.update(block)
                 if digest.hexdigest() != shard["sha256"]:
-                    raise ConfigError(_FLAG, str(self.path), _fix(self.path), f"shard {file.name} fails its sha256 check")
+                    raise ConfigError(_DATA_PATH_FLAG, str(self.path), _fix(self.path), f"shard {file.name} fails its sha256 check")
         tok = self.index["tokenizer"]
         self.num_tokens: int = int(self.index["num_tokens"])
         self.num_bytes: int = int(self.index["num_bytes"])

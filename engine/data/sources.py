@@ -156,8 +156,9 @@ def cache_key(cfg: EngineConfig, tokenizer: Tokenizer) -> str:
     return "hf-" + hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _prepare_shared(cfg: EngineConfig, folder: Path, is_preparer: bool, timeout_s: float) -> None:
-    """Rank 0 prepares `folder` unless complete; the others wait for complete.json (module doc)."""
+def _prepare_shared(cfg: EngineConfig, folder: Path, is_preparer: bool, timeout_s: float, world_size: int) -> None:
+    """Rank 0 prepares `folder` unless complete; the others wait for complete.json (module doc).
+    A single process records no failure marker, so bad input leaves nothing behind."""
     complete, failed = folder / COMPLETE_FILE, folder / FAILED_FILE
     if complete.is_file():
         return
@@ -167,6 +168,8 @@ def _prepare_shared(cfg: EngineConfig, folder: Path, is_preparer: bool, timeout_
         try:
             prepare_from_config(cfg, out_dir=folder, num_proc=max(1, min(8, os.cpu_count() or 1)))
         except BaseException as err:  # recorded for the waiting ranks, then re-raised
+            if world_size == 1:
+                raise
             folder.mkdir(parents=True, exist_ok=True)
             write_json_atomic(failed, {"error": str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"})
             raise
@@ -189,7 +192,7 @@ def _prepare_shared(cfg: EngineConfig, folder: Path, is_preparer: bool, timeout_
 
 
 def build_data(cfg: EngineConfig, *, cache_dir: Path, dp_rank: int, dp_size: int, global_rank: int | None = None,
-               wait_timeout_s: float = PREPARE_WAIT_TIMEOUT_S) -> DataBundle:
+               world_size: int | None = None, wait_timeout_s: float = PREPARE_WAIT_TIMEOUT_S) -> DataBundle:
     """Tokenizer plus packed train / validation samples for `cfg` (see the module doc for the order).
 
     `global_rank` (default: dp_rank) picks the one process that prepares an --hf-dataset: pass it
@@ -208,7 +211,7 @@ def build_data(cfg: EngineConfig, *, cache_dir: Path, dp_rank: int, dp_size: int
         tokenizer = load_tokenizer(cfg.tokenizer_path)
         check_vocab(tokenizer, cfg.vocab_size)
         folder = Path(cache_dir) / cache_key(cfg, tokenizer)
-        _prepare_shared(cfg, folder, rank == 0, wait_timeout_s)
+        _prepare_shared(cfg, folder, rank == 0, wait_timeout_s, dp_size if world_size is None else world_size)
         _, train, val = _from_folder(folder, cfg, "--data-cache-dir", tokenizer)
         kind = f"{cfg.hf_dataset} [{cfg.hf_split}] prepared in {folder}"
         missing = ("--hf-val-split", cfg.hf_val_split, "name an existing split, or pass --hf-val-dataset FILES, "

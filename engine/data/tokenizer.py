@@ -37,7 +37,7 @@ __all__ = [
     "read_sentencepiece_model",
 ]
 
-_FLAG = "--tokenizer-path"
+_TOKENIZER_FLAG = "--tokenizer-path"
 _SP_SPACE = "\u2581"  # sentencepiece's visible space '▁'
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 # Document-end tokens of common pretraining tokenizers, preferred over tokenizer_config's
@@ -210,7 +210,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(_FLAG, str(path), f"pass an intact tokenizer file ({err})", "cannot be read as JSON") from err
+        raise ConfigError(_TOKENIZER_FLAG, str(path), f"pass an intact tokenizer file ({err})", "cannot be read as JSON") from err
 
 
 def _sibling_added_tokens(folder: Path) -> dict[int, tuple[str, bool]]:
@@ -232,7 +232,7 @@ def _sibling_added_tokens(folder: Path) -> dict[int, tuple[str, bool]]:
 
 
 def _import_error(path: Path, package: str, err: ImportError) -> ConfigError:
-    return ConfigError(_FLAG, str(path), f"pip install {package} (or temper-train[data])", f"needs the {package} package ({err})")
+    return ConfigError(_TOKENIZER_FLAG, str(path), f"pip install {package} (or temper-train[data])", f"needs the {package} package ({err})")
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -257,7 +257,7 @@ class SentencePieceTokenizer(Tokenizer):
         try:
             self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._model)
         except (RuntimeError, OSError) as err:
-            raise ConfigError(_FLAG, self.path, f"pass a valid sentencepiece tokenizer.model ({err})", "does not load") from err
+            raise ConfigError(_TOKENIZER_FLAG, self.path, f"pass a valid sentencepiece tokenizer.model ({err})", "does not load") from err
         pieces = self._sp.get_piece_size()
         self._num_pieces = pieces
         # Only ids beyond the model's pieces are extra: the others (<unk>, <s>, </s>, which
@@ -267,7 +267,7 @@ class SentencePieceTokenizer(Tokenizer):
         added_blob = json.dumps(extra, ensure_ascii=False).encode()
         self.name = f"sentencepiece-{_sha256(self._model, added_blob)[:16]}"
         if self._sp.eos_id() < 0:
-            raise ConfigError(_FLAG, self.path, "use a tokenizer with an end-of-sequence piece", "has no EOS (eos_id = -1)")
+            raise ConfigError(_TOKENIZER_FLAG, self.path, "use a tokenizer with an end-of-sequence piece", "has no EOS (eos_id = -1)")
         self.eos_id = self._sp.eos_id()
         self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else None
 
@@ -396,7 +396,7 @@ class HFTokenizer(Tokenizer):
         self.path = str(path.resolve())
         spec = _read_json(path)
         if not isinstance(spec, dict) or "model" not in spec:
-            raise ConfigError(_FLAG, str(path), "pass a HF tokenizers tokenizer.json", "is not a tokenizer.json (no 'model')")
+            raise ConfigError(_TOKENIZER_FLAG, str(path), "pass a HF tokenizers tokenizer.json", "is not a tokenizer.json (no 'model')")
         self.alignment: list[str] = []
         self._sp_info: SentencePieceModelInfo | None = None
         sibling = path.with_name("tokenizer.model")
@@ -404,7 +404,7 @@ class HFTokenizer(Tokenizer):
             try:
                 self._sp_info = read_sentencepiece_model(sibling.read_bytes())
             except (ValueError, IndexError, UnicodeDecodeError) as err:
-                raise ConfigError(_FLAG, str(sibling), f"remove or repair it ({err})", "is not a readable sentencepiece model") from err
+                raise ConfigError(_TOKENIZER_FLAG, str(sibling), f"remove or repair it ({err})", "is not a readable sentencepiece model") from err
             self.alignment = _align_with_sentencepiece(spec, self._sp_info)
         self._json = json.dumps(spec, ensure_ascii=False)
         self._config = self._read_configs(path.parent)
@@ -432,7 +432,7 @@ class HFTokenizer(Tokenizer):
         try:
             self._tok = _Backend.from_str(self._json)
         except Exception as err:  # tokenizers raises plain Exception for bad JSON: re-raised as ConfigError
-            raise ConfigError(_FLAG, self.path, f"pass a tokenizer.json that `tokenizers` can load ({err})", "does not load") from err
+            raise ConfigError(_TOKENIZER_FLAG, self.path, f"pass a tokenizer.json that `tokenizers` can load ({err})", "does not load") from err
         self._tok.encode_special_tokens = True
         self._vocab = self._tok.get_vocab(with_added_tokens=True)
         self.vocab_size = max(self._vocab.values()) + 1
@@ -456,7 +456,7 @@ class HFTokenizer(Tokenizer):
         if configured in self._vocab:
             return self._vocab[configured]
         if required:
-            raise ConfigError(_FLAG, self.path, f"use a tokenizer whose vocabulary has one of {', '.join(_DOC_END_NAMES)} "
+            raise ConfigError(_TOKENIZER_FLAG, self.path, f"use a tokenizer whose vocabulary has one of {', '.join(_DOC_END_NAMES)} "
                               "or whose tokenizer_config.json names an eos_token",
                               "has no end-of-document token to separate documents")
         return None
@@ -514,13 +514,13 @@ def load_tokenizer(path: str) -> Tokenizer:
             return SentencePieceTokenizer(p / "tokenizer.model")
         if (p / "tokenizer.json").is_file():
             return HFTokenizer(p / "tokenizer.json")
-        raise ConfigError(_FLAG, path, "pass a folder holding tokenizer.model or tokenizer.json, or one of those files",
+        raise ConfigError(_TOKENIZER_FLAG, path, "pass a folder holding tokenizer.model or tokenizer.json, or one of those files",
                           "has no tokenizer.model or tokenizer.json")
     if not p.is_file():
-        raise ConfigError(_FLAG, path, "pass an existing tokenizer.json, tokenizer.model, or a folder with one "
+        raise ConfigError(_TOKENIZER_FLAG, path, "pass an existing tokenizer.json, tokenizer.model, or a folder with one "
                           "(empty: the built-in byte tokenizer)", "does not exist")
     if p.suffix == ".model":
         return SentencePieceTokenizer(p)
     if p.suffix == ".json":
         return HFTokenizer(p)
-    raise ConfigError(_FLAG, path, "pass a *.json (HF tokenizers) or *.model (sentencepiece) file", "has an unknown tokenizer type")
+    raise ConfigError(_TOKENIZER_FLAG, path, "pass a *.json (HF tokenizers) or *.model (sentencepiece) file", "has an unknown tokenizer type")
