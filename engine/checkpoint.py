@@ -65,7 +65,9 @@ def save_checkpoint(save_dir: Path, step: int, state: dict[str, Any], meta: dict
             shutil.rmtree(tmp)
         tmp.mkdir()
     _barrier()
-    dcp.save(state, checkpoint_id=str(tmp), no_dist=_no_dist())
+    with warnings.catch_warnings():  # DCP warns that a single process saves without a process group
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(state, checkpoint_id=str(tmp), no_dist=_no_dist())
     _barrier()
     if is_main:
         write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True))

@@ -214,6 +214,8 @@ class Trainer:
         self.stop.install()
         saved_at = self.step if self.resume_from is not None else -1
         try:
+            if cfg.eval_every and self.step == 0:
+                self._evaluate()  # the starting point every later evaluation is read against
             while self.step < cfg.num_steps:
                 if self.par.device.type == "cuda":
                     torch.cuda.synchronize(self.par.device)

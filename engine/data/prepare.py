@@ -625,7 +625,7 @@ def _write(job: _Job, tokenizer: Tokenizer, renderer: TextRenderer, num_proc: in
     assert job.staging is not None
     dtype = dtype_for_vocab(tokenizer.vocab_size)
     writer = _ShardWriter(job.staging.tmp, dtype, shard_max_bytes)
-    bar = _Progress(f"prepare {job.split}", _num_rows(job), progress)
+    bar = _Progress(f"prepare {job.target.name}", _num_rows(job), progress)
     totals = {"records": 0, "documents": 0, "num_bytes": 0, "empty": 0, "tokens": 0}
 
     def consume(chunk: _Chunk) -> None:
