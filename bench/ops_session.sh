@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device session for the kernel ops: GPU tests, microbenchmarks, stress tests, warmup.
+#   bash bench/ops_session.sh check    GPU version tests + bench/ops.py (MiniCPM4-8B, TP 1 and 2)
+#   bash bench/ops_session.sh stress   stress tests (+ negative controls) + warmup-kernels (0.5B, 8B)
+# Expects the CuTeDSL wheels on PYTHONPATH (../shared/gpu: `source .gpu/b/env.sh`) and runs from the
+# repository root. Compiled kernels are cached in TEMPER_KERNEL_CACHE (default /tmp/temper-kernels
+# here, so consecutive calls on one warm machine share them). Logs go to $OUT (or ./ops-session).
+set -u
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export TEMPER_KERNEL_CACHE="${TEMPER_KERNEL_CACHE:-/tmp/temper-kernels}"
+OUT="${OUT:-$PWD/ops-session}"
+mkdir -p "$OUT"
+STRESS_S="${STRESS_S:-5}"
+stamp() { echo "=== $(date +%T) $*"; }
+
+case "${1:-check}" in
+  check)
+    stamp "device"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+    stamp "gpu tests"
+    timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest tests/ops/test_ops_versions_gpu.py -q -rA -p no:cacheprovider \
+      2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASS|FAIL|ERROR|Error|error|passed|failed" | tail -40
+    stamp "bench"
+    timeout "${BENCH_TIMEOUT:-260}" python3 bench/ops.py --preset minicpm4-8b --tp 1 2 --out "$OUT/ops_bench.json" \
+      > "$OUT/bench.log" 2>&1
+    echo "bench rc=$?"; grep -v '^{' "$OUT/bench.log" | tail -40
+    ;;
+  stress)
+    stamp "stress (${STRESS_S} s per version)"
+    timeout "${STRESS_TIMEOUT:-200}" python3 -m pytest tests/ops/test_ops_stress.py -q -rA -s -p no:cacheprovider \
+      --stress-seconds "$STRESS_S" 2>&1 | tee "$OUT/stress.log" | grep -E "iterations|PASS|FAIL|passed|failed|Error" | tail -30
+    for preset in minicpm4-0.5b minicpm4-8b; do
+      stamp "warmup-kernels $preset"
+      timeout 150 python3 -m engine warmup-kernels --preset "$preset" --op-attention fa4 --op-rmsnorm quack \
+        --op-gemm-fc1 quack --op-gemm-output quack 2>&1 | tee "$OUT/warmup_$preset.log" | tail -12
+    done
+    ;;
+esac
+stamp done
