@@ -2,6 +2,8 @@
 # One device session for the kernel ops: GPU tests, microbenchmarks, stress tests, warmup.
 #   bash bench/ops_session.sh check    GPU version tests + bench/ops.py (MiniCPM4-8B, TP 1 and 2)
 #   bash bench/ops_session.sh stress   stress tests (+ negative controls) + warmup-kernels (0.5B, 8B)
+#   bash bench/ops_session.sh all      cold warmup-kernels (compile times), GPU tests, bench (8B TP 1/2,
+#                                      0.5B TP 1), stress tests: everything in one call
 # Expects the CuTeDSL wheels on PYTHONPATH (../shared/gpu: `source .gpu/b/env.sh`) and runs from the
 # repository root. Compiled kernels are cached in TEMPER_KERNEL_CACHE (default /tmp/temper-kernels
 # here, so consecutive calls on one warm machine share them). Logs go to $OUT (or ./ops-session).
@@ -14,7 +16,32 @@ mkdir -p "$OUT"
 STRESS_S="${STRESS_S:-5}"
 stamp() { echo "=== $(date +%T) $*"; }
 
+warm() {  # preset, tp, attention version
+  stamp "warmup-kernels $1 tp=$2"
+  timeout 200 python3 -m engine warmup-kernels --preset "$1" --tp "$2" --op-attention "$3" --op-rmsnorm quack \
+    --op-gemm-fc1 quack --op-gemm-output quack 2>&1 | grep -v -i "warn\|exe_args" | tee "$OUT/warmup_$1_tp$2.log" | tail -8
+}
+
 case "${1:-check}" in
+  all)
+    stamp "device"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+    warm minicpm4-8b 1 fa4
+    warm minicpm4-8b 2 fa4-nopack
+    stamp "gpu tests"
+    timeout 240 python3 -m pytest tests/ops/test_ops_versions_gpu.py -q -rA -p no:cacheprovider \
+      2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | tail -20
+    stamp "bench 0.5B"
+    timeout 120 python3 bench/ops.py --preset minicpm4-0.5b --tp 1 --iters 20 --out "$OUT/ops_bench_05b.json" \
+      > "$OUT/bench_05b.log" 2>&1; echo "bench rc=$?"
+    stamp "stress (${STRESS_S} s per version)"
+    timeout 150 python3 -m pytest tests/ops/test_ops_stress.py -q -rA -s -p no:cacheprovider \
+      --stress-seconds "$STRESS_S" 2>&1 | tee "$OUT/stress.log" | grep -E "iterations|^(PASSED|FAILED)|passed|failed" | tail -16
+    stamp "bench 8B"
+    timeout 200 python3 bench/ops.py --preset minicpm4-8b --tp 1 2 --iters 20 --out "$OUT/ops_bench.json" \
+      > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
+    grep -v '^{' "$OUT/bench_05b.log" | tail -14
+    grep -v '^{' "$OUT/bench.log" | tail -26
+    ;;
   check)
     stamp "device"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
     stamp "gpu tests"
