@@ -23,6 +23,21 @@ warm() {  # preset, tp, attention version
 }
 
 case "${1:-check}" in
+  fc1)
+    stamp "dswiglu variants"
+    timeout 120 python3 bench/dswiglu_variants.py 2>&1 | grep -v -i "warn" | tee "$OUT/dswiglu.log" | tail -12
+    if [ "${PIPESTATUS[0]}" != 0 ]; then
+      echo "vec 8 variant failed: falling back to VEC = 4 for the rest of this session"
+      sed -i 's/^VEC = 8 /VEC = 4 /' engine/ops/gemm_fc1/cute_dswiglu.py
+    fi
+    stamp "gpu tests + stress (gemm_fc1)"
+    timeout 150 python3 -m pytest tests/ops/test_ops_versions_gpu.py tests/ops/test_ops_stress.py -k gemm_fc1 -q -rA -s \
+      -p no:cacheprovider --stress-seconds "$STRESS_S" 2>&1 | tee "$OUT/fc1_tests.log" | grep -E "iterations|^(PASSED|FAILED)|passed|failed" | tail -8
+    stamp "bench 8B"
+    timeout 240 python3 bench/ops.py --preset minicpm4-8b --tp 1 2 --iters 20 --out "$OUT/ops_bench.json" \
+      > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
+    grep -v '^{' "$OUT/bench.log" | tail -26
+    ;;
   all)
     stamp "device"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
     warm minicpm4-8b 1 fa4

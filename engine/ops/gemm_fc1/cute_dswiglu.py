@@ -14,11 +14,11 @@ the halves), each a full pass over [M, f] or [M, 2f] tensors. This kernel reads 
 the preact pair (4 B) once and writes the pair of grads (4 B) once: 10 bytes per element of y,
 the floor for this step. Math in fp32 (quack.activation.dswiglu), rounded once to the input dtype.
 
-Layout: a CTA covers ROWS x COLS elements of dy (8 rows, one warp per row, 4 repetitions of
-4-element vectors per thread). Every thread owns one row; its dy vector k (4 elements, 8 bytes) and
-its preact vector k (8 elements, 16 bytes) cover the same output columns, so element i of the dy
-fragment pairs with elements 2i and 2i + 1 of the preact fragment. Columns are predicated (f need
-only be a multiple of 8); rows beyond M are skipped.
+Layout: one thread owns one row of a CTA tile (8 rows, one warp per row); per repetition its dy
+vector holds VEC elements and its preact vector the 2 x VEC elements of the same output columns, so
+element i of the dy fragment pairs with elements 2i and 2i + 1 of the preact fragment. VEC = 8 (the
+default) moves 16 bytes per dy / grad access and 2 x 16 per preact access; VEC = 4 moves 8 and 16.
+Columns are predicated (f need only be a multiple of 8); rows beyond M are skipped.
 """
 
 import cuda.bindings.driver as cuda
@@ -33,26 +33,35 @@ from quack.cute_dsl_utils import torch2cute_dtype_map
 
 __all__ = ["DSwiGLUConcat", "dswiglu_concat"]
 
-_VEC = 4  # dy / grad elements per vector (8 bytes in bf16); the preact vector has 2 x _VEC
+VEC = 8  # dy / grad elements per thread and repetition (16 bytes in bf16); preact: 2 x VEC
 _THREADS_PER_ROW = 32
 _NUM_THREADS = 256
-_REPS = 4
+_ELEMS_PER_THREAD = 16  # dy elements per thread per CTA tile: REPS = 16 // vec repetitions
+
+
+def _tiled_copy(dtype: type[cutlass.Numeric], elems: int) -> cute.TiledCopy:
+    """Thread t of a row copies `elems` consecutive elements, in 16-byte (or smaller) accesses."""
+    atom_elems = min(elems, 128 // dtype.width)
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=atom_elems * dtype.width)
+    thr = cute.make_ordered_layout((_NUM_THREADS // _THREADS_PER_ROW, _THREADS_PER_ROW), order=(1, 0))
+    return cute.make_tiled_copy_tv(atom, thr, cute.make_layout((1, elems)))
 
 
 class DSwiGLUConcat:
     """dy [M, f] + interleaved preact [M, 2f] -> dgate [M, f], dup [M, f] (views of one [M, 2f])."""
 
-    def __init__(self, dtype: type[cutlass.Numeric], n: int):
+    def __init__(self, dtype: type[cutlass.Numeric], n: int, vec: int = VEC):
         self.dtype = dtype
         self.n = n
+        self.vec = vec
         self.rows = _NUM_THREADS // _THREADS_PER_ROW
-        self.cols = _VEC * _THREADS_PER_ROW * _REPS
+        self.cols = vec * _THREADS_PER_ROW * (_ELEMS_PER_THREAD // vec)
 
     @cute.jit
     def __call__(self, mDY: cute.Tensor, mPre: cute.Tensor, mDG: cute.Tensor, mDU: cute.Tensor,
                  stream: cuda.CUstream):
-        copy_h = copy_utils.tiled_copy_2d(mDY.element_type, _THREADS_PER_ROW, _NUM_THREADS, _VEC)
-        copy_p = copy_utils.tiled_copy_2d(mPre.element_type, _THREADS_PER_ROW, _NUM_THREADS, 2 * _VEC)
+        copy_h = _tiled_copy(mDY.element_type, self.vec)
+        copy_p = _tiled_copy(mPre.element_type, 2 * self.vec)
         self.kernel(mDY, mPre, mDG, mDU, copy_h, copy_p).launch(
             grid=[cute.ceil_div(mDY.shape[0], self.rows), cute.ceil_div(self.n, self.cols), 1],
             block=[_NUM_THREADS, 1, 1],
@@ -114,26 +123,30 @@ class DSwiGLUConcat:
 
 
 @jit_cache
-def _compile(dtype: type[cutlass.Numeric], n: int):
+def _compile(dtype: type[cutlass.Numeric], n: int, vec: int):
     m = cute.sym_int()
-    # 8-byte vectors for dy and the grads (4 x 16 bit), 16-byte vectors for the preact pairs.
-    dy = make_fake_tensor(dtype, (m, n), _VEC)
-    pre = make_fake_tensor(dtype, (m, 2 * n), 2 * _VEC)
-    dg = make_fake_tensor(dtype, (m, n), _VEC)
-    du = make_fake_tensor(dtype, (m, n), _VEC)
-    return cute.compile(DSwiGLUConcat(dtype, n), dy, pre, dg, du,
+    # Row strides and base addresses are 16-byte aligned (f % 8 == 0): vectors of up to 8 x 16 bit.
+    dy = make_fake_tensor(dtype, (m, n), min(vec, 8))
+    pre = make_fake_tensor(dtype, (m, 2 * n), 8)
+    dg = make_fake_tensor(dtype, (m, n), min(vec, 8))
+    du = make_fake_tensor(dtype, (m, n), min(vec, 8))
+    return cute.compile(DSwiGLUConcat(dtype, n, vec), dy, pre, dg, du,
                         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
-def dswiglu_concat(dy: torch.Tensor, preact: torch.Tensor) -> torch.Tensor:
-    """[dgate | dup] of shape [M, 2f] from dy [M, f] and the interleaved preact [M, 2f]."""
+def dswiglu_concat(dy: torch.Tensor, preact: torch.Tensor, *, vec: int = VEC) -> torch.Tensor:
+    """[dgate | dup] of shape [M, 2f] from dy [M, f] and the interleaved preact [M, 2f].
+
+    vec (4 or 8) picks the vector width; bench/dswiglu_variants.py times both."""
     m, n = dy.shape
     if preact.shape != (m, 2 * n) or preact.dtype != dy.dtype:
         raise ValueError(f"dswiglu_concat: preact {tuple(preact.shape)} {preact.dtype} does not pair with dy {tuple(dy.shape)} {dy.dtype}")
+    if vec not in (4, 8):
+        raise ValueError(f"dswiglu_concat: vec={vec} must be 4 or 8")
     if n % 8:
         raise ValueError(f"dswiglu_concat: f={n} must be a multiple of 8 (16-byte aligned rows)")
     dy = dy if dy.stride(-1) == 1 and dy.stride(0) % 8 == 0 else dy.contiguous()
     out = torch.empty(m, 2 * n, dtype=dy.dtype, device=dy.device)
     if m:
-        _compile(torch2cute_dtype_map[dy.dtype], n)(dy, preact, out[:, :n], out[:, n:])
+        _compile(torch2cute_dtype_map[dy.dtype], n, vec)(dy, preact, out[:, :n], out[:, n:])
     return out
