@@ -23,6 +23,14 @@ warm() {  # preset, tp, attention version
 }
 
 case "${1:-check}" in
+  engine)
+    warm minicpm4-0.5b 1 fa4
+    stamp "engine steps, minicpm4-0.5b: baseline ops vs all CuTeDSL ops"
+    timeout 300 python3 bench/engine_step.py --preset minicpm4-0.5b --steps 30 --skip 5 --out "$OUT/engine_step.json" \
+      --variant baseline= \
+      --variant cutedsl="--op-attention fa4 --op-rmsnorm quack --op-gemm-fc1 quack --op-gemm-output quack" \
+      2>&1 | tail -8
+    ;;
   fc1)
     stamp "dswiglu variants"
     timeout 120 python3 bench/dswiglu_variants.py 2>&1 | grep -v -i "warn" | tee "$OUT/dswiglu.log" | tail -12
