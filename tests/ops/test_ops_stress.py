@@ -67,6 +67,7 @@ class _Broken:
             first = first.clone()
             first.view(-1)[0] = float("nan")
         elif self.damage == "stall":
+            # torch has no public "busy-wait on the GPU"; _sleep is what its own stream tests use.
             torch.cuda._sleep(int(3e9))  # ~2 s of GPU time on the op's stream: longer than the watchdog's 0.5 s
         return (first, *out[1:]) if isinstance(out, tuple) else first
 
