@@ -9,12 +9,22 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--stress-seconds", type=float, default=5.0,
+                     help="how long each GPU kernel stress test (tests/ops/test_ops_stress.py) runs, in seconds")
+
+
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def stress_seconds(request) -> float:
+    return float(request.config.getoption("--stress-seconds"))
 
 
 @pytest.fixture(scope="session")

@@ -97,8 +97,11 @@ def test_real_registers_are_valid_and_default_to_baseline():
     for op in OP_NAMES:
         reg = load_register(op)
         assert reg.op == op and reg.env == f"TEMPER_OP_{op.upper()}"
-        assert reg.default == "baseline" and set(reg.versions) == {"baseline"}
+        assert reg.default == "baseline" and "baseline" in reg.versions
         assert reg.versions["baseline"].devices == ("cpu", "cuda")
+        for name, spec in reg.versions.items():  # CuTeDSL versions: CUDA only, their libraries required
+            if name != "baseline":
+                assert spec.devices == ("cuda",) and spec.requires, (op, name)
 
 
 def test_resolve_ops_on_cpu_gives_the_baselines():
@@ -110,8 +113,8 @@ def test_resolve_ops_on_cpu_gives_the_baselines():
 
 
 def test_env_override_reaches_the_real_registers(monkeypatch):
-    monkeypatch.setenv("TEMPER_OP_RMSNORM", "quack")
-    with pytest.raises(ConfigError, match=r"TEMPER_OP_RMSNORM='quack' is not a version of op 'rmsnorm'.*baseline"):
+    monkeypatch.setenv("TEMPER_OP_RMSNORM", "no-such-kernel")
+    with pytest.raises(ConfigError, match=r"TEMPER_OP_RMSNORM='no-such-kernel' is not a version of op 'rmsnorm'.*baseline"):
         resolve_ops(EngineConfig(), "cpu")
 
 

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# One device session for the kernel ops: GPU tests, microbenchmarks, stress tests, warmup.
+#   bash bench/ops_session.sh check    GPU version tests + bench/ops.py (MiniCPM4-8B, TP 1 and 2)
+#   bash bench/ops_session.sh stress   stress tests (+ negative controls) + warmup-kernels (0.5B, 8B)
+#   bash bench/ops_session.sh all      cold warmup-kernels (compile times), GPU tests, bench (8B TP 1/2,
+#                                      0.5B TP 1), stress tests: everything in one call
+# Expects the CuTeDSL wheels on PYTHONPATH (../shared/gpu: `source .gpu/b/env.sh`) and runs from the
+# repository root. Compiled kernels are cached in TEMPER_KERNEL_CACHE (default /tmp/temper-kernels
+# here, so consecutive calls on one warm machine share them). Logs go to $OUT (or ./ops-session).
+set -u
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export TEMPER_KERNEL_CACHE="${TEMPER_KERNEL_CACHE:-/tmp/temper-kernels}"
+OUT="${OUT:-$PWD/ops-session}"
+mkdir -p "$OUT"
+STRESS_S="${STRESS_S:-5}"
+stamp() { echo "=== $(date +%T) $*"; }
+
+warm() {  # preset, tp, attention version
+  stamp "warmup-kernels $1 tp=$2"
+  timeout 200 python3 -m engine warmup-kernels --preset "$1" --tp "$2" --op-attention "$3" --op-rmsnorm quack \
+    --op-gemm-fc1 quack --op-gemm-output quack 2>&1 | grep -v -i "warn\|exe_args" | tee "$OUT/warmup_$1_tp$2.log" | tail -8
+}
+
+case "${1:-check}" in
+  engine)
+    warm minicpm4-0.5b 1 fa4
+    stamp "engine steps, minicpm4-0.5b: baseline ops vs all CuTeDSL ops"
+    timeout 300 python3 bench/engine_step.py --preset minicpm4-0.5b --steps 30 --skip 5 --out "$OUT/engine_step.json" \
+      --variant baseline= \
+      --variant cutedsl="--op-attention fa4 --op-rmsnorm quack --op-gemm-fc1 quack --op-gemm-output quack" \
+      2>&1 | tail -8
+    ;;
+  fc1)
+    stamp "dswiglu variants"
+    timeout 120 python3 bench/dswiglu_variants.py 2>&1 | grep -v -i "warn" | tee "$OUT/dswiglu.log" | tail -12
+    if [ "${PIPESTATUS[0]}" != 0 ]; then
+      echo "vec 8 variant failed: falling back to VEC = 4 for the rest of this session"
+      sed -i 's/^VEC = 8 /VEC = 4 /' engine/ops/gemm_fc1/cute_dswiglu.py
+    fi
+    stamp "gpu tests + stress (gemm_fc1)"
+    timeout 150 python3 -m pytest tests/ops/test_ops_versions_gpu.py tests/ops/test_ops_stress.py -k gemm_fc1 -q -rA -s \
+      -p no:cacheprovider --stress-seconds "$STRESS_S" 2>&1 | tee "$OUT/fc1_tests.log" | grep -E "iterations|^(PASSED|FAILED)|passed|failed" | tail -8
+    stamp "bench 8B"
+    timeout 240 python3 bench/ops.py --preset minicpm4-8b --tp 1 2 --iters 20 --out "$OUT/ops_bench.json" \
+      > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
+    grep -v '^{' "$OUT/bench.log" | tail -26
+    ;;
+  all)
+    stamp "device"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+    warm minicpm4-8b 1 fa4
+    warm minicpm4-8b 2 fa4-nopack
+    stamp "gpu tests"
+    timeout 240 python3 -m pytest tests/ops/test_ops_versions_gpu.py -q -rA -p no:cacheprovider \
+      2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | tail -20
+    stamp "bench 0.5B"
+    timeout 120 python3 bench/ops.py --preset minicpm4-0.5b --tp 1 --iters 20 --out "$OUT/ops_bench_05b.json" \
+      > "$OUT/bench_05b.log" 2>&1; echo "bench rc=$?"
+    stamp "stress (${STRESS_S} s per version)"
+    timeout 150 python3 -m pytest tests/ops/test_ops_stress.py -q -rA -s -p no:cacheprovider \
+      --stress-seconds "$STRESS_S" 2>&1 | tee "$OUT/stress.log" | grep -E "iterations|^(PASSED|FAILED)|passed|failed" | tail -16
+    stamp "bench 8B"
+    timeout 200 python3 bench/ops.py --preset minicpm4-8b --tp 1 2 --iters 20 --out "$OUT/ops_bench.json" \
+      > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
+    grep -v '^{' "$OUT/bench_05b.log" | tail -14
+    grep -v '^{' "$OUT/bench.log" | tail -26
+    ;;
+  check)
+    stamp "device"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+    stamp "gpu tests"
+    timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest tests/ops/test_ops_versions_gpu.py -q -rA -p no:cacheprovider \
+      2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASS|FAIL|ERROR|Error|error|passed|failed" | tail -40
+    stamp "bench"
+    timeout "${BENCH_TIMEOUT:-260}" python3 bench/ops.py --preset minicpm4-8b --tp 1 2 --out "$OUT/ops_bench.json" \
+      > "$OUT/bench.log" 2>&1
+    echo "bench rc=$?"; grep -v '^{' "$OUT/bench.log" | tail -40
+    ;;
+  stress)
+    stamp "stress (${STRESS_S} s per version)"
+    timeout "${STRESS_TIMEOUT:-200}" python3 -m pytest tests/ops/test_ops_stress.py -q -rA -s -p no:cacheprovider \
+      --stress-seconds "$STRESS_S" 2>&1 | tee "$OUT/stress.log" | grep -E "iterations|PASS|FAIL|passed|failed|Error" | tail -30
+    for preset in minicpm4-0.5b minicpm4-8b; do
+      stamp "warmup-kernels $preset"
+      timeout 150 python3 -m engine warmup-kernels --preset "$preset" --op-attention fa4 --op-rmsnorm quack \
+        --op-gemm-fc1 quack --op-gemm-output quack 2>&1 | tee "$OUT/warmup_$preset.log" | tail -12
+    done
+    ;;
+esac
+stamp done

@@ -1,0 +1,177 @@
+"""LM head + cross-entropy with the gradients computed during the forward (quack CE kernels).
+
+Per chunk of CHUNK_TOKENS rows: one cuBLAS GEMM writes bf16 logits [chunk, V_local] into a reused
+buffer, padding columns (global id >= vocab_size) are set to -inf, a quack CuTeDSL row kernel turns
+the logits IN PLACE into d loss_sum / d logits = softmax - onehot (and the per-row loss), and two
+GEMMs consume them at once: grad_h[chunk] = dlogits @ w and grad_w (+)= dlogits^T @ h[chunk].
+The backward only scales the stored gradients by d loss / d loss_sum.
+
+Compared with the baseline (fp32 logits, recomputed in backward) this does 3 LM-head GEMMs instead
+of 4 and moves bf16 instead of fp32 logits; peak extra memory is one bf16 logits chunk (600 MB at
+V_local = 73472) plus the gradients. The full [n, V] logits never exist (quack's own
+chunked_linear_cross_entropy does the same, but fails on V = 73472 and cannot do vocab parallel).
+
+Vocab parallel (tp_group with more than one rank): the softmax spans all shards, so per chunk
+  1. quack's CE forward kernel, with the label mapped to this shard (or ignored when another rank
+     owns it), gives this shard's log-sum-exp per row;
+  2. two small all-reduces (MAX of the shard lse, then SUM of [exp(lse - max), target logit])
+     give the global lse and the target logit, so every rank knows every row's loss;
+  3. quack's CE backward kernel writes exp(logit - global lse) - onehot in place, where the onehot
+     applies only on the rank that owns the label: its target is the local column there, -1 (a
+     column that never matches, but the row still counts) on the others, -100 for ignored rows.
+No rank holds more than its shard's logits, the collectives move 3 floats per row, and every rank
+returns the same loss. grad_h is this rank's partial sum (the contract); the TP region reduces it.
+
+Numerics. Logits are rounded to bf16 by the GEMM (as Megatron's and quack's fused CE do); the CE
+math (max, exp, sums, log) is fp32. grad_w accumulates over chunks in the weight's dtype (cuBLAS
+adds the chunk product in fp32 to the bf16 partial sum: one extra rounding per chunk), keeping the
+peak below a quarter of the unfused torch path.
+"""
+
+import torch
+import torch.distributed as dist
+from quack.cross_entropy import cross_entropy_bwd, cross_entropy_fwd_out
+
+from engine.ops.kernel_cache import configure_quack_cache
+
+__all__ = ["gemm_output", "gemm_output_chunked", "gemm_output_vocab_parallel_local", "CHUNK_TOKENS", "IGNORE_INDEX"]
+
+configure_quack_cache()
+
+CHUNK_TOKENS = 4096
+IGNORE_INDEX = -100
+_NOT_OWNED = -1  # a valid row whose label lives on another TP rank: no onehot here, loss still counts
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _all_reduce(t: torch.Tensor, op: "dist.ReduceOp", group) -> None:
+    if group is not None:
+        dist.all_reduce(t, op=op, group=group)
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, w, labels, vocab_start, vocab_size, tp_group, vocab_parallel, chunk_tokens, need_h, need_w):
+        n, v_local = h.shape[0], w.shape[0]
+        n_real = max(0, min(v_local, vocab_size - vocab_start))
+        valid = labels != IGNORE_INDEX
+        local = labels - vocab_start
+        owned = valid & (local >= 0) & (local < v_local)
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w = torch.empty_like(w) if need_w else None
+        need_grad = need_h or need_w
+        buf = torch.empty(min(chunk_tokens, n), v_local, dtype=h.dtype, device=h.device)
+        row_loss = torch.empty(n, dtype=torch.float32, device=h.device)
+        if vocab_parallel:
+            fwd_target = torch.where(owned, local, IGNORE_INDEX)
+            bwd_target = torch.where(owned, local, torch.where(valid, _NOT_OWNED, IGNORE_INDEX))
+            dloss_rows = valid.to(torch.float32)
+            lse_local = torch.empty(n, dtype=torch.float32, device=h.device)
+            idx = torch.where(owned, local, 0).unsqueeze(1)
+        first_w = True
+        for start in range(0, n, chunk_tokens):
+            rows = slice(start, min(start + chunk_tokens, n))
+            logits = buf[: rows.stop - rows.start]
+            torch.mm(h[rows], w.t(), out=logits)
+            if n_real < v_local:
+                logits[:, n_real:] = float("-inf")
+            if not vocab_parallel:
+                cross_entropy_fwd_out(logits, labels[rows], None, loss=row_loss[rows], lse=None,
+                                      dx=logits if need_grad else None, weight=None, ignore_index=IGNORE_INDEX)
+            else:
+                if n_real > 0:
+                    cross_entropy_fwd_out(logits, fwd_target[rows], None, loss=row_loss[rows], lse=lse_local[rows],
+                                          dx=None, weight=None, ignore_index=IGNORE_INDEX)
+                else:  # a shard of padding only: exp() of its columns is 0 everywhere
+                    lse_local[rows] = float("-inf")
+                target = torch.where(owned[rows], logits.gather(1, idx[rows]).squeeze(1).float(), 0.0)
+                gmax = lse_local[rows].clone()
+                _all_reduce(gmax, dist.ReduceOp.MAX, tp_group)
+                stats = torch.stack([torch.exp(lse_local[rows] - gmax), target])
+                _all_reduce(stats, dist.ReduceOp.SUM, tp_group)
+                lse = gmax + torch.log(stats[0])
+                row_loss[rows] = torch.where(valid[rows], lse - stats[1], 0.0)
+                if need_grad:
+                    cross_entropy_bwd(logits, bwd_target[rows], dloss_rows[rows], lse, ignore_index=IGNORE_INDEX,
+                                      inplace_backward=True)
+            if need_h:
+                torch.mm(logits, w, out=grad_h[rows])
+            if need_w:
+                if first_w:
+                    torch.mm(logits.t(), h[rows], out=grad_w)
+                else:
+                    grad_w.addmm_(logits.t(), h[rows])
+                first_w = False
+        if need_w and n == 0:
+            grad_w.zero_()
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.consumed = False
+        return row_loss.sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if ctx.consumed:
+            raise RuntimeError("gemm_output (quack) scales its stored gradients in place: backward runs once per forward")
+        ctx.consumed = True
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_loss.to(torch.float32)
+        if grad_h is not None:
+            grad_h = grad_h.mul_(scale)
+        if grad_w is not None:
+            grad_w = grad_w.mul_(scale)
+        return grad_h, grad_w, None, None, None, None, None, None, None, None
+
+
+def _check(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, vocab_start: int, vocab_size: int,
+           chunk_tokens: int) -> None:
+    if h.dim() != 2 or w.dim() != 2 or h.shape[1] != w.shape[1]:
+        raise ValueError(f"gemm_output wants h [n, d] and w [V_local, d]; got {tuple(h.shape)}, {tuple(w.shape)}")
+    if labels.shape != (h.shape[0],) or labels.dtype != torch.int64:
+        raise ValueError(f"gemm_output wants int64 labels [n={h.shape[0]}]; got {labels.dtype} {tuple(labels.shape)}")
+    if vocab_start < 0 or vocab_size <= 0 or chunk_tokens <= 0:
+        raise ValueError(f"gemm_output: vocab_start={vocab_start} must be >= 0, vocab_size={vocab_size} and "
+                         f"chunk_tokens={chunk_tokens} > 0")
+    if h.dtype not in _DTYPES or w.dtype != h.dtype or not h.is_cuda:
+        raise ValueError(f"gemm_output (quack) runs bf16/fp16 CUDA tensors of one dtype; got h {h.dtype} {h.device}, "
+                         f"w {w.dtype}: use --op-gemm-output baseline for other dtypes")
+    if w.shape[0] % 8 or w.shape[1] % 8:
+        raise ValueError(f"gemm_output (quack) needs V_local and d multiples of 8 (pad the vocabulary to 128 x TP); "
+                         f"got w {tuple(w.shape)}")
+
+
+def gemm_output_chunked(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, vocab_start: int, vocab_size: int,
+                        tp_group: "dist.ProcessGroup | None" = None, vocab_parallel: bool | None = None,
+                        chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+    """gemm_output with an explicit chunk size and path.
+
+    vocab_parallel None: the vocab-parallel path when tp_group has more than one rank or when this
+    shard does not hold the whole vocabulary (labels may then live elsewhere; without a group the
+    loss is this shard's alone, as for the baseline). True without a group runs one rank's share of
+    that path with the collectives left out (warmup, benchmarks).
+    """
+    _check(h, w, labels, vocab_start, vocab_size, chunk_tokens)
+    if vocab_parallel is None:
+        whole = vocab_start == 0 and w.shape[0] >= vocab_size
+        vocab_parallel = not whole or (tp_group is not None and dist.get_world_size(tp_group) > 1)
+    grad_on = torch.is_grad_enabled()
+    need_h, need_w = grad_on and h.requires_grad, grad_on and w.requires_grad
+    return _FusedLinearCrossEntropy.apply(h, w, labels, vocab_start, vocab_size, tp_group, vocab_parallel,
+                                          chunk_tokens, need_h, need_w)
+
+
+def gemm_output(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, vocab_start: int, vocab_size: int,
+                tp_group: "dist.ProcessGroup | None" = None) -> torch.Tensor:
+    """Sum of cross-entropy of softmax(h @ w^T) over tokens whose label is not -100 (fp32 scalar).
+
+    w is this rank's shard of the padded vocabulary; with a tp_group of several ranks the softmax
+    spans all shards (see the module docstring). Contract: engine/ops/README.md.
+    """
+    return gemm_output_chunked(h, w, labels, vocab_start=vocab_start, vocab_size=vocab_size, tp_group=tp_group)
+
+
+def gemm_output_vocab_parallel_local(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, vocab_start: int,
+                                     vocab_size: int) -> torch.Tensor:
+    """One TP rank's work of the vocab-parallel path without its collectives (compiles and times the
+    kernels a TP > 1 run uses, in one process); the loss is this shard's alone."""
+    return gemm_output_chunked(h, w, labels, vocab_start=vocab_start, vocab_size=vocab_size, tp_group=None,
+                               vocab_parallel=True)

@@ -1,0 +1,100 @@
+"""Shapes and calls shared by the GPU version tests and the stress tests.
+
+The shapes keep the compile-time sizes of the MiniCPM4 presets (hidden 4096, FFN shard 8192, vocab
+shard 36736, head dims 128 and 64 with 16 query heads per KV head as 8B has, 8 as 0.5B has) so the
+kernels compiled here are the ones bench/ops.py and training use (the on-disk cache then serves
+them), with fewer tokens so each check runs in milliseconds.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Case", "CASES", "cases_for"]
+
+
+@dataclass(kw_only=True, frozen=True)
+class Case:
+    op: str
+    name: str
+    make: Callable[[int, torch.dtype], dict[str, Any]]  # (seed, dtype) -> inputs on cuda
+    call: Callable[[Callable[..., Any], dict[str, Any]], list[torch.Tensor]]
+
+
+def _rand(g, *shape, dtype, std=1.0):
+    return (torch.randn(*shape, generator=g, device="cuda") * std).to(dtype).requires_grad_()
+
+
+def _attention(b, s, hq, hkv, d) -> Case:
+    def make(seed, dtype):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        return {"q": _rand(g, b, s, hq, d, dtype=dtype), "k": _rand(g, b, s, hkv, d, dtype=dtype),
+                "v": _rand(g, b, s, hkv, d, dtype=dtype)}
+
+    def call(fn, x):
+        return [fn(x["q"], x["k"], x["v"], softmax_scale=1.0 / math.sqrt(d))]
+
+    return Case(op="attention", name=f"gqa{hq}-{hkv}_d{d}", make=make, call=call)
+
+
+def _rmsnorm(m, n, residual_scale) -> Case:
+    def make(seed, dtype):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x = {"x": _rand(g, m, n, dtype=dtype),
+             "weight": (1 + 0.1 * torch.randn(n, generator=g, device="cuda")).to(dtype).requires_grad_()}
+        if residual_scale is not None:
+            x["residual"] = _rand(g, m, n, dtype=dtype)
+        return x
+
+    def call(fn, x):
+        if "residual" in x:
+            return list(fn(x["x"], x["weight"], eps=1e-6, residual=x["residual"], residual_scale=residual_scale))
+        return [fn(x["x"], x["weight"], eps=1e-6)]
+
+    tag = "plain" if residual_scale is None else f"residual{residual_scale:.3f}"
+    return Case(op="rmsnorm", name=f"{m}x{n}_{tag}", make=make, call=call)
+
+
+def _fc1(m, h, f) -> Case:
+    def make(seed, dtype):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        return {"x": _rand(g, 2, m // 2, h, dtype=dtype), "w": _rand(g, 2 * f, h, dtype=dtype, std=h ** -0.5)}
+
+    def call(fn, x):
+        return [fn(x["x"], x["w"])]
+
+    return Case(op="gemm_fc1", name=f"{m}x{h}->{f}", make=make, call=call)
+
+
+def _output(n, d, v_local, vocab_start, vocab_size) -> Case:
+    def make(seed, dtype):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        labels = torch.randint(0, vocab_size, (n,), generator=g, device="cuda")
+        labels[torch.rand(n, generator=g, device="cuda") < 0.1] = -100
+        return {"h": _rand(g, n, d, dtype=dtype), "w": _rand(g, v_local, d, dtype=dtype, std=d ** -0.5),
+                "labels": labels}
+
+    def call(fn, x):
+        return [fn(x["h"], x["w"], x["labels"], vocab_start=vocab_start, vocab_size=vocab_size)]
+
+    kind = "single-shard" if vocab_start == 0 and vocab_size <= v_local else "shard-of-two"
+    return Case(op="gemm_output", name=f"{n}x{d}x{v_local}_{kind}", make=make, call=call)
+
+
+CASES = [
+    _attention(1, 2048, 16, 1, 128),  # MiniCPM4-8B at TP 2 (32/2 at TP 1 has the same 16:1 grouping)
+    _attention(2, 1024, 16, 2, 64),  # MiniCPM4-0.5B
+    _rmsnorm(2048, 4096, 1.4 / math.sqrt(32)),
+    _rmsnorm(2048, 4096, 1.0),
+    _rmsnorm(2048, 4096, None),
+    _fc1(1024, 4096, 8192),
+    _output(2048, 4096, 36736, 0, 36736 - 24),  # one shard of the whole vocabulary, 24 padding columns
+    _output(2048, 4096, 36736, 36736, 73448),  # rank 1 of 2: half the labels live on the other shard
+]
+
+
+def cases_for(op: str) -> list[Case]:
+    return [c for c in CASES if c.op == op]
