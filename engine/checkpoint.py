@@ -133,18 +133,28 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def check_compatible(meta: dict[str, Any], cfg: EngineConfig, path: Path, layout: dict[str, int]) -> None:
+def _layout_text(layout: dict[str, Any]) -> str:
+    return f"tp={layout.get('tp')} x dp={layout.get('dp')}"
+
+
+def check_compatible(meta: dict[str, Any], cfg: EngineConfig, path: Path, layout: dict[str, int]) -> bool:
+    """Refuse a checkpoint this run cannot continue. Returns True when it was written with another
+    data-parallel size: its ZeRO-1 optimizer shards are then resharded on load (engine/parallel/
+    zero_state.py). The tensor-parallel size must match: weights are sliced per TP size."""
     saved = meta["config"]
     for name in MODEL_FIELDS:
         if saved.get(name) != getattr(cfg, name):
             raise ConfigError(f"--{name.replace('_', '-')}", getattr(cfg, name),
                               f"use {saved.get(name)!r} as in the checkpoint {path}, or start a new run",
                               "differs from the checkpoint")
-    if meta["layout"] != layout:
-        raise ConfigError("--resume", str(path),
-                          f"the checkpoint was written with layout {meta['layout']} and this run is {layout}; "
-                          f"resume with the same --tp and number of processes",
-                          "has an incompatible parallel layout")
+    written = meta["layout"]
+    if written.get("tp") != layout["tp"]:
+        raise ConfigError("--tp", layout["tp"],
+                          f"checkpoint {path} was written with layout {_layout_text(written)} and this run is "
+                          f"{_layout_text(layout)}; resume with --tp {written.get('tp')} (any number of processes "
+                          f"that is a multiple of it: the data-parallel size may change, the TP size may not)",
+                          "does not match the checkpoint's tensor-parallel size")
+    return written.get("dp") != layout["dp"]
 
 
 def meta_for(cfg: EngineConfig, step: int, layout: dict[str, int]) -> dict[str, Any]:
