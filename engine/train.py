@@ -40,7 +40,8 @@ from engine.metrics import MetricsWriter
 from engine.model import IGNORE_INDEX, Transformer, build_model
 from engine.ops import resolve_ops
 from engine.optim import FlatBuffers, MixedPrecisionAdamW, lr_at
-from engine.parallel import GradSync, ParamGather, apply_tensor_parallel, load_optimizer_state, optimizer_state
+from engine.parallel import (GradSync, ParamGather, apply_tensor_parallel, global_param_count, load_optimizer_state,
+                             optimizer_state)
 from engine.runinfo import device_name, header_lines
 
 __all__ = ["pretrain", "resolve_device", "Trainer"]
@@ -119,7 +120,7 @@ class Trainer:
             write_text_atomic(self.run_dir / "config.json", _json(to_dict(cfg)))
         self.metrics = MetricsWriter(self.run_dir, enabled=par.is_main, tensorboard=cfg.tensorboard,
                                      append=self.resume_from is not None)
-        n_params = sum(p.numel() for p in self.model.parameters())
+        n_params = global_param_count(self.model, par)
         for line in header_lines(device=par.device, launcher=launcher, world=par.world_size, tp=par.tp_size,
                                  dp=par.dp_size, op_versions=self.ops.versions, data=self.data.description,
                                  params=n_params, matmul_params=matmul_params(cfg),

@@ -3,8 +3,8 @@ all-gathers overlapped with the forward, and checkpointable ZeRO-1 optimizer sta
 
 from engine.parallel.grad_sync import GradSync
 from engine.parallel.param_gather import ParamGather, use_points
-from engine.parallel.tensor_parallel import GradSum, apply_tensor_parallel
+from engine.parallel.tensor_parallel import GradSum, apply_tensor_parallel, global_param_count
 from engine.parallel.zero_state import load_optimizer_state, optimizer_state
 
-__all__ = ["GradSync", "ParamGather", "use_points", "GradSum", "apply_tensor_parallel", "optimizer_state",
+__all__ = ["GradSync", "ParamGather", "use_points", "GradSum", "apply_tensor_parallel", "global_param_count", "optimizer_state",
            "load_optimizer_state"]

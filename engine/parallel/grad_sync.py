@@ -47,6 +47,7 @@ class GradSync:
         self._launched = [False] * len(buffers.buckets)
         self._works: list = []
         self._hooks = []
+        self.launched_by_backward = 0  # buckets of the last step launched from backward hooks (overlap at work)
         if self.active and overlap:
             for b in buffers.buckets:
                 for e in b.entries:
@@ -89,6 +90,7 @@ class GradSync:
         """After the last micro-batch's backward: complete every bucket and wait for all of them."""
         if not self.active:
             return
+        self.launched_by_backward = sum(self._launched)
         for b in self.buffers.buckets:
             if not self._launched[b.index]:
                 self._launch(b)

@@ -51,6 +51,11 @@ class ParamGather:
         assert sorted(order) == list(range(len(buffers.buckets))), "a bucket has no use point"
         self.order = order  # buckets in the order the forward first needs them
 
+    @property
+    def in_flight(self) -> int:
+        """Buckets whose all-gather has been launched and not yet waited for."""
+        return len(self._pending)
+
     def _waiter(self, buckets: list[int]):
         def wait() -> None:
             for b in buckets:

@@ -16,6 +16,7 @@ The same facts decide the grad norm (engine/optim/optimizer.py): norm gains are 
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -23,7 +24,7 @@ from engine.config import EngineConfig
 from engine.distributed import ParallelState
 from engine.model.layers import Attention, RMSNormWeight
 
-__all__ = ["GradSum", "apply_tensor_parallel"]
+__all__ = ["GradSum", "apply_tensor_parallel", "global_param_count"]
 
 
 @dataclass(frozen=True)
@@ -55,3 +56,19 @@ def apply_tensor_parallel(model: nn.Module, cfg: EngineConfig, par: ParallelStat
             if par.tp_rank % replicas:  # not the first holder of this KV head
                 module.qkv.tp_duplicate = (lo, hi)
     return sums
+
+
+def global_param_count(model: nn.Module, par: ParallelState) -> int:
+    """Parameters of the whole model (padded vocabulary included), each TP-replicated one once.
+    Call after apply_tensor_parallel; collective over the TP group."""
+    local = 0
+    for p in model.parameters():
+        if par.tp_size > 1 and par.tp_rank != 0 and getattr(p, "tp_replicated", False):
+            continue
+        dup = getattr(p, "tp_duplicate", None)
+        local += p.numel() - (dup[1] - dup[0] if dup is not None else 0)
+    if par.tp_size == 1:
+        return local
+    total = torch.tensor(local, dtype=torch.int64, device=par.device)
+    dist.all_reduce(total, group=par.tp_group)
+    return int(total.item())
