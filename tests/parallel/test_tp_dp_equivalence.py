@@ -32,23 +32,29 @@ SCENARIOS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def world2(tmp_path_factory):
-    return spawn(2, SCENARIOS, tmp_path_factory.mktemp("world2"))
+GAS2 = {"micro_batch_size": 2, "grad_accum_steps": 2}
 
 
 @pytest.fixture(scope="module")
-def single():
+def single(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks: the same GEMM blocking
     try:
         return {
             "ref": single_run({}, 20),
             "ref_kv1": single_run({"num_kv_heads": 1}, 10),
-            "ref_gas2": single_run({"micro_batch_size": 2, "grad_accum_steps": 2}, 20),
+            "ref_gas2": single_run(GAS2, 20),
+            # a single-process checkpoint after 4 steps, for DP 2 to resume (plain tensors -> ZeRO shards)
+            "ckpt_gas2": single_run(GAS2, 4, save_to=str(tmp_path_factory.mktemp("single_ckpt")))["checkpoint"],
         }
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def world2(tmp_path_factory, single):
+    resume = ("dp2_from_dp1", {"micro_batch_size": 2, "ddp_bucket_mb": 0.3, "resume": single["ckpt_gas2"]}, 4)
+    return spawn(2, SCENARIOS + [resume], tmp_path_factory.mktemp("world2"))
 
 
 def rel(a: float, b: float) -> float:
@@ -113,3 +119,9 @@ def test_dp_overlap_launches_from_backward_and_gathers_behind_the_forward(world2
     assert on["gathers_in_flight_after_step"] == [on["buckets"]] * 20
     assert off["launched_by_backward"] == [0] * 5 and off["gathers_in_flight_after_step"] == [0] * 5
     assert off["steps"] == on["steps"][:5]
+
+
+def test_dp2_resumes_a_single_process_checkpoint(world2, single):
+    """Plain per-parameter tensors saved by one process, loaded as DP 2's ZeRO-1 shards: steps 5-8
+    continue the one-process run (1e-6, as DP 2 vs GAS 2)."""
+    assert_trajectories(world2["dp2_from_dp1"]["steps"], single["ref_gas2"]["steps"][4:8], 1e-6, "dp2 from a dp1 checkpoint")

@@ -53,11 +53,16 @@ def run_trainer(trainer: Trainer, steps: int) -> dict[str, Any]:
     return out
 
 
-def single_run(overrides: dict[str, Any], steps: int) -> dict[str, Any]:
+def single_run(overrides: dict[str, Any], steps: int, save_to: str = "") -> dict[str, Any]:
+    """One process; with `save_to`, a checkpoint of the last step is written under that run dir."""
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = make_config(overrides, 1, tmp)
+        cfg = make_config(overrides, 1, save_to or tmp)
         trainer = Trainer(cfg, ParallelState.single(torch.device("cpu")), torch.float32)
-        return run_trainer(trainer, steps)
+        out = run_trainer(trainer, steps)
+        if save_to:
+            out["checkpoint"] = str(trainer.save())
+        trainer.metrics.close()
+        return out
 
 
 def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: list[tuple[str, dict, int]]) -> None:
