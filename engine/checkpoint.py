@@ -5,7 +5,9 @@ Layout of a save dir:
     latest           the name of the newest complete checkpoint
 A checkpoint holds the fp32 masters and Adam moments (the bf16 model weights are derived from the
 masters), the step, the data-loader position and every rank's RNG state: everything a resumed run
-needs to print the same [LOSS] lines as an uninterrupted one.
+needs to print the same [LOSS] lines as an uninterrupted one. Under data parallelism each rank saves
+only its ZeRO-1 pieces, in a form DCP reshards on load (engine/parallel/zero_state.py): a checkpoint
+resumes on any DP size with the same TP size (`check_compatible`).
 
 Atomicity: all ranks write into `step_N.tmp`; only when every rank has finished does rank 0 write
 meta.json, rename the folder to `step_N` and then rewrite `latest` (tmp + os.replace). A crash at

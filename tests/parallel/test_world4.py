@@ -50,3 +50,15 @@ def test_tp2_dp2_sequence_parallel_one_kv_head(world4, single):
     assert_trajectories(got["steps"], single["ref_kv1"]["steps"], 1e-5, "tp2 x dp2 + sp, kv1")
     assert tensor_rel(got["logits"], single["ref_kv1"]["logits"]) < 1e-5
     assert got["launched_by_backward"] == [got["buckets"]] * 10
+
+
+def test_groups_are_megatron_placement(world4):
+    """TP groups consecutive ranks, DP groups strided, KV groups consecutive blocks inside a TP group."""
+    tp4 = {r["rank"]: r for r in world4["tp4"]["placement"]}
+    assert all(r["tp"] == [0, 1, 2, 3] and r["dp"] == [r["rank"]] and r["backend"] == "gloo" for r in tp4.values())
+    assert [tp4[r]["kv"] for r in range(4)] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    mixed = {r["rank"]: r for r in world4["tp2_dp2_sp_kv1"]["placement"]}
+    assert [(mixed[r]["tp_rank"], mixed[r]["dp_rank"]) for r in range(4)] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert [mixed[r]["tp"] for r in range(4)] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [mixed[r]["dp"] for r in range(4)] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert [mixed[r]["kv"] for r in range(4)] == [[0, 1], [0, 1], [2, 3], [2, 3]]

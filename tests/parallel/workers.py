@@ -80,12 +80,25 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: 
                 trainer = Trainer(cfg, par, torch.float32, launcher="spawn")
                 results[name] = run_trainer(trainer, steps)
                 results[name]["layout"] = (par.tp_size, par.dp_size)
+                results[name]["placement"] = _placement(par, world)
                 trainer.metrics.close()
                 dist.barrier()
         if rank == 0:
             torch.save(results, out_file)
     finally:
         dist.destroy_process_group()
+
+
+def _placement(par: ParallelState, world: int) -> list[dict[str, Any]]:
+    """Every rank's coordinates and group members (all-gathered, so rank 0 can report them all)."""
+    def members(group):
+        return dist.get_process_group_ranks(group) if group is not None else None
+
+    mine = {"rank": par.rank, "tp_rank": par.tp_rank, "dp_rank": par.dp_rank, "tp": members(par.tp_group),
+            "dp": members(par.dp_group), "kv": members(par.kv_group), "backend": dist.get_backend(par.tp_group)}
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    return everyone
 
 
 def spawn(world: int, scenarios: list[tuple[str, dict, int]], tmp: Path) -> dict[str, Any]:
