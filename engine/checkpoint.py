@@ -5,7 +5,9 @@ Layout of a save dir:
     latest           the name of the newest complete checkpoint
 A checkpoint holds the fp32 masters and Adam moments (the bf16 model weights are derived from the
 masters), the step, the data-loader position and every rank's RNG state: everything a resumed run
-needs to print the same [LOSS] lines as an uninterrupted one.
+needs to print the same [LOSS] lines as an uninterrupted one. Under data parallelism each rank saves
+only its ZeRO-1 pieces, in a form DCP reshards on load (engine/parallel/zero_state.py): a checkpoint
+resumes on any DP size with the same TP size (`check_compatible`).
 
 Atomicity: all ranks write into `step_N.tmp`; only when every rank has finished does rank 0 write
 meta.json, rename the folder to `step_N` and then rewrite `latest` (tmp + os.replace). A crash at
@@ -135,18 +137,28 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def check_compatible(meta: dict[str, Any], cfg: EngineConfig, path: Path, layout: dict[str, int]) -> None:
+def _layout_text(layout: dict[str, Any]) -> str:
+    return f"tp={layout.get('tp')} x dp={layout.get('dp')}"
+
+
+def check_compatible(meta: dict[str, Any], cfg: EngineConfig, path: Path, layout: dict[str, int]) -> bool:
+    """Refuse a checkpoint this run cannot continue. Returns True when it was written with another
+    data-parallel size: its ZeRO-1 optimizer shards are then resharded on load (engine/parallel/
+    zero_state.py). The tensor-parallel size must match: weights are sliced per TP size."""
     saved = meta["config"]
     for name in MODEL_FIELDS:
         if saved.get(name) != getattr(cfg, name):
             raise ConfigError(f"--{name.replace('_', '-')}", getattr(cfg, name),
                               f"use {saved.get(name)!r} as in the checkpoint {path}, or start a new run",
                               "differs from the checkpoint")
-    if meta["layout"] != layout:
-        raise ConfigError("--resume", str(path),
-                          f"the checkpoint was written with layout {meta['layout']} and this run is {layout}; "
-                          f"resume with the same --tp and number of processes",
-                          "has an incompatible parallel layout")
+    written = meta["layout"]
+    if written.get("tp") != layout["tp"]:
+        raise ConfigError("--tp", layout["tp"],
+                          f"checkpoint {path} was written with layout {_layout_text(written)} and this run is "
+                          f"{_layout_text(layout)}; resume with --tp {written.get('tp')} (any number of processes "
+                          f"that is a multiple of it: the data-parallel size may change, the TP size may not)",
+                          "does not match the checkpoint's tensor-parallel size")
+    return written.get("dp") != layout["dp"]
 
 
 def meta_for(cfg: EngineConfig, step: int, layout: dict[str, int]) -> dict[str, Any]:

@@ -115,6 +115,10 @@ class EngineConfig:
     # --- parallelism
     tp: int = _f(1, "tensor-parallel size (consecutive ranks); data-parallel size = world size / tp", "parallel")
     sequence_parallel: bool = _f(False, "shard norms and residuals along the sequence across the TP group", "parallel")
+    tp_comm_overlap: bool = _f(True, "overlap TP backward all-reduces with weight-gradient GEMMs (QKV: its own wgrad, as Megatron; FC1: FC2's wgrad)", "parallel")
+    ddp_bucket_mb: float = _f(160.0, "data-parallel gradient bucket size in MB (10^6 bytes) of fp32 gradients; 160 = 40M elements", "parallel")
+    overlap_grad_reduce: bool = _f(True, "reduce-scatter each gradient bucket as soon as the last micro-batch's backward fills it", "parallel")
+    overlap_param_gather: bool = _f(True, "all-gather updated parameters asynchronously, waited on by the next forward's first use", "parallel")
 
     # --- kernels (empty: the op's register.toml default; TEMPER_OP_<OP> overrides)
     op_attention: str = _f("", "attention kernel version (see engine/ops/attention/register.toml)", "kernels")
@@ -239,6 +243,8 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
               "log_every", "lr", "init_std", "dim_model_base")
     _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_steps",
               "save_every", "weight_decay", "grad_clip", "peak_tflops", allow_zero=True)
+    if not cfg.ddp_bucket_mb > 0:
+        raise ConfigError("--ddp-bucket-mb", cfg.ddp_bucket_mb, "use a positive size in MB (160 is Megatron's 40M elements)", "is out of range")
     if cfg.num_heads % cfg.num_kv_heads:
         raise ConfigError("--num-kv-heads", cfg.num_kv_heads, f"use a divisor of --num-heads {cfg.num_heads}", "does not divide the query heads")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
@@ -256,12 +262,12 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     # Parallel layout: TP groups of consecutive ranks, DP over the rest.
     if world_size % cfg.tp:
         raise ConfigError("--tp", cfg.tp, f"use a divisor of the world size {world_size}", "does not divide the number of processes")
-    for heads in ("num_heads", "num_kv_heads"):
-        n = getattr(cfg, heads)
-        if heads == "num_kv_heads" and cfg.tp > n and cfg.tp % n == 0:
-            continue  # more TP ranks than KV heads: each KV head is replicated on tp / n ranks
-        if n % cfg.tp:
-            raise ConfigError("--tp", cfg.tp, f"use a TP size that divides {flag_name(heads)} {n}", "does not divide the heads")
+    if cfg.num_heads % cfg.tp:
+        raise ConfigError("--tp", cfg.tp, f"use a TP size that divides --num-heads {cfg.num_heads}", "does not divide the query heads")
+    if cfg.num_kv_heads % cfg.tp and cfg.tp % cfg.num_kv_heads:
+        # tp > kv heads is fine when each KV head is replicated on tp / kv ranks (gradients summed over them)
+        raise ConfigError("--tp", cfg.tp, f"use a TP size that divides --num-kv-heads {cfg.num_kv_heads} or is a multiple of it",
+                          "neither divides nor is divided by the KV heads")
     if cfg.ffn_hidden_size % cfg.tp:
         raise ConfigError("--tp", cfg.tp, f"use a TP size that divides --ffn-hidden-size {cfg.ffn_hidden_size}", "does not divide the FFN")
     if cfg.sequence_parallel and cfg.seq_length % cfg.tp:
@@ -281,7 +287,9 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
         gas = gbs // (mbs * dp)
     gas = gas or 1
     gbs = mbs * gas * dp
-    return dataclasses.replace(cfg, grad_accum_steps=gas, global_batch_size=gbs)
+    # With one TP rank there is no sequence to shard: the flag is a no-op, recorded as off.
+    sp = cfg.sequence_parallel and cfg.tp > 1
+    return dataclasses.replace(cfg, grad_accum_steps=gas, global_batch_size=gbs, sequence_parallel=sp)
 
 
 def to_dict(cfg: EngineConfig) -> dict[str, Any]:

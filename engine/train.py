@@ -8,6 +8,11 @@ Order of work, so that bad input fails before anything is written:
    divided by the GLOBAL token count (exact gradient whatever mbs x GAS x DP split);
    NaN/Inf stops the run before the optimizer step (the last checkpoint is never overwritten);
    SIGTERM / SIGUSR1 save a checkpoint at the next step boundary and exit 0.
+
+Parallelism (docs/parallelism.md): `GradSync` completes gradients during the last micro-batch's
+backward (TP sums, DP reduce-scatter per bucket), the optimizer steps its ZeRO-1 shard, and
+`ParamGather` all-gathers the updated parameters while the next forward starts. A single process
+has neither (no hooks, no collectives): its numbers are those of the plain loop.
 """
 
 import json
@@ -28,14 +33,15 @@ from engine.data.loader import BatchLoader
 from engine.data.sources import build_data
 from engine.distributed import ParallelState, init_parallel, shutdown_parallel
 from engine.env import launch_env
-from engine.errors import ConfigError, TrainingDiverged
+from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
 from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
 from engine.metrics import MetricsWriter
 from engine.model import IGNORE_INDEX, Transformer, build_model
 from engine.ops import resolve_ops
 from engine.optim import FlatBuffers, MixedPrecisionAdamW, lr_at
-from engine.parallel import gather_params, reduce_grads
+from engine.parallel import (GradSync, ParamGather, apply_tensor_parallel, global_param_count, load_optimizer_state,
+                             optimizer_state)
 from engine.runinfo import device_name, header_lines
 
 __all__ = ["pretrain", "resolve_device", "Trainer"]
@@ -83,9 +89,10 @@ class Trainer:
         # 2. everything that can reject the input, before anything is written
         self.resume_from = find_checkpoint(cfg.resume, self.save_dir)
         self.resume_meta = None
+        self.resharding = False  # resuming a checkpoint written with another DP size
         if self.resume_from is not None:
             self.resume_meta = read_meta(self.resume_from)
-            check_compatible(self.resume_meta, cfg, self.resume_from, self.layout)
+            self.resharding = check_compatible(self.resume_meta, cfg, self.resume_from, self.layout)
         cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else self.run_dir / "data"
         self.data = build_data(cfg, cache_dir=cache, dp_rank=par.dp_rank, dp_size=par.dp_size, global_rank=par.rank,
                                world_size=par.world_size)
@@ -98,8 +105,11 @@ class Trainer:
 
         # 3. model and optimizer; a damaged checkpoint is rejected here, still before any write
         self.model: Transformer = build_model(cfg, par, self.ops, dtype)
-        self.buffers = FlatBuffers(self.model, dp_size=par.dp_size)
+        grad_sums = apply_tensor_parallel(self.model, cfg, par)
+        self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4)
         self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par)
+        self.grad_sync = GradSync(self.buffers, par, grad_sums, overlap=cfg.overlap_grad_reduce)
+        self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
         self.step = 0
         if self.resume_from is not None:
             self._restore(self.resume_from)
@@ -110,7 +120,7 @@ class Trainer:
             write_text_atomic(self.run_dir / "config.json", _json(to_dict(cfg)))
         self.metrics = MetricsWriter(self.run_dir, enabled=par.is_main, tensorboard=cfg.tensorboard,
                                      append=self.resume_from is not None)
-        n_params = sum(p.numel() for p in self.model.parameters())
+        n_params = global_param_count(self.model, par)
         for line in header_lines(device=par.device, launcher=launcher, world=par.world_size, tp=par.tp_size,
                                  dp=par.dp_size, op_versions=self.ops.versions, data=self.data.description,
                                  params=n_params, matmul_params=matmul_params(cfg),
@@ -122,17 +132,17 @@ class Trainer:
 
     # --- checkpoint state ---------------------------------------------------------------------------
 
-    def _state(self) -> dict[str, Any]:
-        rng = {"cpu": torch.get_rng_state()}
-        if self.par.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.par.device)
-        prefix = f"tp{self.par.tp_rank}/" if self.par.tp_size > 1 else ""
-        optim = {prefix + k: v for k, v in self.optimizer.state_tensors().items()}
-        return {
-            "optim": optim,
+    def _state(self, with_rng: bool = True) -> dict[str, Any]:
+        state = {
+            "optim": optimizer_state(self.optimizer, self.par),
             "trainer": {"step": self.step, "adam_step": self.optimizer.adam_step(), "data": self.loader.state_dict()},
-            f"rng/rank{self.par.rank}": rng,
         }
+        if with_rng:
+            rng = {"cpu": torch.get_rng_state()}
+            if self.par.device.type == "cuda":
+                rng["cuda"] = torch.cuda.get_rng_state(self.par.device)
+            state[f"rng/rank{self.par.rank}"] = rng
+        return state
 
     def save(self) -> Path:
         path = save_checkpoint(self.save_dir, self.step, self._state(), meta_for(self.cfg, self.step, self.layout),
@@ -141,16 +151,18 @@ class Trainer:
         return path
 
     def _restore(self, path: Path) -> None:
-        state = self._state()
+        # Per-rank RNG states belong to the saved layout; a resharded resume keeps this run's own.
+        state = self._state(with_rng=not self.resharding)
         load_checkpoint(path, state)
-        prefix = f"tp{self.par.tp_rank}/" if self.par.tp_size > 1 else ""
-        tensors = {k[len(prefix):]: v for k, v in state["optim"].items()}
-        self.optimizer.load_state_tensors(tensors, int(state["trainer"]["adam_step"]))
+        load_optimizer_state(self.optimizer, state["optim"], self.par, int(state["trainer"]["adam_step"]))
+        self.param_gather.start()  # each DP rank restored only its own slices of the parameters
+        self.param_gather.wait_all()
         self.loader.load_state_dict(state["trainer"]["data"])
-        rng = state[f"rng/rank{self.par.rank}"]
-        torch.set_rng_state(rng["cpu"])
-        if "cuda" in rng:
-            torch.cuda.set_rng_state(rng["cuda"], self.par.device)
+        if not self.resharding:
+            rng = state[f"rng/rank{self.par.rank}"]
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng:
+                torch.cuda.set_rng_state(rng["cuda"], self.par.device)
         self.step = int(state["trainer"]["step"])
 
     # --- one optimizer step -------------------------------------------------------------------------
@@ -166,14 +178,20 @@ class Trainer:
         valid = torch.zeros((), dtype=torch.float32, device=self.par.device)
         for _, labels in micro:
             valid += (labels != IGNORE_INDEX).sum()
-        valid = self._all_reduce_dp(valid)
+        # Async: on NCCL this all-reduce queues behind the parameter all-gathers of the last step;
+        # waiting for it only at the first backward lets the first forward overlap them.
+        count = dist.all_reduce(valid, group=self.par.dp_group, async_op=True) if self.par.dp_size > 1 else None
         self.buffers.zero_grads()
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)
-        for inputs, labels in micro:
+        for i, (inputs, labels) in enumerate(micro):
             loss = self.model(inputs, labels)
+            if count is not None:
+                count.wait()
+                count = None
+            self.grad_sync.start_micro_batch(last=i == len(micro) - 1)
             (loss / valid).backward()
             loss_sum += loss.detach()
-        reduce_grads(self.buffers, self.par)
+        self.grad_sync.finish()
         loss_value = (self._all_reduce_dp(loss_sum) / valid).item()
         grad_norm = self.optimizer.grad_norm()
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
@@ -181,7 +199,7 @@ class Trainer:
         self.optimizer.clip(grad_norm)
         lr = lr_at(self.cfg, self.step)
         self.optimizer.step(lr)
-        gather_params(self.buffers, self.par)
+        self.param_gather.start()
         return loss_value, grad_norm, lr
 
     def _divergence_report(self, loss: float, grad_norm: float) -> str:
@@ -217,12 +235,14 @@ class Trainer:
             if cfg.eval_every and self.step == 0:
                 self._evaluate()  # the starting point every later evaluation is read against
             while self.step < cfg.num_steps:
+                # Only the compute stream: a device-wide sync would also wait for the parameter
+                # all-gathers that are meant to overlap the next forward.
                 if self.par.device.type == "cuda":
-                    torch.cuda.synchronize(self.par.device)
+                    torch.cuda.current_stream(self.par.device).synchronize()
                 t0 = time.perf_counter()
                 loss, grad_norm, lr = self.train_step()
                 if self.par.device.type == "cuda":
-                    torch.cuda.synchronize(self.par.device)
+                    torch.cuda.current_stream(self.par.device).synchronize()
                 dt = time.perf_counter() - t0
                 self.step += 1
                 mem = torch.cuda.max_memory_allocated(self.par.device) / 2**30 if self.par.device.type == "cuda" else 0.0
@@ -245,6 +265,7 @@ class Trainer:
                 self.save()
             return 0
         finally:
+            self.param_gather.wait_all()
             self.stop.uninstall()
             self.metrics.close()
 
@@ -255,11 +276,30 @@ def _json(data: dict[str, Any]) -> str:
 
 def pretrain(cfg: EngineConfig) -> int:
     env = launch_env()
-    cfg = resolve(cfg, env.world_size)
-    device_type, dtype = resolve_device(cfg)
-    cfg = replace(cfg, device=device_type, compute_dtype="bf16" if dtype == torch.bfloat16 else "fp32")
-    par = init_parallel(env, cfg.tp, device_type)
     try:
-        return Trainer(cfg, par, dtype, launcher=env.launcher).run()
+        cfg = resolve(cfg, env.world_size)
+        device_type, dtype = resolve_device(cfg)
+        cfg = replace(cfg, device=device_type, compute_dtype="bf16" if dtype == torch.bfloat16 else "fp32")
+        kv_replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
+        par = init_parallel(env, cfg.tp, device_type, kv_replicas=kv_replicas)
+    except ConfigError:
+        _quiet_unless_rank0(env.rank)
+        raise
+    try:
+        trainer = Trainer(cfg, par, dtype, launcher=env.launcher)
+    except ConfigError:
+        shutdown_parallel()
+        _quiet_unless_rank0(env.rank)
+        raise
+    try:
+        return trainer.run()
     finally:
         shutdown_parallel()
+
+
+def _quiet_unless_rank0(rank: int) -> None:
+    """Bad input is the same on every rank: rank 0 prints the one line (the CLI), the others exit 2
+    silently, after a moment, so the launcher does not tear rank 0 down before it has printed."""
+    if rank != 0:
+        time.sleep(2.0)
+        raise SystemExit(EXIT_USAGE)

@@ -5,6 +5,11 @@ math through the op dispatcher (`OpSet`), so kernels and TP slot in without chan
 - QKV and FC1 are column-parallel: each rank owns whole heads / a slice of the FFN.
 - O and FC2 are row-parallel: their outputs are partial sums, all-reduced at the region's end.
 - The embedding and the LM head are vocab-parallel over the padded vocabulary.
+- Under sequence parallelism the residual stream between regions is this rank's block of rows of
+  the flattened [tokens, hidden] activations; regions start with an all-gather and end with a
+  reduce-scatter (engine.distributed.tp_linear), and attention reshapes by `seq_len`.
+- TP backward overlaps each column-parallel input-gradient collective with a weight-gradient GEMM
+  (engine/distributed/tp_linear.py says how, and why FC1 overlaps with FC2's wgrad).
 
 Every parameter also knows how to initialise its shard from the full, layout-independent tensor
 (`init_shard`), so TP = 1 and TP = 2 start from the same model bit for bit.
@@ -17,11 +22,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import EngineConfig
-from engine.distributed import ParallelState, copy_to_tp, reduce_from_tp
+from engine.distributed import (ParallelState, TPComm, column_input, column_parallel_linear, copy_to_tp,
+                                linear_deferred_wgrad, mlp_region, reduce_from_tp, row_output)
 from engine.model.init import Initializer
 from engine.ops import OpSet
 
-__all__ = ["RMSNormWeight", "Rotary", "Attention", "MLP", "VocabEmbedding", "DecoderLayer", "kv_head_range"]
+__all__ = ["RMSNormWeight", "Rotary", "Attention", "MLP", "VocabEmbedding", "DecoderLayer", "kv_head_range", "tp_comm"]
+
+
+def tp_comm(cfg: EngineConfig, par: ParallelState) -> TPComm:
+    return TPComm(size=par.tp_size, group=par.tp_group, sequence_parallel=cfg.sequence_parallel and par.tp_size > 1,
+                  overlap=cfg.tp_comm_overlap)
 
 
 def kv_head_range(num_kv_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -80,7 +91,7 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: EngineConfig, par: ParallelState, ops: OpSet, device, dtype):
         super().__init__()
-        self.par, self.ops = par, ops
+        self.par, self.ops, self.tp = par, ops, tp_comm(cfg, par)
         self.head_dim = cfg.head_dim
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.q_heads = cfg.num_heads // par.tp_size
@@ -104,10 +115,21 @@ class Attention(nn.Module):
             o = init.residual_out(f"{name}.wo", (self.hidden, self.num_heads * d))
             self.o.copy_(o[:, q_rows])
 
-    def forward(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
-        b, s, _ = x.shape
-        x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
-        qkv = F.linear(x, self.qkv)
+    @property
+    def kv_rows(self) -> tuple[int, int]:
+        """Rows of `qkv` holding K and V (replicated over `tp / num_kv_heads` ranks when TP > KV heads)."""
+        q = self.q_heads * self.head_dim
+        return q, q + 2 * self.kv_heads * self.head_dim
+
+    def forward(self, x: torch.Tensor, rotary: Rotary, seq_len: int) -> torch.Tensor:
+        if self.tp.size == 1:
+            b, s, _ = x.shape
+            x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
+            qkv = F.linear(x, self.qkv)
+        else:
+            qkv = column_parallel_linear(x, self.qkv, self.tp)
+            qkv = qkv.view(-1, seq_len, qkv.shape[-1])  # SP: [n, rows] -> [b, s, rows]
+            b, s = qkv.shape[:2]
         d = self.head_dim
         q, k, v = qkv.split([self.q_heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q = rotary(q.view(b, s, self.q_heads, d))
@@ -115,7 +137,9 @@ class Attention(nn.Module):
         v = v.view(b, s, self.kv_heads, d)
         out = self.ops.attention(q, k, v, softmax_scale=self.softmax_scale)
         out = F.linear(out.reshape(b, s, self.q_heads * d), self.o)
-        return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
+        if self.tp.size == 1:
+            return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
+        return row_output(out, self.tp)
 
 
 class MLP(nn.Module):
@@ -123,7 +147,7 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: EngineConfig, par: ParallelState, ops: OpSet, device, dtype):
         super().__init__()
-        self.par, self.ops = par, ops
+        self.par, self.ops, self.tp = par, ops, tp_comm(cfg, par)
         self.ffn, self.hidden = cfg.ffn_hidden_size, cfg.hidden_size
         self.local = cfg.ffn_hidden_size // par.tp_size
         self.fc1 = nn.Parameter(torch.empty(2 * self.local, cfg.hidden_size, device=device, dtype=dtype))
@@ -138,9 +162,16 @@ class MLP(nn.Module):
             self.fc2.copy_(init.residual_out(f"{name}.w_down", (self.hidden, self.ffn))[:, rows])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
-        out = F.linear(self.ops.gemm_fc1(x, self.fc1), self.fc2)
-        return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
+        if self.tp.size == 1:
+            x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
+            out = F.linear(self.ops.gemm_fc1(x, self.fc1), self.fc2)
+            return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
+        if self.tp.overlap:  # FC1's input-gradient collective overlaps FC2's weight-gradient GEMM
+            x, fc2, hand_over = mlp_region(x, self.fc2, self.tp)
+            out = linear_deferred_wgrad(self.ops.gemm_fc1(x, self.fc1), fc2, hand_over)
+        else:
+            out = F.linear(self.ops.gemm_fc1(column_input(x, self.tp), self.fc1), self.fc2)
+        return row_output(out, self.tp)
 
 
 class VocabEmbedding(nn.Module):
@@ -149,7 +180,7 @@ class VocabEmbedding(nn.Module):
 
     def __init__(self, cfg: EngineConfig, par: ParallelState, device, dtype):
         super().__init__()
-        self.par = par
+        self.par, self.tp = par, tp_comm(cfg, par)
         self.padded = cfg.padded_vocab_size
         self.local = self.padded // par.tp_size
         self.start = par.tp_rank * self.local
@@ -168,7 +199,7 @@ class VocabEmbedding(nn.Module):
         outside = (local < 0) | (local >= self.local)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
+        return row_output(out, self.tp)
 
 
 class DecoderLayer(nn.Module):
@@ -184,13 +215,13 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = RMSNormWeight(cfg.hidden_size, device, dtype)
         self.mlp = MLP(cfg, par, ops, device, dtype)
 
-    def forward(self, residual: torch.Tensor, branch: torch.Tensor | None, rotary: Rotary):
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor | None, rotary: Rotary, seq_len: int):
         if branch is None:  # first layer: the residual stream is the embedding output
             hidden = self.ops.rmsnorm(residual, self.attn_norm.weight, eps=self.eps)
         else:
             hidden, residual = self.ops.rmsnorm(branch, self.attn_norm.weight, eps=self.eps,
                                                 residual=residual, residual_scale=self.residual_scale)
-        branch = self.attn(hidden, rotary)
+        branch = self.attn(hidden, rotary, seq_len)
         hidden, residual = self.ops.rmsnorm(branch, self.mlp_norm.weight, eps=self.eps,
                                             residual=residual, residual_scale=self.residual_scale)
         return residual, self.mlp(hidden)

@@ -11,9 +11,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from engine.config import EngineConfig
-from engine.distributed import ParallelState, copy_to_tp
+from engine.distributed import ParallelState, column_input
+from engine.distributed.collectives import all_gather_new
 from engine.model.init import Initializer
-from engine.model.layers import DecoderLayer, RMSNormWeight, Rotary, VocabEmbedding
+from engine.model.layers import DecoderLayer, RMSNormWeight, Rotary, VocabEmbedding, tp_comm
 from engine.ops import OpSet
 
 __all__ = ["Transformer", "build_model", "IGNORE_INDEX"]
@@ -34,6 +35,7 @@ class Transformer(nn.Module):
         self.logit_divisor = cfg.hidden_size / cfg.dim_model_base if cfg.mup else 1.0
         self.residual_scale = self.layers[0].residual_scale
         self.checkpoint_layers = cfg.activation_checkpointing
+        self.tp = tp_comm(cfg, par)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -50,16 +52,18 @@ class Transformer(nn.Module):
         self.lm_head.copy_(full[self.embed.start:self.embed.start + self.embed.local])
 
     def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [b, s] -> final normed hidden states [b, s, h], already divided for the LM head."""
+        """tokens [b, s] -> final normed hidden states [b, s, h], already divided for the LM head.
+        Sequence parallel: this TP rank's block of rows of them, [b * s / tp, h]."""
+        seq_len = tokens.shape[1]
         residual = self.embed(tokens)
         if self.emb_scale != 1.0:
             residual = residual * self.emb_scale
         branch = None
         for layer in self.layers:
             if self.checkpoint_layers and torch.is_grad_enabled():
-                residual, branch = checkpoint(layer, residual, branch, self.rotary, use_reentrant=False)
+                residual, branch = checkpoint(layer, residual, branch, self.rotary, seq_len, use_reentrant=False)
             else:
-                residual, branch = layer(residual, branch, self.rotary)
+                residual, branch = layer(residual, branch, self.rotary, seq_len)
         hidden, _ = self.ops.rmsnorm(branch, self.final_norm.weight, eps=self.cfg.rms_norm_eps,
                                      residual=residual, residual_scale=self.residual_scale)
         if self.logit_divisor != 1.0:
@@ -73,7 +77,7 @@ class Transformer(nn.Module):
         so every token weighs the same however the batch is split.
         """
         hidden = self.hidden_states(tokens)
-        hidden = copy_to_tp(hidden.reshape(-1, hidden.shape[-1]), self.par.tp_group, self.par.tp_size)
+        hidden = column_input(hidden.reshape(-1, hidden.shape[-1]), self.tp)
         return self.ops.gemm_output(hidden, self.lm_head, labels.reshape(-1), vocab_start=self.embed.start,
                                     vocab_size=self.cfg.vocab_size, tp_group=self.par.tp_group)
 
@@ -81,6 +85,8 @@ class Transformer(nn.Module):
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """Full logits [b, s, vocab_size] in fp32, gathered across TP: for tests and export checks only."""
         hidden = self.hidden_states(tokens)
+        if self.tp.sequence_parallel:
+            hidden = all_gather_new(hidden, self.par.tp_group, self.par.tp_size)[0].view(*tokens.shape, -1)
         local = hidden.float() @ self.lm_head.float().t()
         if self.par.tp_size > 1:
             parts = [torch.empty_like(local) for _ in range(self.par.tp_size)]

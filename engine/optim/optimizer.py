@@ -7,6 +7,11 @@ writes the result back into the model's parameter buffer. One `Segment` is the p
 parameter that lies in an owned range; with DP = 1 every parameter is one whole segment.
 
 Weight decay applies to matrices and embeddings (ndim >= 2), never to norm gains.
+
+Grad norm under TP: every element must count once. A parameter marked `tp_replicated` (norm gains,
+identical on every TP rank) counts on TP rank 0 only; a parameter with `tp_duplicate = (lo, hi)`
+(the K/V rows of QKV when several TP ranks hold the same KV head) skips those flattened elements on
+every rank but the first of the ones sharing them. engine/parallel/tensor_parallel.py sets both.
 """
 
 import math
@@ -33,6 +38,16 @@ class Segment:
     def param_range(self) -> tuple[int, int]:
         """The same range as offsets into the flattened parameter."""
         return self.lo - self.entry.start, self.hi - self.entry.start
+
+    def counted_slices(self) -> list[slice]:
+        """Slices of this segment's gradient that count towards the grad norm on this rank."""
+        dup = getattr(self.entry.param, "tp_duplicate", None)
+        n = self.hi - self.lo
+        if dup is None:
+            return [slice(0, n)]
+        lo, hi = self.param_range
+        a, b = min(max(dup[0] - lo, 0), n), min(max(dup[1] - lo, 0), n)  # the duplicate part, clipped
+        return [part for part in (slice(0, a), slice(b, n)) if part.stop > part.start]
 
 
 class MixedPrecisionAdamW:
@@ -62,6 +77,11 @@ class MixedPrecisionAdamW:
         squares = torch.zeros((), dtype=torch.float32, device=self.buffers.grads.device)
         for s in self.segments:
             if self.par.tp_size > 1 and self.par.tp_rank != 0 and getattr(s.entry.param, "tp_replicated", False):
+                continue
+            if self.par.tp_size > 1 and getattr(s.entry.param, "tp_duplicate", None) is not None:
+                for part in s.counted_slices():
+                    g = s.master.grad[part]
+                    squares += torch.sum(g * g)
                 continue
             squares += torch.sum(s.master.grad * s.master.grad)
         if self.par.dp_size > 1:
@@ -109,18 +129,31 @@ class MixedPrecisionAdamW:
                 return int(state["step"].item())
         return 0
 
+    def moments(self, s: Segment) -> tuple[torch.Tensor, torch.Tensor]:
+        """(exp_avg, exp_avg_sq) of a segment; zeros before the first step."""
+        state = self.adam.state.get(s.master, {})
+        return state.get("exp_avg", torch.zeros_like(s.master)), state.get("exp_avg_sq", torch.zeros_like(s.master))
+
     @torch.no_grad()
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], adam_step: int) -> None:
         """Restore masters and moments (tensors as returned by state_tensors, loaded in place or
         fresh), set the Adam step, and rewrite the model parameters from the masters."""
         for s in self.segments:
             name = s.entry.name
-            s.master.copy_(tensors[f"master/{name}"])
-            if adam_step > 0:
-                state = self.adam.state[s.master]
-                state["exp_avg"] = tensors[f"exp_avg/{name}"].clone()
-                state["exp_avg_sq"] = tensors[f"exp_avg_sq/{name}"].clone()
-                # fused/foreach AdamW keep the step as a float32 tensor (on the device when fused)
-                dev = s.master.device if self.par.device.type == "cuda" else torch.device("cpu")
-                state["step"] = torch.tensor(float(adam_step), dtype=torch.float32, device=dev)
-            self.buffers.params[s.lo:s.hi].copy_(s.master)
+            self.load_segment(s, tensors[f"master/{name}"], tensors[f"exp_avg/{name}"], tensors[f"exp_avg_sq/{name}"],
+                              adam_step)
+
+    @torch.no_grad()
+    def load_segment(self, s: Segment, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                     adam_step: int) -> None:
+        """Restore one segment's master and moments and rewrite its slice of the model parameters.
+        (With DP > 1 the other slices come from their owners: gather the parameters afterwards.)"""
+        s.master.copy_(master)
+        if adam_step > 0:
+            state = self.adam.state[s.master]
+            state["exp_avg"] = exp_avg.clone()
+            state["exp_avg_sq"] = exp_avg_sq.clone()
+            # fused/foreach AdamW keep the step as a float32 tensor (on the device when fused)
+            dev = s.master.device if self.par.device.type == "cuda" else torch.device("cpu")
+            state["step"] = torch.tensor(float(adam_step), dtype=torch.float32, device=dev)
+        self.buffers.params[s.lo:s.hi].copy_(s.master)

@@ -1,5 +1,10 @@
-"""Applying data parallelism around the optimizer: gradient reduction and parameter gathering."""
+"""Applying TP and DP to a model and its optimizer: gradient sums and reduce-scatters, parameter
+all-gathers overlapped with the forward, and checkpointable ZeRO-1 optimizer state."""
 
-from engine.parallel.data_parallel import gather_params, reduce_grads
+from engine.parallel.grad_sync import GradSync
+from engine.parallel.param_gather import ParamGather, use_points
+from engine.parallel.tensor_parallel import GradSum, apply_tensor_parallel, global_param_count
+from engine.parallel.zero_state import load_optimizer_state, optimizer_state
 
-__all__ = ["reduce_grads", "gather_params"]
+__all__ = ["GradSync", "ParamGather", "use_points", "GradSum", "apply_tensor_parallel", "global_param_count", "optimizer_state",
+           "load_optimizer_state"]

@@ -1,0 +1,185 @@
+"""Tensor-parallel linear layers whose backward hides the input-gradient collective behind a GEMM.
+
+A column-parallel layer's input gradient is a partial sum on every TP rank and must be all-reduced
+(reduce-scattered under sequence parallelism) before the norm below it can run its backward; the
+weight gradient does not depend on that collective. Megatron therefore launches the collective
+asynchronously, computes the weight gradient meanwhile, and only then waits. Two places here:
+
+- QKV (`column_parallel_linear`): a custom linear, exactly Megatron's scheme: dgrad, launch its
+  all-reduce / reduce-scatter, wgrad, wait. Under sequence parallelism only this rank's rows of
+  the input are saved; the full input is all-gathered again in backward, overlapped with dgrad.
+- FC1 (`mlp_region` + `linear_deferred_wgrad`): FC1 is `ops.gemm_fc1(x, w)`, an op whose backward
+  is one autograd node computing dgrad and wgrad together (the fused CuTeDSL versions are one
+  custom Function; torch gives a custom Function a static `needs_input_grad`, so asking autograd
+  for dgrad and wgrad separately would run such a kernel's backward twice, and for the baseline
+  recompute the SwiGLU backward, costing about what the overlap saves). Instead the op stays a
+  black box and FC1's input-gradient collective is overlapped with the GEMM that precedes it in
+  backward: FC2's weight gradient. FC2's node returns only its dgrad and hands (grad_out, input)
+  to the region node at FC1's input, which launches the collective, computes FC2's wgrad, waits,
+  and returns FC2's weight gradient as an output of its own (the FC2 weight enters the layer
+  through that node). Autograd's dependency order guarantees the region node runs after FC2's
+  and the op's nodes. Same FLOPs as without overlap, the op contract untouched.
+
+With `overlap` off, the same layers use the plain `copy_to_tp` / `gather_from_sp` operators. With
+TP = 1 the model never calls any of this (plain F.linear, bitwise the single-process engine).
+Activation checkpointing works: everything a backward needs is saved with save_for_backward, and
+the hand-over object lives inside one forward (a recomputed forward makes its own).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from engine.distributed.collectives import all_gather_new, reduce_scatter_new
+from engine.distributed.comm import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+
+__all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "mlp_region", "linear_deferred_wgrad",
+           "WgradHandOver"]
+
+
+@dataclass(frozen=True)
+class TPComm:
+    """How a layer talks to its TP group: size, group, sequence parallelism, backward overlap."""
+
+    size: int
+    group: "dist.ProcessGroup | None"
+    sequence_parallel: bool = False
+    overlap: bool = True
+
+
+def column_input(x: torch.Tensor, tp: TPComm) -> torch.Tensor:
+    """Start of a TP region (input of a column-parallel layer) without overlap.
+    SP: this rank's rows [n / tp, h] -> all rows [n, h]."""
+    if tp.sequence_parallel:
+        return gather_from_sp(x.reshape(-1, x.shape[-1]), tp.group, tp.size)
+    return copy_to_tp(x, tp.group, tp.size)
+
+
+def row_output(y: torch.Tensor, tp: TPComm) -> torch.Tensor:
+    """End of a TP region (output of a row-parallel layer, partial sums on every rank).
+    SP: [.., h] -> this rank's rows of the sum [n / tp, h]."""
+    if tp.sequence_parallel:
+        return reduce_scatter_to_sp(y.reshape(-1, y.shape[-1]), tp.group, tp.size)
+    return reduce_from_tp(y, tp.group, tp.size)
+
+
+def _start_input_grad_comm(grad: torch.Tensor, tp: TPComm):
+    """Launch the collective that completes a column-parallel input gradient [n, h] (we own `grad`)."""
+    if tp.sequence_parallel:
+        return reduce_scatter_new(grad, tp.group, tp.size, async_op=True)
+    return grad, dist.all_reduce(grad, group=tp.group, async_op=True)
+
+
+class _ColumnParallelLinear(torch.autograd.Function):
+    """y = x @ w^T where w is this rank's row block; backward overlaps dgrad's collective with wgrad."""
+
+    @staticmethod
+    def forward(ctx, x, w, tp):  # type: ignore[override]
+        ctx.tp, ctx.in_shape = tp, x.shape
+        x2 = x.reshape(-1, x.shape[-1])
+        full = all_gather_new(x2, tp.group, tp.size)[0] if tp.sequence_parallel else x2
+        ctx.save_for_backward(x2, w)
+        y = F.linear(full, w)
+        return y if tp.sequence_parallel else y.view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_y):  # type: ignore[override]
+        x2, w = ctx.saved_tensors
+        tp = ctx.tp
+        g = grad_y.reshape(-1, grad_y.shape[-1])
+        gather = None
+        if tp.sequence_parallel:  # the full input is needed only for wgrad: gather it while dgrad runs
+            full, gather = all_gather_new(x2, tp.group, tp.size, async_op=True)
+        else:
+            full = x2
+        grad_x = g.mm(w)
+        grad_x, comm = _start_input_grad_comm(grad_x, tp)
+        if gather is not None:
+            gather.wait()
+        grad_w = g.t().mm(full)
+        comm.wait()
+        if not tp.sequence_parallel:
+            grad_x = grad_x.view(ctx.in_shape)
+        return grad_x, grad_w, None
+
+
+def column_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm) -> torch.Tensor:
+    """Column-parallel linear for TP > 1: [.., h] (SP: [n / tp, h]) -> [.., rows] (SP: [n, rows])."""
+    if tp.overlap:
+        return _ColumnParallelLinear.apply(x, w, tp)
+    return F.linear(column_input(x, tp), w)
+
+
+class WgradHandOver:
+    """Carries FC2's (grad_output, input) from its backward node to the MLP region's node."""
+
+    def __init__(self) -> None:
+        self.grad_out: torch.Tensor | None = None
+        self.inp: torch.Tensor | None = None
+
+
+class _MLPRegion(torch.autograd.Function):
+    """Forward: the region's input (SP: all-gathered) and an alias of FC2's weight.
+    Backward: launch the input-gradient collective, compute FC2's wgrad, wait."""
+
+    @staticmethod
+    def forward(ctx, x, w_next, hand_over, tp):  # type: ignore[override]
+        ctx.tp, ctx.hand_over, ctx.in_shape = tp, hand_over, x.shape
+        ctx.set_materialize_grads(False)
+        if tp.sequence_parallel:
+            x_out = all_gather_new(x.reshape(-1, x.shape[-1]), tp.group, tp.size)[0]
+        else:
+            x_out = x.view_as(x)
+        return x_out, w_next.view_as(w_next)
+
+    @staticmethod
+    def backward(ctx, grad_x, grad_w_next):  # type: ignore[override]
+        tp, hand = ctx.tp, ctx.hand_over
+        comm = None
+        if grad_x is not None:
+            g = grad_x.reshape(-1, grad_x.shape[-1])
+            if not tp.sequence_parallel:
+                # autograd may share an incoming gradient with another consumer: reduce a private copy
+                g = g.clone(memory_format=torch.contiguous_format)
+            grad_x, comm = _start_input_grad_comm(g, tp)
+        if hand.grad_out is not None:
+            go = hand.grad_out.reshape(-1, hand.grad_out.shape[-1])
+            gw = go.t().mm(hand.inp.reshape(-1, hand.inp.shape[-1]))
+            grad_w_next = gw if grad_w_next is None else grad_w_next + gw
+            hand.grad_out = hand.inp = None
+        if comm is not None:
+            comm.wait()
+            if not tp.sequence_parallel:
+                grad_x = grad_x.view(ctx.in_shape)
+        return grad_x, grad_w_next, None, None
+
+
+def mlp_region(x: torch.Tensor, w_next: torch.Tensor, tp: TPComm) -> tuple[torch.Tensor, torch.Tensor, WgradHandOver]:
+    """Start of the MLP's TP region with FC2's weight routed through it (see the module docstring).
+    Returns (FC1 input, FC2 weight to use, the hand-over for `linear_deferred_wgrad`)."""
+    hand = WgradHandOver()
+    x_out, w_alias = _MLPRegion.apply(x, w_next, hand, tp)
+    return x_out, w_alias, hand
+
+
+class _LinearDeferredWgrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, hand_over):  # type: ignore[override]
+        ctx.hand_over = hand_over
+        ctx.save_for_backward(x, w)
+        return F.linear(x, w)
+
+    @staticmethod
+    def backward(ctx, grad_y):  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        grad_x = grad_y.matmul(w) if ctx.needs_input_grad[0] else None
+        if ctx.needs_input_grad[1]:
+            ctx.hand_over.grad_out, ctx.hand_over.inp = grad_y, x
+        return grad_x, None, None
+
+
+def linear_deferred_wgrad(x: torch.Tensor, w: torch.Tensor, hand_over: WgradHandOver) -> torch.Tensor:
+    """F.linear(x, w) whose weight gradient is computed later by the `mlp_region` that produced w."""
+    return _LinearDeferredWgrad.apply(x, w, hand_over)

@@ -1,0 +1,86 @@
+"""Optimizer state in a checkpoint, in a form DCP can reshard across data-parallel sizes.
+
+With DP = 1 every parameter is one whole segment and is saved as plain tensors
+`[tp{r}/]{master,exp_avg,exp_avg_sq}/<name>` (the single-process format). With DP > 1 a rank owns
+only a contiguous piece [lo, hi) of some flattened parameters (ZeRO-1, FlatBuffers.shard_ranges),
+so each such key becomes a ShardedTensor: the flattened global parameter, of which this rank
+contributes its piece and every other DP rank of its TP rank its own. DCP stores the pieces with
+their offsets and, on load, reads whatever overlaps the pieces the loading run asks for; a plain
+tensor is the one-piece case. So a checkpoint loads on any DP size (and export-hf reads full
+tensors) with no gather on save and no extra memory: each rank writes and reads only its shard.
+Why not DTensor: its Shard placement cuts a tensor into torch.chunk-sized pieces, and ZeRO pieces
+follow bucket boundaries instead. Why not gathering full tensors on save: it would need the full
+fp32 masters and moments (12 bytes per parameter) on one rank.
+
+The TP size must match (parameters are sliced differently per TP size); engine.checkpoint refuses
+a checkpoint of another TP size with both layouts named.
+"""
+
+from typing import Any
+
+import torch
+# guard: allow public-surface -- DCP reshards irregular 1-D pieces only as ShardedTensor, which torch keeps in _shard
+from torch.distributed._shard import sharded_tensor as st
+
+from engine.distributed import ParallelState
+from engine.optim import MixedPrecisionAdamW
+from engine.optim.buffers import FlatBuffers
+
+__all__ = ["optimizer_state", "load_optimizer_state", "KINDS"]
+
+KINDS = ("master", "exp_avg", "exp_avg_sq")
+
+
+def _prefix(par: ParallelState) -> str:
+    return f"tp{par.tp_rank}/" if par.tp_size > 1 else ""
+
+
+def _pieces(buffers: FlatBuffers, par: ParallelState) -> dict[str, list[tuple[int, int, int]]]:
+    """Parameter name -> [(global rank, lo, hi)] pieces of the flattened parameter, over this TP rank's DP group."""
+    out: dict[str, list[tuple[int, int, int]]] = {e.name: [] for e in buffers.entries}
+    for d in range(par.dp_size):
+        rank = d * par.tp_size + par.tp_rank
+        for b, (lo, hi) in zip(buffers.buckets, buffers.shard_ranges(d)):
+            for e in b.entries:
+                a, z = max(lo, e.start), min(hi, e.end)
+                if a < z:
+                    out[e.name].append((rank, a - e.start, z - e.start))
+    return out
+
+
+def _sharded(local: torch.Tensor, numel: int, pieces: list[tuple[int, int, int]], rank: int) -> "st.ShardedTensor":
+    device = str(local.device)
+    metas = [st.ShardMetadata(shard_offsets=[lo], shard_sizes=[hi - lo], placement=f"rank:{r}/{device}")
+             for r, lo, hi in pieces]
+    mine = [st.Shard(local, m) for (r, _, _), m in zip(pieces, metas) if r == rank]
+    meta = st.ShardedTensorMetadata(shards_metadata=metas, size=torch.Size([numel]),
+                                    tensor_properties=st.TensorProperties(dtype=local.dtype))
+    # every rank knows every piece (shard_ranges is a pure function of the layout): no collective needed
+    return st.ShardedTensor._init_from_local_shards_and_global_metadata(mine, meta)  # guard: allow public-surface -- see the import
+
+
+def optimizer_state(optimizer: MixedPrecisionAdamW, par: ParallelState) -> dict[str, Any]:
+    """This rank's masters and moments, keyed for DCP (the masters themselves, so a load is in place)."""
+    prefix = _prefix(par)
+    if par.dp_size == 1:
+        return {prefix + k: v for k, v in optimizer.state_tensors().items()}
+    pieces = _pieces(optimizer.buffers, par)
+    out: dict[str, Any] = {}
+    for s in optimizer.segments:
+        exp_avg, exp_avg_sq = optimizer.moments(s)
+        for kind, tensor in zip(KINDS, (s.master, exp_avg, exp_avg_sq)):
+            out[f"{prefix}{kind}/{s.entry.name}"] = _sharded(tensor, s.entry.numel, pieces[s.entry.name], par.rank)
+    return out
+
+
+def load_optimizer_state(optimizer: MixedPrecisionAdamW, state: dict[str, Any], par: ParallelState,
+                         adam_step: int) -> None:
+    """Install what DCP loaded into `state` (a dict built by optimizer_state). With DP > 1 each rank
+    rewrites only its own slices of the parameters: gather them afterwards."""
+    prefix = _prefix(par)
+    if par.dp_size == 1:
+        optimizer.load_state_tensors({k[len(prefix):]: v for k, v in state.items()}, adam_step)
+        return
+    for s in optimizer.segments:
+        values = [state[f"{prefix}{kind}/{s.entry.name}"].local_shards()[0].tensor for kind in KINDS]
+        optimizer.load_segment(s, *values, adam_step)

@@ -1,0 +1,127 @@
+"""TP = 2 and DP = 2 (two real gloo processes) against the single-process engine, same init and data.
+
+All runs are fp32 on CPU, tiny preset, seq 64, global batch 4 samples. The parallel layouts compute
+the same sums in another order (row-parallel partial sums, split grad-norm squares), so they agree
+to float32 rounding, which Adam can amplify a little over 20 steps:
+- logits from the same init and after 20 steps: rel. 1e-5 (observed 2e-7);
+- 20-step losses: rel. 1e-5 (observed <= 2e-7); grad norms the same (observed <= 6e-7); the grad
+  norm is the sharp check that TP-replicated weights (norm gains, replicated K/V rows) count once:
+  double counting the norm gains or a K/V head changes it by percents;
+- DP = 2 x GAS 1 against DP = 1 x GAS 2: 1e-6 (the fp32 sum of two micro-batch gradients is the
+  same two numbers added in either order; observed: losses equal bit for bit, grad norms 1e-7,
+  whose squares are summed per rank first);
+- overlap on / off: the same collectives on the same numbers, bit for bit.
+"""
+
+import math
+
+import pytest
+import torch
+
+from tests.parallel.workers import single_run, spawn
+
+TP2 = {"tp": 2}
+SCENARIOS = [
+    ("tp2", TP2, 20),
+    ("tp2_sp", {"tp": 2, "sequence_parallel": True}, 20),
+    ("tp2_no_overlap", {"tp": 2, "tp_comm_overlap": False}, 5),
+    ("tp2_kv1", {"tp": 2, "num_kv_heads": 1}, 10),  # one KV head replicated on both TP ranks
+    ("dp2", {"micro_batch_size": 2, "ddp_bucket_mb": 0.3}, 20),  # ~6 buckets
+    ("dp2_no_overlap", {"micro_batch_size": 2, "ddp_bucket_mb": 0.3, "overlap_grad_reduce": False,
+                        "overlap_param_gather": False}, 5),
+]
+
+
+GAS2 = {"micro_batch_size": 2, "grad_accum_steps": 2}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the spawned ranks: the same GEMM blocking
+    try:
+        return {
+            "ref": single_run({}, 20),
+            "ref_kv1": single_run({"num_kv_heads": 1}, 10),
+            "ref_gas2": single_run(GAS2, 20),
+            # a single-process checkpoint after 4 steps, for DP 2 to resume (plain tensors -> ZeRO shards)
+            "ckpt_gas2": single_run(GAS2, 4, save_to=str(tmp_path_factory.mktemp("single_ckpt")))["checkpoint"],
+        }
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def world2(tmp_path_factory, single):
+    resume = ("dp2_from_dp1", {"micro_batch_size": 2, "ddp_bucket_mb": 0.3, "resume": single["ckpt_gas2"]}, 4)
+    return spawn(2, SCENARIOS + [resume], tmp_path_factory.mktemp("world2"))
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+def tensor_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def assert_trajectories(got, want, tol: float, what: str) -> None:
+    assert len(got) <= len(want)
+    for step, ((loss, norm), (ref_loss, ref_norm)) in enumerate(zip(got, want), start=1):
+        assert math.isfinite(loss) and rel(loss, ref_loss) < tol, f"{what} step {step}: loss {loss} vs {ref_loss}"
+        assert rel(norm, ref_norm) < tol, f"{what} step {step}: grad norm {norm} vs {ref_norm}"
+
+
+def test_tp2_logits_match_single_process(world2, single):
+    assert world2["tp2"]["layout"] == (2, 1)
+    assert tensor_rel(world2["tp2"]["logits0"], single["ref"]["logits0"]) < 1e-5
+    assert tensor_rel(world2["tp2"]["logits"], single["ref"]["logits"]) < 1e-5
+
+
+def test_tp2_twenty_steps_match_single_process(world2, single):
+    assert_trajectories(world2["tp2"]["steps"], single["ref"]["steps"], 1e-5, "tp2")
+    first, last = single["ref"]["steps"][0][0], single["ref"]["steps"][-1][0]
+    assert last < first - 1.0  # it trains
+
+
+def test_sequence_parallel_matches_single_process(world2, single):
+    assert tensor_rel(world2["tp2_sp"]["logits0"], single["ref"]["logits0"]) < 1e-5
+    assert_trajectories(world2["tp2_sp"]["steps"], single["ref"]["steps"], 1e-5, "tp2 + sequence parallel")
+    # the norm-gain sums ran from backward hooks, once per step (one bucket at the default size)
+    assert world2["tp2_sp"]["launched_by_backward"] == [1] * 20
+
+
+def test_replicated_kv_heads_match_single_process(world2, single):
+    """num_kv_heads 1 at TP 2: both ranks hold the KV head; its gradient is summed over them and
+    counted once in the grad norm."""
+    got, want = world2["tp2_kv1"], single["ref_kv1"]
+    assert tensor_rel(got["logits0"], want["logits0"]) < 1e-5
+    assert_trajectories(got["steps"], want["steps"], 1e-5, "tp2 kv1")
+    assert tensor_rel(got["logits"], want["logits"]) < 1e-5
+
+
+def test_tp_comm_overlap_is_the_same_math(world2):
+    assert world2["tp2_no_overlap"]["steps"] == world2["tp2"]["steps"][:5]
+
+
+def test_dp2_equals_gas2(world2, single):
+    assert world2["dp2"]["layout"] == (1, 2)
+    assert_trajectories(world2["dp2"]["steps"], single["ref_gas2"]["steps"], 1e-6, "dp2 vs gas2")
+    assert_trajectories(world2["dp2"]["steps"], single["ref"]["steps"], 1e-5, "dp2 vs mbs 4")
+
+
+def test_dp_overlap_launches_from_backward_and_gathers_behind_the_forward(world2):
+    on, off = world2["dp2"], world2["dp2_no_overlap"]
+    assert on["buckets"] >= 4
+    # every bucket's reduce-scatter was launched by backward itself, none left for finish()
+    assert on["launched_by_backward"] == [on["buckets"]] * 20
+    # after each step every bucket's all-gather is still in flight: the next forward waits for them
+    assert on["gathers_in_flight_after_step"] == [on["buckets"]] * 20
+    assert off["launched_by_backward"] == [0] * 5 and off["gathers_in_flight_after_step"] == [0] * 5
+    assert off["steps"] == on["steps"][:5]
+
+
+def test_dp2_resumes_a_single_process_checkpoint(world2, single):
+    """Plain per-parameter tensors saved by one process, loaded as DP 2's ZeRO-1 shards: steps 5-8
+    continue the one-process run (1e-6, as DP 2 vs GAS 2)."""
+    assert_trajectories(world2["dp2_from_dp1"]["steps"], single["ref_gas2"]["steps"][4:8], 1e-6, "dp2 from a dp1 checkpoint")

@@ -1,0 +1,108 @@
+"""Training scenarios run by every rank of a gloo process group (torch.multiprocessing spawns them).
+
+A module of its own (not a test file) so spawned children can import it. Each scenario builds the
+real Trainer on a real ParallelState (engine.distributed.init_parallel) and steps it; rank 0
+returns the numbers to the test through a file. `single_run` is the same code on one process, the
+reference every parallel layout is compared with.
+"""
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from engine.config import build_config, resolve
+from engine.distributed import ParallelState, init_parallel
+from engine.env import LaunchEnv
+from engine.train import Trainer
+
+__all__ = ["BASE", "make_config", "single_run", "spawn", "run_trainer", "fixed_tokens"]
+
+# tiny preset, fp32 on CPU, short sequences: a 20-step trajectory takes about a second per process.
+BASE: dict[str, Any] = dict(preset="tiny", device="cpu", compute_dtype="fp32", seq_length=64, micro_batch_size=4,
+                            eval_steps=0, num_steps=20, warmup_steps=2, save_final=False)
+
+
+def make_config(overrides: dict[str, Any], world: int, run_dir: str):
+    return resolve(build_config({**BASE, **overrides, "run_dir": run_dir}), world)
+
+
+def fixed_tokens(vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, 64), generator=torch.Generator().manual_seed(7))
+
+
+def run_trainer(trainer: Trainer, steps: int) -> dict[str, Any]:
+    """Logits of a fixed batch before and after `steps` steps, and each step's (loss, grad norm)."""
+    tokens = fixed_tokens(trainer.cfg.vocab_size)
+    out: dict[str, Any] = {"logits0": trainer.model.logits(tokens), "steps": [], "launched_by_backward": [],
+                           "gathers_in_flight_after_step": [], "buckets": len(trainer.buffers.buckets)}
+    for _ in range(steps):
+        loss, grad_norm, _ = trainer.train_step()
+        trainer.step += 1
+        out["steps"].append((loss, grad_norm))
+        out["launched_by_backward"].append(trainer.grad_sync.launched_by_backward)
+        out["gathers_in_flight_after_step"].append(trainer.param_gather.in_flight)
+    out["logits"] = trainer.model.logits(tokens)
+    trainer.param_gather.wait_all()
+    if trainer.par.world_size == 1:
+        out["weights"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        out["config"] = trainer.cfg
+    return out
+
+
+def single_run(overrides: dict[str, Any], steps: int, save_to: str = "") -> dict[str, Any]:
+    """One process; with `save_to`, a checkpoint of the last step is written under that run dir."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = make_config(overrides, 1, save_to or tmp)
+        trainer = Trainer(cfg, ParallelState.single(torch.device("cpu")), torch.float32)
+        out = run_trainer(trainer, steps)
+        if save_to:
+            out["checkpoint"] = str(trainer.save())
+        trainer.metrics.close()
+        return out
+
+
+def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: list[tuple[str, dict, int]]) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    env = LaunchEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world, launcher="spawn",
+                    slurm_job_id="")
+    results = {}
+    try:
+        for name, overrides, steps in scenarios:
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg = make_config(overrides, world, tmp)
+                replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
+                par = init_parallel(env, cfg.tp, "cpu", kv_replicas=replicas)
+                trainer = Trainer(cfg, par, torch.float32, launcher="spawn")
+                results[name] = run_trainer(trainer, steps)
+                results[name]["layout"] = (par.tp_size, par.dp_size)
+                results[name]["placement"] = _placement(par, world)
+                trainer.metrics.close()
+                dist.barrier()
+        if rank == 0:
+            torch.save(results, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def _placement(par: ParallelState, world: int) -> list[dict[str, Any]]:
+    """Every rank's coordinates and group members (all-gathered, so rank 0 can report them all)."""
+    def members(group):
+        return dist.get_process_group_ranks(group) if group is not None else None
+
+    mine = {"rank": par.rank, "tp_rank": par.tp_rank, "dp_rank": par.dp_rank, "tp": members(par.tp_group),
+            "dp": members(par.dp_group), "kv": members(par.kv_group), "backend": dist.get_backend(par.tp_group)}
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def spawn(world: int, scenarios: list[tuple[str, dict, int]], tmp: Path) -> dict[str, Any]:
+    """Run `scenarios` (name, config overrides, steps) on `world` gloo processes; rank 0's results."""
+    out_file = tmp / "results.pt"
+    mp.spawn(_rank_main, args=(world, str(tmp / "init"), str(out_file), scenarios), nprocs=world)
+    return torch.load(out_file)
