@@ -12,6 +12,7 @@ causal attention, embeddings 0); the MFU the judge used is the harness-recompute
 
 import base64
 import html
+import importlib.util
 import io
 import json
 import re
@@ -161,6 +162,31 @@ def _overlay_plot(series: dict[str, list[dict[str, float]]]) -> str:
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _png(fig)
+
+
+def _svg_src(svg: str) -> str:
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
+
+
+def _svg_job(name: str, rows: list[dict[str, float]]) -> str:
+    """Loss and MFU side by side as one SVG (no matplotlib: a base-dependencies install)."""
+    from harness.svgplot import line_chart
+
+    loss = line_chart([("loss", [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r])],
+                      title=f"{name}: loss", xlabel="step", ylabel="global_loss")
+    mfu = line_chart([("mfu", [(r["step"], r["mfu"] * 100) for r in rows if "mfu" in r])],
+                     title=f"{name}: MFU (engine-reported)", xlabel="step", ylabel="MFU %")
+    both = (f"<svg xmlns='http://www.w3.org/2000/svg' width='1100' height='300'>"
+            f"<g>{loss}</g><g transform='translate(560 0)'>{mfu}</g></svg>")
+    return _svg_src(both)
+
+
+def _svg_overlay(series: dict[str, list[dict[str, float]]]) -> str:
+    from harness.svgplot import line_chart
+
+    return _svg_src(line_chart([(name, [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r])
+                                for name, rows in series.items()],
+                               title="loss of every job", xlabel="step", ylabel="global_loss", width=1100, height=320))
 
 
 # ---------------------------------------------------------------- html helpers
@@ -335,11 +361,14 @@ def _jobs_section(jobs: dict[str, _JobSeries]) -> str:
     parts.append("</table><p class='small'>MFU as the engine reported it (Megatron count: 6 x matmul parameters incl. LM head "
                  "+ causal attention, embeddings 0, peak 989 TFLOP/s); the judge recomputes it, see the verdict's metrics.</p>")
     with_data = {k: v for k, v in series.items() if v}
+    png = importlib.util.find_spec("matplotlib") is not None
     if len(with_data) > 1:
-        parts.append(f"<img alt='loss of every job' src='data:image/png;base64,{_overlay_plot(with_data)}'>")
+        src = f"data:image/png;base64,{_overlay_plot(with_data)}" if png else _svg_overlay(with_data)
+        parts.append(f"<img alt='loss of every job' src='{src}'>")
     for name, rows in series.items():
         if rows:
-            parts.append(f"<img alt='loss and MFU of {_e(name)}' src='data:image/png;base64,{_job_plot(name, rows)}'>")
+            src = f"data:image/png;base64,{_job_plot(name, rows)}" if png else _svg_job(name, rows)
+            parts.append(f"<img alt='loss and MFU of {_e(name)}' src='{src}'>")
         else:
             parts.append(f"<p class='small'>{_e(name)}: no [LOSS] lines or metrics.jsonl.</p>")
     parts.append("</section>")
