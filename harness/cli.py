@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                              ("max-cost-usd", float, "dollars (unknown prices never count)"),
                              ("max-wall-s", float, "seconds of wall time"), ("max-attempts", int, "judged attempts")):
         run.add_argument(f"--{name}", type=kind, default=None, metavar="N", help=f"budget: {what} (default: the milestone's)")
+    run.add_argument("--agent-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="a keyword option of the agent backend, e.g. model=opus or executable=/opt/claude "
+                          "(VALUE as JSON when it parses, else a string; repeatable)")
     run.add_argument("--max-output-tokens", type=int, default=16_384, metavar="N", help="output limit of each model call")
     run.add_argument("--merge", action="store_true", help="merge the accepted attempt into your checkout's branch")
     run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -111,12 +114,21 @@ def _print_outcome(outcome) -> int:  # noqa: ANN001
 
 def _run(args: argparse.Namespace) -> int:
     from harness.loop import LoopOptions
-    from harness.session import start_run
+    from harness.session import UsageError, start_run
 
     budget = {"max_turns": args.max_turns, "max_tokens": args.max_tokens, "max_cost_usd": args.max_cost_usd,
               "max_wall_s": args.max_wall_s, "max_attempts": args.max_attempts}
+    options = {}
+    for item in args.agent_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--agent-option {item!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
     outcome = start_run(args.milestone, args.agent, budget=budget, merge=args.merge, progress=_progress(args.quiet),
-                        options=LoopOptions(max_output_tokens=args.max_output_tokens))
+                        options=LoopOptions(max_output_tokens=args.max_output_tokens), agent_options=options)
     return _print_outcome(outcome)
 
 

@@ -102,6 +102,23 @@ def _first_line(text: str, limit: int = 110) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def _brief(call: ToolCall, result: ToolResult) -> str:
+    """What the progress view says about a tool result: its gist in one line."""
+    if result.is_error:
+        return "ERROR " + _first_line(result.content, 90)
+    lines = [line for line in result.content.splitlines() if line.strip()]
+    if call.name == "read_file":
+        return f"{len(lines)} lines"
+    if call.name == "search":
+        return f"{len(lines)} matching lines"
+    if lines and lines[0].rstrip().endswith(":") and len(lines) > 1:
+        return _first_line(lines[0] + " " + lines[1].strip(), 90)
+    if call.name == "run" and lines:
+        status = lines[-1].split(";")[0].strip("[") if lines[-1].startswith("[exit code") else ""
+        return _first_line(lines[0], 80) + (f" ({status})" if status and len(lines) > 1 else "")
+    return _first_line(result.content, 90)
+
+
 def _cost(usage: Usage) -> str:
     return "cost unknown" if usage.cost_usd is None else f"${usage.cost_usd:.4f}"
 
@@ -215,7 +232,7 @@ class Loop:
             started = time.monotonic()
             result = ToolResult(call.id, AFTER_SUBMIT, is_error=True) if submitted is not None else execute(call, self.ctx)
             self.record.tool_result(result, duration_s=round(time.monotonic() - started, 3))
-            self.progress("tool", f"{call.name}{self._tool_arg(call)}: {'ERROR ' if result.is_error else ''}{_first_line(result.content, 90)}")
+            self.progress("tool", f"{call.name}{self._tool_arg(call)}: {_brief(call, result)}")
             if result.submitted:
                 submitted = str(call.arguments.get("message", ""))
         if submitted is not None:

@@ -113,6 +113,15 @@ def _job_series(run_dir: Path) -> dict[str, _JobSeries]:
     return out
 
 
+def _right_panel(name: str, rows: list[dict[str, float]]) -> tuple[str, str, list[tuple[float, float]]]:
+    """The second plot of a job: MFU when the engine measured one, else step time (CPU jobs have no MFU
+    peak, and a flat 0 % line says nothing)."""
+    mfu = [(r["step"], r["mfu"] * 100) for r in rows if "mfu" in r]
+    if any(v > 0 for _, v in mfu) or not any("time_s" in r for r in rows):
+        return f"{name}: MFU (engine-reported, Megatron count)", "MFU %", mfu
+    return f"{name}: step time (no MFU: CPU job)", "time_s (s)", [(r["step"], r["time_s"]) for r in rows if "time_s" in r]
+
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -129,13 +138,13 @@ def _job_plot(name: str, rows: list[dict[str, float]]) -> str:
     loss_ax, mfu_ax = fig.subplots(1, 2)
     steps = [r["step"] for r in rows]
     loss = [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r]
-    mfu = [(r["step"], r["mfu"] * 100) for r in rows if "mfu" in r]
+    title, ylabel, right = _right_panel(name, rows)
     if loss:
         loss_ax.plot(*zip(*loss), color="#1f6feb", linewidth=1.6)
     loss_ax.set(title=f"{name}: loss", xlabel="step", ylabel="global_loss")
-    if mfu:
-        mfu_ax.plot(*zip(*mfu), color="#d97706", linewidth=1.6)
-    mfu_ax.set(title=f"{name}: MFU (engine-reported, Megatron count)", xlabel="step", ylabel="MFU %")
+    if right:
+        mfu_ax.plot(*zip(*right), color="#d97706", linewidth=1.6)
+    mfu_ax.set(title=title, xlabel="step", ylabel=ylabel)
     for ax in (loss_ax, mfu_ax):
         ax.grid(alpha=0.3)
         if steps:
@@ -174,8 +183,8 @@ def _svg_job(name: str, rows: list[dict[str, float]]) -> str:
 
     loss = line_chart([("loss", [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r])],
                       title=f"{name}: loss", xlabel="step", ylabel="global_loss")
-    mfu = line_chart([("mfu", [(r["step"], r["mfu"] * 100) for r in rows if "mfu" in r])],
-                     title=f"{name}: MFU (engine-reported)", xlabel="step", ylabel="MFU %")
+    title, ylabel, right = _right_panel(name, rows)
+    mfu = line_chart([("right", right)], title=title, xlabel="step", ylabel=ylabel)
     both = (f"<svg xmlns='http://www.w3.org/2000/svg' width='1100' height='300'>"
             f"<g>{loss}</g><g transform='translate(560 0)'>{mfu}</g></svg>")
     return _svg_src(both)

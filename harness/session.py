@@ -116,22 +116,24 @@ def setup_base(ws: Workspace, milestone: Milestone, home: Path, run_id: str) -> 
                              message=f"setup of milestone {milestone.id}: {milestone.setup}")
 
 
-def _agent_meta(spec: str) -> dict[str, str]:
+def _agent_meta(spec: str, options: dict[str, Any]) -> dict[str, Any]:
     kind, _, rest = spec.partition(":")
     model = rest.rpartition("#")[2] if kind == "openai-compatible" else Path(rest).name if kind == "replay" else rest
-    return {"spec": spec, "backend": kind, "model": model}
+    return {"spec": spec, "backend": kind, "model": str(options.get("model", model)), "options": options}
 
 
-def _make_agent(spec: str, played: int = 0) -> Any:
+def _make_agent(spec: str, options: dict[str, Any], played: int = 0) -> Any:
+    """The agent of `spec`; a replay resumed after `played` recorded turns starts at the next one."""
     from harness.agents import make_agent
+    from harness.protocol import AgentError
 
     if spec.startswith("replay:") and played:
         from harness.agents.replay import ReplayAgent, load_turns
 
         return ReplayAgent(load_turns(Path(spec[len("replay:"):]))[played:], name=spec)
     try:
-        return make_agent(spec)
-    except ValueError as err:
+        return make_agent(spec, **options)
+    except (ValueError, AgentError) as err:
         raise UsageError(str(err)) from None
 
 
@@ -182,8 +184,13 @@ def _drive(*, milestone: Milestone, record: RunRecord, ws: Workspace, agent: Any
 
 def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None, runs_root: Path | None = None,
               budget: dict[str, Any] | None = None, options: Any = None, merge: bool = False,
-              progress: Progress | None = None, run_id: str | None = None) -> RunOutcome:
-    """A new run of `milestone_name` by `agent_spec` on a worktree of the checkout's HEAD."""
+              progress: Progress | None = None, run_id: str | None = None,
+              agent_options: dict[str, Any] | None = None) -> RunOutcome:
+    """A new run of `milestone_name` by `agent_spec` on a worktree of the checkout's HEAD.
+
+    `agent_options` are keyword arguments of the backend (e.g. executable= for a CLI agent); they are
+    recorded (minus anything named like a key or token) so `resume_run` rebuilds the same agent.
+    """
     from harness.loop import LoopOptions
     from harness.prompts import system_prompt
     from harness.settings import runs_dir, temper_home
@@ -195,14 +202,15 @@ def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None,
     options = options or LoopOptions()
     milestone = with_budget(load_spec(milestone_name, home), budget or {})
     head = repo_head(home)
-    agent = _make_agent(agent_spec)
+    agent_options = dict(agent_options or {})
+    agent = _make_agent(agent_spec, agent_options)
     from harness.agents import ChatAgent
 
     run_id = run_id or new_run_id(milestone.id)
     worktree = runs_root.resolve() / run_id / "worktree"
     tools = tool_specs() if isinstance(agent, ChatAgent) else []
     record = RunRecord.create(
-        milestone_id=milestone.id, spec_hash=milestone.spec_hash, agent=_agent_meta(agent_spec), base_commit=head,
+        milestone_id=milestone.id, spec_hash=milestone.spec_hash, agent=_agent_meta(agent_spec, agent_options), base_commit=head,
         branch=f"temper/{run_id}", worktree=worktree, system_prompt=system_prompt(milestone, worktree, tools),
         milestone_path=str(milestone.source), run_id=run_id, runs_root=runs_root,
     )
@@ -248,7 +256,7 @@ def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, 
     counts = [e for e in events if e["type"] == "note" and e.get("text") == "base test count"]
     base_count = (int(counts[-1]["collected"]), int(counts[-1]["errors"])) if counts else None
     played = sum(1 for e in events if e["type"] == "llm_call")
-    agent = _make_agent(meta["agent"]["spec"], played)
+    agent = _make_agent(meta["agent"]["spec"], dict(meta["agent"].get("options") or {}), played)
     previous = record.status
     offset = active_seconds(events)
     record.resume()

@@ -98,19 +98,23 @@ class GateRunner:
             tree = scratch.worktree
             judging = _Judging(attempt=attempt, label=label, tree=tree, live_tree=live_tree, diff=diff, log_dir=log_dir,
                                env_overrides=python_env(tree, tree.parent / "pycache"), jobs={}, flags=[])
+            patch = tree.parent / "candidate.patch"
+            patch.write_text(diff, encoding="utf-8", errors="surrogateescape")
+            check = subprocess.run(["git", "-C", str(tree), "apply", "--check", "--whitespace=nowarn", str(patch)],
+                                   capture_output=True, text=True) if diff.strip() else None
+            if check is not None and check.returncode != 0:
+                raise GateError(f"the patch does not apply to {self.base[:12]}: {check.stderr.strip()}")
             protected = next((g for g in self.milestone.gates if isinstance(g, ProtectedGate)), None)
             if protected is not None and protected.count_tests and self.base_test_count is None:
-                self._count_base_tests(protected, judging)
+                self._count_base_tests(protected, judging)  # on the base tree, before the candidate lands
             if diff.strip():
-                patch = tree.parent / "candidate.patch"
-                patch.write_text(diff, encoding="utf-8", errors="surrogateescape")
                 try:
                     scratch.apply_patch_file(patch)
                 except WorkspaceError as err:
                     raise GateError(str(err)) from None
             results = self._run_all(judging)
         failed = next((g for g in results if not g.passed and not g.skipped), None)
-        reason = f"gate {failed.name} failed: {failed.summary}" if failed else "every gate passed"
+        reason = f"gate {failed.name} failed: {failed.summary}" if failed else ""
         return Verdict(attempt=attempt, accepted=failed is None, gates=tuple(results), reason=reason,
                        flags=tuple(dict.fromkeys(judging.flags)))
 
@@ -212,7 +216,7 @@ class GateRunner:
                                               f"{' '.join(gate.count_selectors)}; the base collects {base_collected} with {base_errors}",),
                                   summary=f"the test count dropped ({count.collected} < {base_collected}) or collection broke")
             summary += f"; {count.collected} tests collected (base {base_collected})"
-            return GateResult(name=gate.name, kind=gate.kind, passed=True, summary=summary, metrics=metrics)
+            return GateResult(name=gate.name, kind=gate.kind, passed=True, summary=summary)
         return GateResult(name=gate.name, kind=gate.kind, passed=True, summary=summary)
 
     # ------------------------------------------------------------------ guards
@@ -297,7 +301,7 @@ class GateRunner:
             return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail, metrics=metrics,
                               summary=f"pytest exited {result.exit_code}")
         skipped = len(cases) - passed
-        return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=metrics,
+        return GateResult(name=gate.name, kind=gate.kind, passed=True,
                           summary=f"{passed} passed" + (f", {skipped} skipped" if skipped else "") + f" (needs >= {gate.min_collected})")
 
     # ------------------------------------------------------------------ jobs
@@ -343,9 +347,8 @@ class GateRunner:
         if violations:
             return GateResult(name=gate.name, kind=gate.kind, passed=False, violations=tuple(violations), metrics=metrics,
                               log_tail="\n".join(tails), summary=f"{len(violations)} of {len(gate.rules)} rule(s) fail")
-        shown = ", ".join(f"{k} = {v:.6g}" for k, v in metrics.items())
         return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=metrics,
-                          summary=f"{len(gate.rules)} rule(s) hold: {shown}")
+                          summary=f"{len(gate.rules)} rule(s) hold")
 
     def _base_presets(self) -> dict[str, Any] | None:
         """engine/model_spec.toml as the base commit has it (the agent cannot move the goalposts)."""
