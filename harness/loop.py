@@ -254,8 +254,11 @@ class Loop:
         """Finish what the records say is half-done (after a crash or a kill), so the loop can go on."""
         messages = self.record.messages()
         last = messages[-1]
-        if last.role == "assistant" and last.turn is not None:
-            return self._handle(last.turn, {})
+        if last.role == "assistant" and last.turn is not None and last.turn.tool_calls:
+            return self._handle(last.turn, {})  # none of its calls ran
+        if last.role == "assistant" and last.turn is not None and last.turn.stop_reason == "max_tokens":
+            self._tell(CUT_OFF_TEXT.format(limit=self.options.max_output_tokens))  # the cut-off was never answered
+            return None
         if last.role == "tool" and len(messages) >= 2 and messages[-2].turn is not None:
             turn = messages[-2].turn
             done = {r.call_id: r for r in last.results}

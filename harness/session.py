@@ -240,6 +240,8 @@ def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, 
         raise UsageError(str(err)) from None
     if record.status in FINAL_STATUSES:
         raise UsageError(f"run {record.id} already ended as {record.status}; start a new run instead")
+    if record.meta["agent"].get("backend") == "gate":
+        raise UsageError(f"run {record.id} is a `temper gate` judgement, not an agent run; run temper gate again")
     events = read_events(record.dir / "events.jsonl").events
     ready = next((e for e in events if e["type"] == "note" and e.get("text") == _READY), None)
     if ready is None:

@@ -174,8 +174,9 @@ def test_a_killed_run_resumes_from_its_records(home: Path, tmp_path: Path) -> No
 
     marker.unlink()
     resumed.touch()
-    proc = temper(home, "resume", run_dir.name)
+    proc = temper(home, "resume", run_dir.name, "--merge")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "merged into your checkout" in proc.stdout and '"inverse_sqrt")' in (home / "engine/config.py").read_text()
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "accepted" and run["totals"]["attempts"] == 1 and run["totals"]["turns"] == 3
     ev = events(run_dir)
