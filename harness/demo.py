@@ -53,7 +53,7 @@ def run_demo(progress: Progress | None = None) -> int:
     for verdict in _verdicts(outcome.run_dir):
         failed = verdict.failed_gate
         print(f"  attempt {verdict.attempt}: " + ("accepted, every gate passed" if verdict.accepted else
-                                              f"rejected by gate {failed.name if failed else '?'}: {verdict.reason}"))
+                                              f"rejected by gate {failed.name}: {failed.summary}" if failed else f"rejected: {verdict.reason}"))
     print(f"  records:  {outcome.run_dir}  (events.jsonl, attempts/<n>/diff.patch + verdict.json, jobs/)")
     if outcome.report is not None:
         print(f"  report:   {outcome.report}")

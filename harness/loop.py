@@ -348,7 +348,7 @@ class Loop:
                                      message=message.strip() or f"attempt {n}")
         verdict = replace(verdict, commit=sha)
         self.record.attempt(verdict, diff)
-        self.progress("verdict", f"attempt {n} {'ACCEPTED' if verdict.accepted else 'REJECTED'}: {verdict.reason}")
+        self.progress("verdict", f"attempt {n} " + ("ACCEPTED: every gate passed" if verdict.accepted else f"REJECTED: {verdict.reason}"))
         return self._after_verdict(verdict)
 
     def _after_verdict(self, verdict: Verdict) -> str | None:

@@ -361,7 +361,8 @@ def _jobs_section(jobs: dict[str, _JobSeries]) -> str:
         parts.append(
             f"<tr data-job='{_e(name)}'><td>{_e(name)}</td><td class='num'>{len(rows)}</td>"
             + cell(loss[0] if loss else None, ".6g") + cell(loss[-1] if loss else None, ".6g") + cell(min(loss) if loss else None, ".6g")
-            + (f"<td class='num'>{statistics.median(mfu) * 100:.2f} %</td>" if mfu else "<td class='num'>-</td>")
+            + (f"<td class='num'>{statistics.median(mfu) * 100:.2f} %</td>" if any(mfu) else
+               "<td class='num'>n/a</td>" if mfu else "<td class='num'>-</td>")
             + (f"<td class='num'>{statistics.median(times):.4g} s</td>" if times else "<td class='num'>-</td>")
             + cell(int(statistics.median(tokens)) if tokens else None, ",")
             + f"<td class='small'>{_e(jobs[name].source or '-')}"

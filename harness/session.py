@@ -119,7 +119,8 @@ def setup_base(ws: Workspace, milestone: Milestone, home: Path, run_id: str) -> 
 def _agent_meta(spec: str, options: dict[str, Any]) -> dict[str, Any]:
     kind, _, rest = spec.partition(":")
     model = rest.rpartition("#")[2] if kind == "openai-compatible" else Path(rest).name if kind == "replay" else rest
-    return {"spec": spec, "backend": kind, "model": str(options.get("model", model)), "options": options}
+    meta: dict[str, Any] = {"spec": spec, "backend": kind, "model": str(options.get("model", model))}
+    return {**meta, "options": options} if options else meta
 
 
 def _make_agent(spec: str, options: dict[str, Any], played: int = 0) -> Any:

@@ -15,6 +15,7 @@ pytest and test-collection output under `runs/<id>/attempts/<n>/gates/`; dry run
 """
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ from harness.spec import GuardsGate, JobGate, MetricsGate, Milestone, ProtectedG
 from harness.verdict import GateResult, Verdict
 from harness.workspace import Workspace, WorkspaceError
 
-__all__ = ["GateRunner", "GateError", "verdict_text", "LOG_TAIL_LINES"]
+__all__ = ["GateRunner", "GateError", "verdict_text", "new_suppressions", "LOG_TAIL_LINES"]
 
 LOG_TAIL_LINES = 60
 _MAX_VIOLATIONS = 200
@@ -81,7 +82,8 @@ class GateRunner:
         self.progress = progress or (lambda kind, text: None)
         self.base_test_count = base_test_count  # (collected, errors) at the base, once known
         self.logs: dict[str, Path] = {}  # job id -> log, for the agent's read_log tool
-        self._dry_runs = 0
+        dry = record.dir / "dry"
+        self._dry_runs = max((int(p.name) for p in dry.iterdir() if p.name.isdigit()), default=0) if dry.is_dir() else 0
         self._presets: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ public
@@ -234,32 +236,12 @@ class GateRunner:
         violations = [f"{p}: no such file or folder" for p in missing]
         result = check_paths([p for p in paths if p.exists()], config, list(gate.rules), cwd=judging.tree)
         violations += [f.to_text() for f in result.findings]
-        violations += self._new_suppressions(gate, judging.diff)
+        violations += new_suppressions(gate.paths, judging.diff)
         if violations:
             return GateResult(name=gate.name, kind=gate.kind, passed=False, violations=tuple(violations),
                               summary=f"{len(violations)} finding(s) in {' '.join(gate.paths)}")
         return GateResult(name=gate.name, kind=gate.kind, passed=True,
                           summary=f"0 findings in {result.files} files ({', '.join(gate.rules)})")
-
-    @staticmethod
-    def _new_suppressions(gate: GuardsGate, diff: str) -> list[str]:
-        """A `# guard: allow` the candidate adds is a red line it lifted for itself: a human's call."""
-        out, path, line_no = [], "", 0
-        for line in diff.splitlines():
-            if line.startswith("+++ "):
-                path = line[6:] if line.startswith("+++ b/") else ""
-            elif line.startswith("@@"):
-                match = re.search(r"\+(\d+)", line)
-                line_no = int(match.group(1)) - 1 if match else 0
-            elif line.startswith("+"):
-                line_no += 1
-                in_scope = any(path == p or path.startswith(p.rstrip("/") + "/") for p in gate.paths)
-                if in_scope and path.endswith(".py") and _SUPPRESSION.search(line):
-                    out.append(f"{path}:{line_no}: adds a guard suppression ({line[1:].strip()[:120]}); "
-                               "suppressions are a reviewer's decision, fix the code instead")
-            elif not line.startswith("-"):
-                line_no += 1
-        return out
 
     # ------------------------------------------------------------------ pytest
 
@@ -308,6 +290,9 @@ class GateRunner:
 
     def _job(self, gate: JobGate, judging: _Judging) -> GateResult:
         job_id = f"{judging.label}-{gate.name}"
+        stale = self.record.dir / "jobs" / job_id
+        if stale.is_dir():  # left by a judging a crash cut short: its files must not mix with this run's
+            shutil.rmtree(stale)
         job_dir = self.record.job_dir(job_id)
         argv = render_argv(gate.argv, job_dir=job_dir, worktree=judging.tree,
                            job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
@@ -357,6 +342,27 @@ class GateRunner:
                                   capture_output=True)
             self._presets = tomllib.loads(proc.stdout.decode("utf-8")) if proc.returncode == 0 else {}
         return self._presets or None
+
+
+def new_suppressions(paths: list[str], diff: str) -> list[str]:
+    """Violations for each `# guard: allow` a diff adds to a .py file under `paths`: a red line the
+    candidate lifted for itself is a reviewer's decision, not the agent's."""
+    out, path, line_no = [], "", 0
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[6:] if line.startswith("+++ b/") else ""
+        elif line.startswith("@@"):
+            match = re.search(r"\+(\d+)", line)
+            line_no = int(match.group(1)) - 1 if match else 0
+        elif line.startswith("+"):
+            line_no += 1
+            in_scope = any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths)
+            if in_scope and path.endswith(".py") and _SUPPRESSION.search(line):
+                out.append(f"{path}:{line_no}: adds a guard suppression ({line[1:].strip()[:120]}); "
+                           "suppressions are a reviewer's decision, fix the code instead")
+        elif not line.startswith("-"):
+            line_no += 1
+    return out
 
 
 def _node_id(classname: str, name: str, tree: Path) -> str:

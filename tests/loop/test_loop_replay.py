@@ -115,6 +115,10 @@ def test_budget_exhaustion_ends_the_run_with_a_clear_status(home: Path, tmp_path
     assert_readable(run_dir)
     listing = temper(home, "runs")
     assert listing.returncode == 0 and run_dir.name in listing.stdout and "budget_exhausted" in listing.stdout
+    (run_dir / "report.html").unlink()
+    report = temper(home, "report", run_dir.name)
+    assert report.returncode == 0 and report.stdout.strip() == str(run_dir / "report.html")
+    assert "budget_exhausted" in (run_dir / "report.html").read_text()
 
 
 def test_protected_edits_through_the_shell_are_rejected_even_when_hidden_from_git(home: Path, tmp_path: Path) -> None:
@@ -147,7 +151,8 @@ def test_a_killed_run_resumes_from_its_records(home: Path, tmp_path: Path) -> No
     judges, and ends exactly as an uninterrupted run would (accepted on attempt 1)."""
     marker, pidfile, resumed = tmp_path / "started", tmp_path / "shell.pid", tmp_path / "resumed"
     trajectory = write_trajectory(tmp_path / "t.jsonl", [
-        turn("Patch.", ("c1", "apply_patch", {"patch": GOOD_PATCH})),
+        turn("Patch, then a dry run of the gates and a look at the pytest log.", ("c1", "apply_patch", {"patch": GOOD_PATCH}),
+             ("g1", "run_gates", {}), ("g2", "read_log", {"job_id": "dry1-pytest", "tail": 5})),
         turn("Slow check.", ("c2", "run", {"command": f"echo $$ > {pidfile}; touch {marker}; test -e {resumed} || sleep 60"})),
         turn("Submit.", ("c3", "submit", {"message": "Add inverse_sqrt"})),
     ])
@@ -170,6 +175,10 @@ def test_a_killed_run_resumes_from_its_records(home: Path, tmp_path: Path) -> No
     [run_dir] = run_dirs(home)
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
     assert [e["type"] for e in events(run_dir)][-1] == "tool_call"
+    results = {e["result"]["call_id"]: e["result"] for e in events(run_dir) if e["type"] == "tool_result"}
+    assert results["g1"]["content"].startswith("Dry run (nothing recorded as an attempt):\nACCEPTED")
+    assert "2 passed" in results["g2"]["content"] and not results["g2"]["is_error"]
+    assert not any(e["type"] == "attempt" for e in events(run_dir))
     assert_readable(run_dir)
 
     marker.unlink()
@@ -180,7 +189,7 @@ def test_a_killed_run_resumes_from_its_records(home: Path, tmp_path: Path) -> No
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "accepted" and run["totals"]["attempts"] == 1 and run["totals"]["turns"] == 3
     ev = events(run_dir)
-    assert [e["call"]["id"] for e in ev if e["type"] == "tool_call"] == ["c1", "c2", "c2", "c3"]
+    assert [e["call"]["id"] for e in ev if e["type"] == "tool_call"] == ["c1", "g1", "g2", "c2", "c2", "c3"]
     assert marker.exists()  # the interrupted call ran again
     assert any(e["type"] == "note" and e["text"] == "resumed" for e in ev)
     assert_readable(run_dir)
