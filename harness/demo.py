@@ -14,6 +14,7 @@ checkout itself, its branch and its uncommitted changes are never touched. No LL
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +34,10 @@ def run_demo(progress: Progress | None = None) -> int:
 
     progress = progress or Progress()
     home = temper_home()
+    if not (home / "milestones" / f"{DEMO_MILESTONE}.toml").is_file():
+        print(f"temper demo: no milestones/{DEMO_MILESTONE}.toml under {home}; the demo runs in a checkout of the Temper "
+              "repository (pip install -e .), or set TEMPER_HOME to one", file=sys.stderr)
+        return 2
     try:
         head = repo_head(home)
     except UsageError as err:
@@ -48,6 +53,10 @@ def run_demo(progress: Progress | None = None) -> int:
         return 2
     progress("run", f"demo: a recorded agent adds an inverse_sqrt LR schedule to the engine at {head[:12]} "
                     f"(milestone {DEMO_MILESTONE}); it works in a worktree under {runs_dir()}, your checkout stays as it is")
+    dirty = subprocess.run(["git", "-C", str(home), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    if dirty:
+        progress("run", "note: your uncommitted changes are not part of the demo; it starts from HEAD")
     outcome = start_run(DEMO_MILESTONE, f"replay:{trajectory}", progress=progress)
     print(f"demo run {outcome.run_id}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
     for verdict in _verdicts(outcome.run_dir):

@@ -158,5 +158,7 @@ def test_usage_errors_exit_2_with_one_line(home: Path) -> None:
     proc = temper(bare, "run", "loop-tiny", "--agent", "replay:x.jsonl")
     assert proc.returncode == 2 and "not a git checkout" in proc.stderr
     subprocess.run(["git", "init", "-q"], cwd=bare, check=True)
-    proc = temper(bare, "demo")
+    proc = temper(bare, "run", "loop-tiny", "--agent", "replay:x.jsonl")
     assert proc.returncode == 2 and "has no commits yet" in proc.stderr
+    proc = temper(bare, "demo")
+    assert proc.returncode == 2 and "no milestones/demo-tiny.toml" in proc.stderr
