@@ -203,6 +203,8 @@ def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None,
     options = options or LoopOptions()
     milestone = with_budget(load_spec(milestone_name, home), budget or {})
     head = repo_head(home)
+    if agent_spec.startswith("replay:"):  # recorded absolute, so `temper resume` works from any folder
+        agent_spec = "replay:" + str(Path(agent_spec[len("replay:"):]).resolve())
     agent_options = dict(agent_options or {})
     agent = _make_agent(agent_spec, agent_options)
     from harness.agents import ChatAgent
