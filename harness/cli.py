@@ -1,28 +1,216 @@
-"""The `temper` command. Each subcommand imports its module lazily so `temper guards check` stays fast.
+"""The `temper` command. Each subcommand imports its module lazily so `temper guards check` stays fast
+and `temper demo` needs no LLM SDK.
 
-Exit codes: 0 success / accepted, 1 rejected or failed, 2 bad usage or bad spec.
+Exit codes: 0 success / accepted, 1 rejected or failed, 2 bad usage or bad spec (130: interrupted).
 """
 
+import argparse
+import json
 import sys
+from pathlib import Path
+from typing import NoReturn
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
-_USAGE = """usage: temper <command> [args]
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-commands:
-  guards check [PATH ...]   AST red-line checks (ssot, dag, public-surface, fail-fast)
-"""
+_EPILOG = """examples:
+  temper demo                                        the README demo: a replayed agent on CPU, a few minutes
+  temper run demo-tiny --agent anthropic:claude-sonnet-4-5
+  temper run demo-tiny --agent openai-compatible:http://localhost:8000/v1#qwen3-coder --max-turns 60
+  temper gate demo-tiny --patch runs/<id>/attempts/2/diff.patch
+  temper resume <run-id>
+  temper runs
+  temper report <run-id>
+
+exit codes: 0 accepted / success, 1 rejected / failed, 2 bad usage or spec, 130 interrupted"""
+
+
+class _Stop(Exception):
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that returns its status instead of calling sys.exit (main() decides)."""
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:  # type: ignore[override]
+        if message:
+            sys.stderr.write(message)
+        raise _Stop(status)
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="temper", description="Drive an LLM agent through a milestone; judge every attempt with gates "
+                     "it cannot edit.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run an agent on a milestone until its gates pass or its budget is spent")
+    run.add_argument("milestone", help="milestone id (milestones/<id>.toml) or a path to a .toml")
+    run.add_argument("--agent", required=True, metavar="SPEC",
+                     help="anthropic:<model> | openai:<model> | openai-compatible:<base_url>#<model> | cli:claude-code | "
+                          "cli:codex | replay:<trajectory.jsonl>")
+    for name, kind, what in (("max-turns", int, "model calls"), ("max-tokens", int, "input + output tokens"),
+                             ("max-cost-usd", float, "dollars (unknown prices never count)"),
+                             ("max-wall-s", float, "seconds of wall time"), ("max-attempts", int, "judged attempts")):
+        run.add_argument(f"--{name}", type=kind, default=None, metavar="N", help=f"budget: {what} (default: the milestone's)")
+    run.add_argument("--agent-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="a keyword option of the agent backend, e.g. model=opus or executable=/opt/claude "
+                          "(VALUE as JSON when it parses, else a string; repeatable)")
+    run.add_argument("--max-output-tokens", type=int, default=16_384, metavar="N", help="output limit of each model call")
+    run.add_argument("--merge", action="store_true", help="merge the accepted attempt into your checkout's branch")
+    run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+    gate = sub.add_parser("gate", help="judge your uncommitted changes (or --patch) with a milestone's gates, no agent")
+    gate.add_argument("milestone")
+    gate.add_argument("--patch", type=Path, default=None, metavar="FILE", help="a diff to judge on the base instead")
+    gate.add_argument("--base", default="HEAD", metavar="REV", help="the commit to judge against (default: HEAD)")
+    gate.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
+    gate.add_argument("--quiet", action="store_true")
+
+    resume = sub.add_parser("resume", help="continue a stopped or crashed run from its records")
+    resume.add_argument("run_id", metavar="RUN_ID")
+    resume.add_argument("--merge", action="store_true")
+    resume.add_argument("--quiet", action="store_true")
+
+    runs = sub.add_parser("runs", help="list the runs under runs/")
+    runs.add_argument("--json", action="store_true")
+
+    report = sub.add_parser("report", help="write runs/<id>/report.html (self-contained)")
+    report.add_argument("run_id", metavar="RUN_ID")
+
+    demo = sub.add_parser("demo", help="the README demo: a replayed agent fails a guard, fixes it, passes every gate")
+    demo.add_argument("--quiet", action="store_true")
+
+    guards = sub.add_parser("guards", help="AST red-line checks (same as python -m guards)", add_help=False)
+    guards.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _progress(quiet: bool):  # noqa: ANN202 -- harness.progress.Progress, imported lazily
+    from harness.progress import Progress
+
+    return Progress(quiet=quiet)
+
+
+def _print_outcome(outcome) -> int:  # noqa: ANN001
+    print(f"run {outcome.run_id}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
+    print(f"  records: {outcome.run_dir}")
+    if outcome.report is not None:
+        print(f"  report:  {outcome.report}")
+    if outcome.merged:
+        print(f"  merged into your checkout: HEAD is now {outcome.merged[:12]}")
+    if outcome.merge_error:
+        print(f"  merge: {outcome.merge_error}", file=sys.stderr)
+    if outcome.status == "accepted" and not outcome.merge_error:
+        return EXIT_OK
+    return EXIT_FAILED
+
+
+def _run(args: argparse.Namespace) -> int:
+    from harness.loop import LoopOptions
+    from harness.session import UsageError, start_run
+
+    budget = {"max_turns": args.max_turns, "max_tokens": args.max_tokens, "max_cost_usd": args.max_cost_usd,
+              "max_wall_s": args.max_wall_s, "max_attempts": args.max_attempts}
+    options = {}
+    for item in args.agent_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--agent-option {item!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    outcome = start_run(args.milestone, args.agent, budget=budget, merge=args.merge, progress=_progress(args.quiet),
+                        options=LoopOptions(max_output_tokens=args.max_output_tokens), agent_options=options)
+    return _print_outcome(outcome)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from harness.session import resume_run
+
+    return _print_outcome(resume_run(args.run_id, merge=args.merge, progress=_progress(args.quiet)))
+
+
+def _gate(args: argparse.Namespace) -> int:
+    from harness.gates import verdict_text
+    from harness.session import gate_candidate
+
+    verdict, run_dir = gate_candidate(args.milestone, patch=args.patch, base=args.base, progress=_progress(args.quiet or args.json))
+    if args.json:
+        print(json.dumps({**verdict.to_json(), "run_dir": str(run_dir)}, indent=2))
+    else:
+        print(verdict_text(verdict))
+        print(f"records and report: {run_dir}")
+    return EXIT_OK if verdict.accepted else EXIT_FAILED
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from harness.records import list_runs
+
+    rows = list_runs()
+    if args.json:
+        print(json.dumps([{"id": r.id, "milestone": r.milestone_id, "status": r.status, "agent": r.agent, "started": r.started,
+                           "ended": r.ended, "turns": r.turns, "tokens": r.tokens, "cost_usd": r.cost_usd,
+                           "attempts": r.attempts, "problem": r.problem, "path": str(r.path)} for r in rows], indent=2))
+        return EXIT_OK
+    if not rows:
+        print("no runs yet (temper run MILESTONE --agent SPEC, or temper demo)")
+        return EXIT_OK
+    header = ("RUN", "MILESTONE", "STATUS", "AGENT", "ATT", "TURNS", "TOKENS", "COST", "STARTED")
+    table = [header] + [(r.id, r.milestone_id, r.status or "?", r.agent, str(r.attempts), str(r.turns), f"{r.tokens:,}",
+                         "unknown" if r.cost_usd is None else f"${r.cost_usd:.2f}", r.started[:19].replace("T", " "))
+                        if not r.problem else (r.id, "", "unreadable", r.problem, "", "", "", "", "") for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    from harness.report import write_report
+    from harness.settings import runs_dir
+
+    folder = Path(args.run_id) if Path(args.run_id).is_dir() else runs_dir() / args.run_id
+    if not (folder / "run.json").is_file():
+        print(f"temper report: no run {args.run_id!r} under {runs_dir()} (see `temper runs`)", file=sys.stderr)
+        return EXIT_USAGE
+    print(write_report(folder))
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from harness.demo import run_demo
+
+    return run_demo(progress=_progress(args.quiet))
+
+
+_COMMANDS = {"run": _run, "gate": _gate, "resume": _resume, "runs": _runs, "report": _report, "demo": _demo}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_USAGE)
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command == "guards":
+    if argv[:1] == ["guards"]:
         from guards.cli import main as guards_main
 
-        return guards_main(rest)
-    print(f"temper: unknown command {command!r}\n{_USAGE}", file=sys.stderr)
-    return 2
+        return guards_main(argv[1:])
+    try:
+        args = build_parser().parse_args(argv)
+    except _Stop as stop:
+        return stop.status
+    from harness.session import UsageError
+
+    try:
+        return _COMMANDS[args.command](args)
+    except UsageError as err:
+        print(f"temper {args.command}: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"temper {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -12,6 +12,7 @@ causal attention, embeddings 0); the MFU the judge used is the harness-recompute
 
 import base64
 import html
+import importlib.util
 import io
 import json
 import re
@@ -112,6 +113,15 @@ def _job_series(run_dir: Path) -> dict[str, _JobSeries]:
     return out
 
 
+def _right_panel(name: str, rows: list[dict[str, float]]) -> tuple[str, str, list[tuple[float, float]]]:
+    """The second plot of a job: MFU when the engine measured one, else step time (CPU jobs have no MFU
+    peak, and a flat 0 % line says nothing)."""
+    mfu = [(r["step"], r["mfu"] * 100) for r in rows if "mfu" in r]
+    if any(v > 0 for _, v in mfu) or not any("time_s" in r for r in rows):
+        return f"{name}: MFU (engine-reported, Megatron count)", "MFU %", mfu
+    return f"{name}: step time (no MFU: CPU job)", "time_s (s)", [(r["step"], r["time_s"]) for r in rows if "time_s" in r]
+
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -128,13 +138,13 @@ def _job_plot(name: str, rows: list[dict[str, float]]) -> str:
     loss_ax, mfu_ax = fig.subplots(1, 2)
     steps = [r["step"] for r in rows]
     loss = [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r]
-    mfu = [(r["step"], r["mfu"] * 100) for r in rows if "mfu" in r]
+    title, ylabel, right = _right_panel(name, rows)
     if loss:
         loss_ax.plot(*zip(*loss), color="#1f6feb", linewidth=1.6)
     loss_ax.set(title=f"{name}: loss", xlabel="step", ylabel="global_loss")
-    if mfu:
-        mfu_ax.plot(*zip(*mfu), color="#d97706", linewidth=1.6)
-    mfu_ax.set(title=f"{name}: MFU (engine-reported, Megatron count)", xlabel="step", ylabel="MFU %")
+    if right:
+        mfu_ax.plot(*zip(*right), color="#d97706", linewidth=1.6)
+    mfu_ax.set(title=title, xlabel="step", ylabel=ylabel)
     for ax in (loss_ax, mfu_ax):
         ax.grid(alpha=0.3)
         if steps:
@@ -161,6 +171,31 @@ def _overlay_plot(series: dict[str, list[dict[str, float]]]) -> str:
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _png(fig)
+
+
+def _svg_src(svg: str) -> str:
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
+
+
+def _svg_job(name: str, rows: list[dict[str, float]]) -> str:
+    """Loss and MFU side by side as one SVG (no matplotlib: a base-dependencies install)."""
+    from harness.svgplot import line_chart
+
+    loss = line_chart([("loss", [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r])],
+                      title=f"{name}: loss", xlabel="step", ylabel="global_loss")
+    title, ylabel, right = _right_panel(name, rows)
+    mfu = line_chart([("right", right)], title=title, xlabel="step", ylabel=ylabel)
+    both = (f"<svg xmlns='http://www.w3.org/2000/svg' width='1100' height='300'>"
+            f"<g>{loss}</g><g transform='translate(560 0)'>{mfu}</g></svg>")
+    return _svg_src(both)
+
+
+def _svg_overlay(series: dict[str, list[dict[str, float]]]) -> str:
+    from harness.svgplot import line_chart
+
+    return _svg_src(line_chart([(name, [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r])
+                                for name, rows in series.items()],
+                               title="loss of every job", xlabel="step", ylabel="global_loss", width=1100, height=320))
 
 
 # ---------------------------------------------------------------- html helpers
@@ -326,7 +361,8 @@ def _jobs_section(jobs: dict[str, _JobSeries]) -> str:
         parts.append(
             f"<tr data-job='{_e(name)}'><td>{_e(name)}</td><td class='num'>{len(rows)}</td>"
             + cell(loss[0] if loss else None, ".6g") + cell(loss[-1] if loss else None, ".6g") + cell(min(loss) if loss else None, ".6g")
-            + (f"<td class='num'>{statistics.median(mfu) * 100:.2f} %</td>" if mfu else "<td class='num'>-</td>")
+            + (f"<td class='num'>{statistics.median(mfu) * 100:.2f} %</td>" if any(mfu) else
+               "<td class='num'>n/a</td>" if mfu else "<td class='num'>-</td>")
             + (f"<td class='num'>{statistics.median(times):.4g} s</td>" if times else "<td class='num'>-</td>")
             + cell(int(statistics.median(tokens)) if tokens else None, ",")
             + f"<td class='small'>{_e(jobs[name].source or '-')}"
@@ -335,11 +371,14 @@ def _jobs_section(jobs: dict[str, _JobSeries]) -> str:
     parts.append("</table><p class='small'>MFU as the engine reported it (Megatron count: 6 x matmul parameters incl. LM head "
                  "+ causal attention, embeddings 0, peak 989 TFLOP/s); the judge recomputes it, see the verdict's metrics.</p>")
     with_data = {k: v for k, v in series.items() if v}
+    png = importlib.util.find_spec("matplotlib") is not None
     if len(with_data) > 1:
-        parts.append(f"<img alt='loss of every job' src='data:image/png;base64,{_overlay_plot(with_data)}'>")
+        src = f"data:image/png;base64,{_overlay_plot(with_data)}" if png else _svg_overlay(with_data)
+        parts.append(f"<img alt='loss of every job' src='{src}'>")
     for name, rows in series.items():
         if rows:
-            parts.append(f"<img alt='loss and MFU of {_e(name)}' src='data:image/png;base64,{_job_plot(name, rows)}'>")
+            src = f"data:image/png;base64,{_job_plot(name, rows)}" if png else _svg_job(name, rows)
+            parts.append(f"<img alt='loss and MFU of {_e(name)}' src='{src}'>")
         else:
             parts.append(f"<p class='small'>{_e(name)}: no [LOSS] lines or metrics.jsonl.</p>")
     parts.append("</section>")

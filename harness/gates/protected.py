@@ -1,0 +1,123 @@
+"""Judge integrity: protected files as at the base commit, and a test count that does not drop.
+
+The base side comes from git (`git ls-tree` of the base commit: what the judge was built from). The
+attempt side never does: the agent's shell can edit `.gitignore`, `.git/info/exclude` or the index
+(`git update-index --assume-unchanged`) to hide a change from git, so every file on disk is walked
+and hashed here, the way git would hash it (a blob id), and compared path by path.
+
+Only byte-level caches that the gates themselves neutralise are skipped: `__pycache__` folders (gates
+run Python with PYTHONPYCACHEPREFIX pointing elsewhere, so planted bytecode is never loaded) and
+`.pytest_cache` (gates run pytest with `-p no:cacheprovider`).
+"""
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "SKIPPED_DIRS",
+    "CollectCount",
+    "blob_id",
+    "base_manifest",
+    "disk_manifest",
+    "manifest_changes",
+    "count_tests",
+    "python_env",
+]
+
+SKIPPED_DIRS = frozenset({".git", "__pycache__", ".pytest_cache"})
+_COLLECTED = re.compile(r"(\d+) tests? collected")
+_ERRORS = re.compile(r"(\d+) errors?\b")
+
+
+def blob_id(path: Path) -> str:
+    """git's object id of a file's content (sha1 of "blob <size>\\0" + bytes); a symlink hashes its target."""
+    data = os.readlink(path).encode("utf-8", "surrogateescape") if path.is_symlink() else path.read_bytes()
+    digest = hashlib.sha1(b"blob %d\0" % len(data))
+    digest.update(data)
+    kind = "l" if path.is_symlink() else "f"
+    return f"{kind}:{digest.hexdigest()}"
+
+
+def base_manifest(repo: Path, commit: str, is_protected: Callable[[str], bool]) -> dict[str, str]:
+    """{path: blob id} of every protected file in `commit` (kind-prefixed like `blob_id`)."""
+    out = subprocess.run(["git", "-C", str(repo), "ls-tree", "-r", "-z", "--full-tree", commit],
+                         capture_output=True, check=True).stdout.decode("utf-8", "surrogateescape")
+    manifest = {}
+    for entry in filter(None, out.split("\0")):
+        meta, _, path = entry.partition("\t")
+        mode, kind, sha = meta.split()
+        if kind == "blob" and is_protected(path):
+            manifest[path] = ("l:" if mode == "120000" else "f:") + sha
+    return manifest
+
+
+def disk_manifest(root: Path, is_protected: Callable[[str], bool]) -> dict[str, str]:
+    """{path: blob id} of every protected file on disk under `root`, found by walking it (never git)."""
+    manifest = {}
+    for folder, dirs, files in os.walk(root):
+        rel_folder = Path(folder).relative_to(root)
+        keep = []
+        for name in dirs:
+            full = Path(folder) / name
+            if name in SKIPPED_DIRS:
+                continue
+            if full.is_symlink():  # os.walk does not follow it; a symlinked folder is a file-like entry
+                files.append(name)
+            else:
+                keep.append(name)
+        dirs[:] = keep
+        for name in files:
+            if name == ".git":  # a worktree's .git is a file pointing at the repository
+                continue
+            rel = (rel_folder / name).as_posix()
+            if is_protected(rel):
+                manifest[rel] = blob_id(Path(folder) / name)
+    return manifest
+
+
+def manifest_changes(base: Mapping[str, str], disk: Mapping[str, str]) -> list[str]:
+    """Differences as violations: 'changed: p', 'deleted: p', 'added: p' (sorted by path)."""
+    out = []
+    for path in sorted(set(base) | set(disk)):
+        if path not in disk:
+            out.append(f"deleted: {path}")
+        elif path not in base:
+            out.append(f"added: {path}")
+        elif base[path] != disk[path]:
+            out.append(f"changed: {path}" + (" (file <-> symlink)" if base[path][0] != disk[path][0] else ""))
+    return out
+
+
+def python_env(tree: Path, cache: Path) -> dict[str, str]:
+    """Overrides for every Python process a gate starts in `tree`: import the tree's code first, and keep
+    bytecode out of it (a .pyc planted in a __pycache__ folder must never be loaded)."""
+    return {"PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+@dataclass(frozen=True)
+class CollectCount:
+    """What `pytest --collect-only` found: tests, collection errors, and its output for the log."""
+
+    collected: int
+    errors: int
+    exit_code: int
+    output: str
+
+
+def count_tests(tree: Path, selectors: list[str], env: Mapping[str, str], timeout_s: float = 900) -> CollectCount:
+    """Collect (not run) the tests under `selectors` in `tree` with a fresh pytest process."""
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *selectors]
+    proc = subprocess.run(argv, cwd=tree, env=dict(env), capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
+    output = proc.stdout + proc.stderr
+    summary = output.strip().splitlines()[-1] if output.strip() else ""
+    collected = _COLLECTED.search(summary)
+    errors = _ERRORS.search(summary)
+    return CollectCount(collected=int(collected.group(1)) if collected else 0,
+                     errors=int(errors.group(1)) if errors else 0, exit_code=proc.returncode, output=output)

@@ -1,0 +1,67 @@
+"""`temper demo`, the README's first command, end to end on a copy of this checkout.
+
+It replays milestones/demo/trajectory.jsonl through the real loop, tools, workspace, gates and a real
+20-step CPU training job. Expected outcome, from the recording itself: attempt 1 reads an environment
+variable outside engine/env.py and the guards gate rejects it, the gate report reaches the agent,
+attempt 2 passes every gate; the checkout the demo ran from is unchanged.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.loop.loop_helpers import REPO, events, git, run_dirs, temper_env, tree_fingerprint
+
+__all__: list[str] = []
+
+
+def checkout_copy(target: Path) -> Path:
+    """This checkout as it is (tracked and untracked, not ignored files), committed in a new repository."""
+    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, capture_output=True)
+    if listed.returncode == 0:
+        for name in filter(None, listed.stdout.decode().split("\0")):
+            if (REPO / name).is_file():
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, target / name)
+    else:  # not a git checkout (an unpacked archive): everything but caches and records
+        shutil.copytree(REPO, target, ignore=shutil.ignore_patterns("__pycache__", ".git", "runs", ".pytest_cache"))
+    git(target, "init", "-q", "-b", "main")
+    git(target, "add", "-A")
+    git(target, "commit", "-q", "-m", "checkout copy")
+    return target
+
+
+@pytest.mark.slow
+def test_temper_demo_fails_a_guard_then_passes_every_gate(tmp_path: Path) -> None:
+    home = checkout_copy(tmp_path / "checkout")
+    before = tree_fingerprint(home)
+    proc = subprocess.run([sys.executable, "-m", "harness", "demo"], cwd=REPO, env=temper_env(home),
+                          capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "attempt 1: rejected by gate guards" in proc.stdout and "attempt 2: accepted" in proc.stdout
+    # The progress view: one line per step with the elapsed time, no colour codes (NO_COLOR, and not a tty).
+    progress = proc.stderr.splitlines()
+    assert all(re.match(r"\[ *\d+\.\ds\] ", line) or line.startswith(" ") for line in progress)
+    assert "\033[" not in proc.stderr
+    assert any("guards FAIL" in line for line in progress) and any("a2-train started" in line for line in progress)
+
+    [run_dir] = run_dirs(home)
+    ev = events(run_dir)
+    attempts = [e for e in ev if e["type"] == "attempt"]
+    assert [(a["attempt"], a["accepted"], a["failed_gate"]) for a in attempts] == [(1, False, "guards"), (2, True, None)]
+    feedback = [e["text"] for e in ev if e["type"] == "user_message"][1]
+    assert feedback.startswith("Attempt 1 was rejected: gate `guards`") and "TEMPER_INVSQRT_WARMUP" in feedback
+    verdict = json.loads((run_dir / "attempts/2/verdict.json").read_text())
+    assert [(g["name"], g["passed"]) for g in verdict["gates"]] == [
+        ("protected", True), ("guards", True), ("pytest", True), ("train", True), ("metrics", True)]
+    metrics = verdict["gates"][4]["metrics"]
+    assert metrics["train.steps"] == 20 and metrics["train.final_loss"] <= 5.0
+    log = (run_dir / "jobs/a2-train/log").read_text()
+    assert len(re.findall(r"^\[LOSS\] step=\d+ .*lr=", log, re.MULTILINE)) == 20
+    assert (run_dir / "report.html").is_file()
+    assert tree_fingerprint(home) == before

@@ -1,0 +1,281 @@
+"""The gates: `temper gate` as a real process, the gate runner in-process on a real git repository, and
+the metrics gate on job folders written by hand.
+
+References are independent of the judge: verdicts follow from what each patch obviously does, FLOP
+counts are written out by hand from the model shape (see the arithmetic in the test), reference
+differences are computed by hand from the numbers in the files.
+"""
+
+import dataclasses
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.gates import GateRunner, judge_metrics
+from harness.gates.metrics import JobOutcome
+from harness.jobs import JobResult
+from harness.records import RunRecord
+from harness.spec import JobGate, MetricsGate, load_milestone
+from tests.loop.loop_helpers import ENV_PATCH, GOOD_PATCH, events, git, temper, tree_fingerprint
+
+__all__: list[str] = []
+
+
+def unified_diff(home: Path, tmp_path: Path, edit) -> Path:  # noqa: ANN001 -- edit(tree) changes files
+    """A `git diff` of `edit` applied to a clone of `home`: the kind of patch a person hands to `temper gate`."""
+    clone = tmp_path / f"edit-{len(list(tmp_path.iterdir()))}"
+    git(tmp_path, "clone", "-q", str(home), str(clone))
+    edit(clone)
+    git(clone, "add", "-A")
+    patch = clone.with_suffix(".patch")
+    patch.write_text(git(clone, "diff", "--cached"))
+    return patch
+
+
+def replace_in(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+OLD = 'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")'
+NEW = 'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", "inverse_sqrt")'
+
+
+def test_temper_gate_judges_patches_and_the_checkout_without_touching_it(home: Path, tmp_path: Path) -> None:
+    good = unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW))
+    def read_env(tree: Path) -> None:
+        replace_in(tree / "engine/config.py", OLD, 'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", os.environ.get("S", "inverse_sqrt"))')
+        replace_in(tree / "engine/config.py", "import tomllib\n", "import os\nimport tomllib\n")
+
+    bad = unified_diff(home, tmp_path, read_env)
+    before = tree_fingerprint(home)
+
+    proc = temper(home, "gate", "loop-tiny", "--patch", str(good), "--json")
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(proc.stdout)
+    assert verdict["accepted"] and [g["name"] for g in verdict["gates"]] == ["protected", "guards", "pytest"]
+    assert all(g["passed"] for g in verdict["gates"])
+    assert (Path(verdict["run_dir"]) / "report.html").is_file()
+
+    proc = temper(home, "gate", "loop-tiny", "--patch", str(bad))
+    assert proc.returncode == 1
+    assert "REJECTED: gate guards failed" in proc.stdout and "ssot" in proc.stdout and "[skip] pytest" in proc.stdout
+
+    proc = temper(home, "gate", "loop-tiny", "--patch", str(tmp_path / "missing.patch"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    stale = tmp_path / "stale.patch"
+    stale.write_text(good.read_text().replace('"linear")', '"linear", "nope")'))
+    proc = temper(home, "gate", "loop-tiny", "--patch", str(stale))
+    assert proc.returncode == 2 and "cannot be judged" in proc.stderr and "does not apply" in proc.stderr
+    proc = temper(home, "gate", "no-such-milestone")
+    assert proc.returncode == 2 and "no milestone 'no-such-milestone'; known: loop-tiny" in proc.stderr
+    assert tree_fingerprint(home) == before
+
+    # No --patch: the checkout's own uncommitted change is judged, in a scratch copy.
+    replace_in(home / "engine/config.py", OLD, NEW)
+    before = tree_fingerprint(home)
+    proc = temper(home, "gate", "loop-tiny")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ACCEPTED" in proc.stdout
+    assert tree_fingerprint(home) == before
+
+
+@pytest.fixture
+def runner(home: Path, tmp_path: Path) -> GateRunner:
+    milestone = load_milestone(home / "milestones/loop-tiny.toml", root=home)
+    record = RunRecord.create(milestone_id=milestone.id, spec_hash=milestone.spec_hash, agent={"spec": "none"},
+                              base_commit="0" * 40, branch="", worktree="", runs_root=tmp_path / "runs")
+    return GateRunner(milestone=milestone, repo=home, base=git(home, "rev-parse", "HEAD").strip(), record=record)
+
+
+def test_runner_catches_new_suppressions_and_a_broken_collection(runner: GateRunner, home: Path, tmp_path: Path) -> None:
+    # A `# guard: allow` the candidate adds lifts a red line for itself: rejected, though the guard is then silent.
+    suppressed = unified_diff(home, tmp_path, lambda t: replace_in(
+        t / "engine/config.py", OLD,
+        'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", __import__("os").environ.get("S", "inverse_sqrt"))'
+        "  # guard: allow ssot -- experiment"))
+    verdict = runner.judge(suppressed.read_text(), attempt=1)
+    guards = verdict.gates[1]
+    assert verdict.failed_gate is guards
+    assert len(guards.violations) == 1 and "engine/config.py:" in guards.violations[0] and "guard suppression" in guards.violations[0]
+
+    # An engine that no longer imports makes test collection fail: the count gate notices before pytest runs.
+    broken = unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW + "\nraise ImportError('boom')"))
+    verdict = runner.judge(broken.read_text(), attempt=2)
+    assert verdict.failed_gate is verdict.gates[0]
+    assert "collection broke" in verdict.gates[0].summary and "base collects 2 with 0" in verdict.gates[0].violations[0]
+    assert runner.base_test_count == (2, 0)
+
+    # Failing tests come back as node ids with their assertion.
+    missing = unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, OLD.replace('"wsd", ', "")))
+    verdict = runner.judge(missing.read_text(), attempt=3)
+    pytest_gate = verdict.gates[2]
+    assert verdict.failed_gate is pytest_gate and pytest_gate.summary == "2 of 2 tests failed"
+    assert set(pytest_gate.failing_tests) == {"tests/test_names.py::test_inverse_sqrt_is_a_schedule",
+                                              "tests/test_names.py::test_the_old_schedules_stay"}
+
+    # Dry runs (the agent's run_gates tool) judge the same way and record no attempt.
+    verdict = runner.judge(unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW)).read_text(), attempt=0)
+    assert verdict.accepted
+    assert {e["attempt"] for e in events(runner.record.dir) if e["type"] == "gate_result"} == {1, 2, 3}
+
+
+def test_a_hanging_job_is_killed_at_its_timeout(home: Path, tmp_path: Path) -> None:
+    (home / "milestones/hang.toml").write_text("""
+id = "hang"
+title = "A job that cannot finish in time"
+goal = "x"
+editable = ["engine/**"]
+[[gates]]
+kind = "protected"
+count_tests = false
+[[gates]]
+kind = "job"
+name = "train"
+task = "train"
+timeout_s = 3
+argv = ["pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "100000", "--eval-steps", "0",
+        "--no-save-final", "--run-dir", "{job_dir}"]
+[budget]
+max_turns = 1
+max_tokens = 1
+max_wall_s = 60
+max_attempts = 1
+""")
+    milestone = load_milestone(home / "milestones/hang.toml", root=home)
+    record = RunRecord.create(milestone_id="hang", spec_hash=milestone.spec_hash, agent={"spec": "none"},
+                              base_commit="0" * 40, branch="", worktree="", runs_root=tmp_path / "runs")
+    runner = GateRunner(milestone=milestone, repo=home, base=git(home, "rev-parse", "HEAD").strip(), record=record)
+    verdict = runner.judge("", attempt=1)
+    job = verdict.gates[1]
+    assert not job.passed and "did not finish within 3 s and was killed" in job.summary
+    finished = [e for e in events(record.dir) if e["type"] == "job_finished"]
+    assert len(finished) == 1 and finished[0]["timed_out"] and finished[0]["job"] == "a1-train"
+    started = next(e for e in events(record.dir) if e["type"] == "job_started")
+    pid = int(started["job_id"].removeprefix("local-"))
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    assert (record.dir / "jobs/a1-train/log").is_file()
+
+
+# ---------------------------------------------------------------- metrics from hand-written job folders
+
+TINY = {"vocab_size": 258, "hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32,
+        "ffn_hidden_size": 384, "seq_length": 256}
+# Training FLOPs per token of TINY, by hand (Megatron count, see harness/judge/mfu.py's docstring):
+# per layer QKV 128*(4+2*2)*32 = 32768, O 4*32*128 = 16384, FC1 128*2*384 = 98304, FC2 384*128 = 49152
+# -> 196608; x 4 layers = 786432; LM head 128*258 = 33024; matmul params 819456; x 6 = 4916736;
+# attention 6*4*4*32*256 = 786432. Total 5703168.
+TINY_FLOPS_PER_TOKEN = 5_703_168
+
+
+def job_folder(tmp_path: Path, name: str, log_lines: list[str], config: dict | None, *, gpus: int = 1,
+               argv: tuple[str, ...] = ("pretrain", "--preset", "tiny", "--run-dir", "{job_dir}")) -> JobOutcome:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "log").write_text("startup noise\n" + "\n".join(log_lines) + "\n")
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    gate = JobGate(kind="job", name=name, task="train", timeout_s=60, argv=list(argv), gpus=gpus, nproc=max(gpus, 1))
+    result = JobResult(name=name, state="completed", exit_code=0, log_path=folder / "log", elapsed_s=1.0,
+                       job_id=f"local-{name}", launcher="local")
+    return JobOutcome(gate=gate, job_id=name, job_dir=folder, result=result)
+
+
+def loss_line(step: int, loss: float, *, tokens: int = 8192, time_s: float = 0.5, mfu: float = 0.9, grad: float = 1.0) -> str:
+    return (f"[LOSS] step={step} global_loss={loss:.9e} grad_norm={grad:.9e} lr={1e-3:.6e} tokens={tokens} "
+            f"time_s={time_s:.6f} mfu={mfu:.4f}")
+
+
+def rules(*items: dict) -> MetricsGate:
+    return MetricsGate(kind="metrics", name="metrics", rules=[{"job": "train", **r} for r in items])
+
+
+def test_metrics_are_recomputed_never_read_from_the_engine(tmp_path: Path) -> None:
+    config = {**TINY, "preset": "tiny", "global_batch_size": 32}
+    lines = [loss_line(s, 5.0 - 0.5 * s) for s in range(1, 6)] + ["[EVAL] step=5 val_loss=2.500000000e+00 val_bpb=3.606738 tokens=4096"]
+    job = job_folder(tmp_path, "train", lines, config)
+    expected_mfu = TINY_FLOPS_PER_TOKEN * 8192 / (0.5 * 1 * 989e12)
+    gate = rules({"metric": "steps", "op": "==", "value": 5}, {"metric": "final_loss", "op": "<=", "value": 2.5},
+                 {"metric": "min_loss", "op": "<", "value": 2.6}, {"metric": "val_bpb", "op": "<=", "value": 3.7},
+                 {"metric": "mfu", "op": ">=", "value": 0.5})
+    violations, metrics, flags = judge_metrics(gate, {"train": job}, tree=tmp_path, presets={"tiny": TINY})
+    # The engine claimed 90 % MFU; the judge counts 0.0094 %: only the MFU rule fails, with the judge's number.
+    assert metrics["train.mfu"] == pytest.approx(expected_mfu, rel=1e-12)  # same arithmetic, float rounding only
+    assert metrics["train.mfu_engine_claim"] == 0.9
+    assert violations == [f"mfu of train = {expected_mfu:.6g}, needs >= 0.5"]
+    assert metrics["train.steps"] == 5 and metrics["train.final_loss"] == 2.5 and metrics["train.val_bpb"] == 3.606738
+    assert flags == []
+
+
+def test_a_smaller_model_than_asked_fails_whatever_its_numbers(tmp_path: Path) -> None:
+    config = {**TINY, "hidden_size": 64, "preset": "tiny", "global_batch_size": 32}
+    job = job_folder(tmp_path, "train", [loss_line(1, 1.0)], config)
+    violations, _, _ = judge_metrics(rules({"metric": "final_loss", "op": "<=", "value": 5}), {"train": job},
+                                     tree=tmp_path, presets={"tiny": TINY})
+    assert violations == ["job train: config.json has hidden_size = 64, the milestone's job asks for 128"]
+    # A flag in the job's own argv is what it asked for: --hidden-size 64 makes the same folder pass.
+    job = job_folder(tmp_path, "train2", [loss_line(1, 1.0)], config,
+                     argv=("pretrain", "--preset", "tiny", "--hidden-size", "64", "--run-dir", "{job_dir}"))
+    gate = MetricsGate(kind="metrics", name="m", rules=[{"job": "train2", "metric": "final_loss", "op": "<=", "value": 5}])
+    assert judge_metrics(gate, {"train2": job}, tree=tmp_path, presets={"tiny": TINY})[0] == []
+    # No config.json at all: the judge cannot tell what was trained.
+    job = job_folder(tmp_path, "train3", [loss_line(1, 1.0)], None)
+    gate = MetricsGate(kind="metrics", name="m", rules=[{"job": "train3", "metric": "final_loss", "op": "<=", "value": 5}])
+    assert "no readable config.json" in judge_metrics(gate, {"train3": job}, tree=tmp_path, presets={"tiny": TINY})[0][0]
+
+
+def test_reference_trajectories_nan_and_malformed_lines(tmp_path: Path) -> None:
+    config = {**TINY, "preset": "tiny", "global_batch_size": 32}
+    (tmp_path / "ref.jsonl").write_text('{"_meta": {"tool": "hand"}}\n' + "".join(
+        json.dumps({"step": s, "global_loss": v}) + "\n" for s, v in ((1, 4.0), (2, 3.0), (3, 2.0))))
+    job = job_folder(tmp_path, "train", [loss_line(1, 4.1), loss_line(2, 3.0), loss_line(3, 1.9)], config)
+    gate = rules({"metric": "loss_rel_diff", "ref": "ref.jsonl", "op": "<=", "value": 0.04},
+                 {"metric": "loss_max_abs_diff", "ref": "ref.jsonl", "op": "<=", "value": 0.1, "to_step": 2})
+    violations, metrics, _ = judge_metrics(gate, {"train": job}, tree=tmp_path, presets=None)
+    # by hand: |4.1-4|/4 = 0.025, 0, |1.9-2|/2 = 0.05 -> 0.05 > 0.04; steps 1..2: max |diff| = 0.1 (4.1 vs 4.0)
+    assert metrics["train.loss_rel_diff"] == pytest.approx(0.05, rel=1e-9)  # 1e-9: %.9e printing of 1.9 and 4.1
+    assert metrics["train.loss_max_abs_diff"] == pytest.approx(0.1, rel=1e-9)
+    assert len(violations) == 1 and violations[0].startswith("loss_rel_diff of train = 0.05, needs <= 0.04")
+
+    nan = job_folder(tmp_path, "nan", [loss_line(1, math.nan)], config)
+    gate = MetricsGate(kind="metrics", name="m", rules=[{"job": "nan", "metric": "final_loss", "op": "<=", "value": 1e9}])
+    assert judge_metrics(gate, {"nan": nan}, tree=tmp_path, presets=None)[0] == ["final_loss of nan = nan, needs <= 1e+09"]
+
+    torn = job_folder(tmp_path, "torn", [loss_line(1, 1.0)[:-3]], config)  # mfu=0.9 printed as "0."
+    gate = MetricsGate(kind="metrics", name="m", rules=[{"job": "torn", "metric": "final_loss", "op": "<=", "value": 5}])
+    [problem] = judge_metrics(gate, {"torn": torn}, tree=tmp_path, presets=None)[0]
+    assert "malformed [LOSS] lines" in problem and "mfu=" in problem
+
+
+def test_step_times_faster_than_the_harness_clock_are_flagged(tmp_path: Path) -> None:
+    """Lines arrive 2 s apart (the launcher's clock) but claim 0.5 s steps: MFU would be inflated 4x."""
+    config = {**TINY, "preset": "tiny", "global_batch_size": 32}
+    job = job_folder(tmp_path, "train", [loss_line(s, 3.0) for s in range(1, 7)], config)
+    times = tmp_path / "train" / "log.times"
+    times.write_text("".join(f"{t:.6f}\n" for t in [0.1] + [2.0 * s for s in range(1, 7)]))  # line 1: startup noise
+    job = dataclasses.replace(job, result=dataclasses.replace(job.result, line_times_path=times))
+    violations, metrics, flags = judge_metrics(rules({"metric": "mfu", "op": ">=", "value": 0.0}), {"train": job},
+                                               tree=tmp_path, presets={"tiny": TINY})
+    assert len(flags) == 1 and "below the harness's clock" in flags[0]
+    assert len(violations) == 1 and "implausible" in violations[0]
+    assert metrics["train.mfu_by_clock"] == pytest.approx(metrics["train.mfu"] / 4, rel=1e-9)
+
+
+def test_gate_subprocesses_never_see_api_keys(runner: GateRunner, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes the gates start get settings.child_env(): an engine that dumps its environment at import
+    (test collection imports it) shows the gate's own variables but no API key, and nothing under the run has it."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-api03-GATESECRET0123456789abcdef")
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-GATESECRET-2")
+    out = tmp_path / "environment.txt"
+    dump = unified_diff(home, tmp_path, lambda t: replace_in(
+        t / "engine/config.py", OLD, NEW + f"\nprint(sorted(__import__('os').environ.items()), file=open({str(out)!r}, 'a'))"))
+    runner.judge(dump.read_text(), attempt=1)
+    seen = out.read_text()
+    assert "PYTHONPYCACHEPREFIX" in seen and "GATESECRET" not in seen  # the dump happened, without the keys
+    found = subprocess.run(["grep", "-r", "GATESECRET", str(runner.record.dir)], capture_output=True, text=True)
+    assert found.returncode == 1 and found.stdout == ""
