@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from guards.source import SourceModule
 
 __all__ = ["ImportTable", "ImportEdge", "imports_of", "import_edges", "resolve_from", "literal_head",
-           "dotted_chain", "is_builtin", "IMPORT_FUNCTIONS"]
+           "dotted_chain", "is_builtin", "dynamic_import_target", "IMPORT_FUNCTIONS"]
 
 # What `from X import *` binds, for the few modules whose names the rules look for.
 _STAR_EXPORTS = {
@@ -168,6 +168,11 @@ class ImportEdge:
     target: str
     line: int
     col: int
+
+
+def dynamic_import_target(module: SourceModule, call: ast.Call, imports: ImportTable) -> str | None:
+    """Public name of _call_target: what `__import__("os")` / `importlib.import_module("os")` imports."""
+    return _call_target(module, call, imports)
 
 
 def _call_target(module: SourceModule, call: ast.Call, imports: ImportTable) -> str | None:

@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from guards.astutil import ImportTable, imports_of, is_builtin, literal_head
+from guards.astutil import ImportTable, dynamic_import_target, imports_of, is_builtin, literal_head
 from guards.findings import Finding
 from guards.project import Project
 from guards.rules.base import Rule
@@ -156,6 +156,11 @@ class SsotRule(Rule):
     def check(self, module: SourceModule) -> Iterator[Finding]:
         self._collect_constants(module)
         imports = imports_of(module)
+        for node in module.nodes(ast.Attribute):  # __import__("os").environ needs no import statement
+            if (node.attr in _ENV_ATTRS and isinstance(node.value, ast.Call)
+                    and dynamic_import_target(module, node.value, imports) in _ENV_MODULES):
+                yield module.finding(self.id, f"reaches `{node.attr}` through a dynamic import of the os module; read "
+                                              "whitelisted names in the env module with `os.environ.get(\"NAME\")`", node)
         if not any(target.split(".", 1)[0] in _ENV_MODULES for target in imports.bindings.values()):
             return  # os / posix / nt are never imported: nothing here can reach the environment
         refs, dynamic = _env_refs(module, imports)
