@@ -16,12 +16,12 @@ from guards.report import FORMATS
 from guards.rules import RULES
 from guards.runner import DEFAULT_PACKAGES, check_paths
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "ParserStop", "ReturningParser"]
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
 
-class _Stop(Exception):
+class ParserStop(Exception):
     """argparse wanted to exit (help or a usage error); main() returns the status instead."""
 
     def __init__(self, status: int):
@@ -29,11 +29,14 @@ class _Stop(Exception):
         self.status = status
 
 
-class _Parser(argparse.ArgumentParser):
+class ReturningParser(argparse.ArgumentParser):
+    """argparse that raises ParserStop instead of calling sys.exit, so main() returns the status
+    (the `temper` CLI uses it too). Usage errors are exit status 2."""
+
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:  # type: ignore[override]
         if message:
             sys.stderr.write(message)
-        raise _Stop(status)
+        raise ParserStop(status)
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
         self.print_usage(sys.stderr)
@@ -41,8 +44,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m guards", description="AST guards for the engine's red lines.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = ReturningParser(prog="python -m guards", description="AST guards for the engine's red lines.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ReturningParser)
     check = sub.add_parser("check", help="check files and folders (default: engine harness guards)",
                            description="Report every broken red line as `path:line:col: <rule-id> <message>`. "
                                        "Suppress one line with `# guard: allow <rule-id> -- <reason>`.")
@@ -99,7 +102,7 @@ def _list_rules() -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    except _Stop as stop:
+    except ParserStop as stop:
         return stop.status
     if args.command == "rules":
         return _list_rules()

@@ -8,7 +8,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
+
+from guards.cli import ParserStop, ReturningParser  # the same non-exiting argparse as `python -m guards`
 
 __all__ = ["main", "build_parser"]
 
@@ -26,29 +27,10 @@ _EPILOG = """examples:
 exit codes: 0 accepted / success, 1 rejected / failed, 2 bad usage or spec, 130 interrupted"""
 
 
-class _Stop(Exception):
-    def __init__(self, status: int):
-        super().__init__(status)
-        self.status = status
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that returns its status instead of calling sys.exit (main() decides)."""
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:  # type: ignore[override]
-        if message:
-            sys.stderr.write(message)
-        raise _Stop(status)
-
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="temper", description="Drive an LLM agent through a milestone; judge every attempt with gates "
+    parser = ReturningParser(prog="temper", description="Drive an LLM agent through a milestone; judge every attempt with gates "
                      "it cannot edit.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ReturningParser, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run an agent on a milestone until its gates pass or its budget is spent")
     run.add_argument("milestone", help="milestone id (milestones/<id>.toml) or a path to a .toml")
@@ -202,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return guards_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
-    except _Stop as stop:
+    except ParserStop as stop:
         return stop.status
     from harness.session import UsageError
 

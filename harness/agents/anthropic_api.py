@@ -21,7 +21,8 @@ import json
 from typing import Any
 
 from harness import settings
-from harness.agents.common import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, parse_arguments, redact
+from harness.agents.common import (DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, describe_status_error, parse_arguments,
+                                   redact)
 from harness.agents.pricing import cost_usd
 from harness.protocol import AgentError, AgentTurn, Message, StopReason, ToolCall, ToolSpec, Usage
 
@@ -95,20 +96,8 @@ class AnthropicAgent:
         return parse_response(response, self.model)
 
     def _describe_status(self, err: Any) -> str:
-        body = err.body if isinstance(err.body, dict) else {}
-        # The SDK hands over {"type": ..., "message": ...}, unwrapped from {"error": {...}}.
-        detail = body.get("error") if isinstance(body.get("error"), dict) else body
-        kind = detail.get("type") or type(err).__name__
-        message = detail.get("message") or str(err.body or err.message)
-        text = f"{self.name}: HTTP {err.status_code} {kind}: {message}"
-        if err.status_code in (401, 403):
-            text += " (check ANTHROPIC_API_KEY)"
-        elif err.status_code == 429 or err.status_code >= 500:
-            text += f" (still failing after {self.max_retries} retries)"
-        if err.request_id:
-            text += f" [request-id {err.request_id}]"
-        return redact(text[:2000], self._secret)
-
+        return describe_status_error(self.name, err, key_hint="check ANTHROPIC_API_KEY",
+                                     retry_note=f"still failing after {self.max_retries} retries", secret=self._secret)
 
 def build_request(
     model: str,

@@ -1,9 +1,10 @@
-"""Small helpers every API backend needs: secret redaction and defensive tool-argument parsing."""
+"""Small helpers every API backend needs: secret redaction, defensive tool-argument parsing, and
+one-line descriptions of HTTP errors."""
 
 import json
 from typing import Any
 
-__all__ = ["redact", "parse_arguments", "DEFAULT_MAX_RETRIES", "DEFAULT_TIMEOUT_S"]
+__all__ = ["redact", "parse_arguments", "describe_status_error", "DEFAULT_MAX_RETRIES", "DEFAULT_TIMEOUT_S"]
 
 # The SDKs retry 408/409/429/5xx and connection errors themselves, honouring retry-after; with
 # their 0.5 s doubling backoff (capped at 8 s) four retries ride out ~8 s of trouble without
@@ -45,3 +46,24 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any], str]:
     if raw is None:
         return {}, ""
     return {}, f"arguments must be a JSON object, got {type(raw).__name__}"
+
+
+def describe_status_error(name: str, err: Any, *, key_hint: str, retry_note: str, secret: str) -> str:
+    """One line for an SDK's APIStatusError: backend, status, error type and message, a hint for
+    auth failures (key_hint, e.g. "check ANTHROPIC_API_KEY"; "" for none) and for errors the SDK
+    already retried (retry_note), the request id; redacted and capped at 2000 characters.
+
+    Both SDKs hand over the error body; OpenAI-style servers may still nest it under "error".
+    """
+    body = err.body if isinstance(err.body, dict) else {}
+    detail = body.get("error") if isinstance(body.get("error"), dict) else body
+    kind = detail.get("type") or detail.get("code") or type(err).__name__
+    message = detail.get("message") or str(err.body or err.message)
+    text = f"{name}: HTTP {err.status_code} {kind}: {message}"
+    if err.status_code in (401, 403) and key_hint:
+        text += f" ({key_hint})"
+    elif err.status_code == 429 or err.status_code >= 500:
+        text += f" ({retry_note})"
+    if err.request_id:
+        text += f" [request-id {err.request_id}]"
+    return redact(text[:2000], secret)
