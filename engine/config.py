@@ -109,7 +109,7 @@ class EngineConfig:
     keep_last: int = _f(3, "keep this many newest checkpoints", "output")
     resume: str = _f("", "'auto' (newest checkpoint in --save-dir, if any) or a checkpoint path", "output")
     log_every: int = _f(1, "print the [LOSS] line every N steps", "output")
-    tensorboard: bool = _f(False, "also write TensorBoard scalars under <run_dir>/tensorboard", "output")
+    tensorboard: bool = _f(False, "also write TensorBoard scalars under <run_dir>/tensorboard (needs the tensorboard package: pip install 'temper-train[tensorboard]')", "output")
     peak_tflops: float = _f(0.0, "peak bf16 dense TFLOP/s per device for MFU (0: from the GPU model; 989 for H100/H200)", "output")
 
     # --- parallelism

@@ -110,3 +110,17 @@ def test_export_hf_loads_in_transformers(tmp_path):
         ref = hf(tokens).logits
     # muP scalings folded into the weights: equal up to fp32 rounding of the folded products
     assert ((model.logits(tokens) - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_tensorboard_scalars_twin_the_wire_lines(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    proc = run_engine("pretrain", *TINY_FAST, "--num-steps", "3", "--tensorboard", "--no-save-final", "--run-dir", str(run_dir))
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    losses = [e.value for e in events.Scalars("loss/global_loss")]
+    wire = [float(deterministic_fields(x)[1]) for x in loss_lines(proc.stdout)]
+    assert losses == pytest.approx(wire, rel=1e-6)  # TensorBoard stores float32
+    assert [e.step for e in events.Scalars("eval/val_loss")] == [3]
