@@ -10,8 +10,13 @@ every (op, version), side by side in one process:
                output gradients; every output and input gradient compared with the fp32 reference
                (the baseline run on fp32 copies of the same inputs) by ||x - ref|| / ||ref||.
                Tolerance TOL = 1e-2: bf16 operands land between 1e-3 and 1e-2 (METHOD.md).
-  time         median of --iters calls over --sets rotated input sets (device events around each
-               call), forward (grad mode on, as in training) and forward + backward.
+  time         forward (grad mode on, as in training) and forward + backward, over --sets rotated
+               input sets, two ways. Pipelined (the numbers the speedups use): --iters calls issued
+               back to back between two device events, as a training step issues them (the host
+               queues the next launches while the device works), time / calls, median of --reps
+               such batches. Synchronous (`*_sync`, in the JSON and the table's last column): device
+               events around each call alone, median of --iters; this adds each call's host-side
+               launch latency (Python, planning, kernel launch), which a training step hides.
   rate         model TFLOP/s (engine/ops/workloads.op_flops: 3 LM-head GEMMs, attention bwd 2.5x
                fwd) or, for rmsnorm, GB/s of the fewest bytes the op must move.
   memory       peak bytes allocated during one forward + backward above what was allocated before.
@@ -121,6 +126,21 @@ def _time_calls(fn_once, sets, iters) -> float:
     return statistics.median(times)
 
 
+def _time_pipelined(fn_once, sets, iters, reps) -> float:
+    """Per-call device time of `iters` back-to-back calls (no host sync between them); median of reps."""
+    per_call = []
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start.record()
+        for i in range(iters):
+            fn_once(sets[i % len(sets)])
+        stop.record()
+        stop.synchronize()
+        per_call.append(start.elapsed_time(stop) / iters)
+    return statistics.median(per_call)
+
+
 def gemm_floor_fc1(x, w):
     """Not gemm_fc1: the bare x @ w^T [.., 2f] (its backward: the two grad GEMMs). Times the three
     GEMMs every gemm_fc1 version must run, with no elementwise work: the ceiling of any speedup."""
@@ -149,8 +169,10 @@ def bench_version(op, version, fn, ref_fn, shapes, device, args, *, check_correc
     for x in sets:  # warm: allocator, caches
         fwd_bwd(x)
     torch.cuda.synchronize()
-    row["fwd_ms"] = _time_calls(fwd, sets, args.iters)
-    row["fwd_bwd_ms"] = _time_calls(fwd_bwd, sets, args.iters)
+    row["fwd_ms"] = _time_pipelined(fwd, sets, args.iters, args.reps)
+    row["fwd_bwd_ms"] = _time_pipelined(fwd_bwd, sets, args.iters, args.reps)
+    row["fwd_ms_sync"] = _time_calls(fwd, sets, args.iters)
+    row["fwd_bwd_ms_sync"] = _time_calls(fwd_bwd, sets, args.iters)
     for x in sets:
         for t in grad_leaves(x).values():
             t.grad = None
@@ -178,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="+", default=list(OP_NAMES), choices=list(OP_NAMES))
     parser.add_argument("--versions", nargs="*", default=None, help="only these versions (default: all registered)")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=5, help="pipelined batches of --iters calls (median)")
     parser.add_argument("--sets", type=int, default=3, help="input sets rotated through the timed calls")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "ops.json"))
     args = parser.parse_args(argv)
@@ -234,10 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     tmp.replace(out)
-    print(f"\n{meta['device']}  preset {args.preset}  bf16, median of {args.iters} over {args.sets} input sets; "
+    print(f"\n{meta['device']}  preset {args.preset}  bf16, {args.iters} back-to-back calls over {args.sets} input sets "
+          f"(median of {args.reps}); f+b sync: each call alone, median of {args.iters}; "
           f"err = max rel. error vs fp32 reference (tol {TOL}); x = baseline ms / version ms; rate TFLOP/s (rmsnorm GB/s)")
     head = (f"{'op':<12}{'tp':>3} {'version':<12}{'fwd ms':>8}{'f+b ms':>8}{'rate f+b':>9}{'x fwd':>7}{'x f+b':>7}"
-            f"{'x naive':>8}{'peak GiB':>9}{'err':>9} ok")
+            f"{'x naive':>8}{'peak GiB':>9}{'err':>9}{'f+b sync':>9} ok")
     print(head)
     for r in rows:
         if "error" in r:
@@ -249,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         naive = r.get("speedup_fwd_bwd_vs_torch_naive")
         print(f"{r['op']:<12}{r['tp']:>3} {r['version']:<12}{r['fwd_ms']:>8.3f}{r['fwd_bwd_ms']:>8.3f}{rate:>9.1f}"
               f"{r.get('speedup_fwd_vs_baseline', 0):>7.2f}{r.get('speedup_fwd_bwd_vs_baseline', 0):>7.2f}"
-              f"{(naive if naive else 0):>8.2f}{r['peak_extra_gib']:>9.2f}{err} {verdict}")
+              f"{(naive if naive else 0):>8.2f}{r['peak_extra_gib']:>9.2f}{err}{r['fwd_bwd_ms_sync']:>9.3f} {verdict}")
     return 0 if all("error" not in r and r["ok"] is not False for r in rows) else 1
 
 

@@ -5,18 +5,25 @@ to KV head i // (hq / hkv) itself (no K/V copies), keeps the softmax statistics 
 backward and returns (out, lse). Head dims 64 (MiniCPM4-0.5B) and 128 (MiniCPM4-8B) use FA4's
 tuned SM90 tiles. Compiled kernels go to the on-disk cache (engine/ops/kernel_cache.py).
 
-Two versions differ in one forward knob. `attention` keeps FA4's default for GQA, PackGQA (the
-query heads that share a KV head are packed into one M tile, so each K/V tile is loaded once per
-group). `attention_nopack` (version fa4-nopack) gives every query head its own M tiles, loaded by
-TMA, and leaves K/V reuse across the group to L2. FA4's backward never packs.
+Three versions differ in the forward's tiling. `attention` keeps FA4's defaults: for GQA, PackGQA
+(the query heads that share a KV head are packed into one M tile, so each K/V tile is loaded once
+per group) on a 128 x 128 tile with two MMA warpgroups. `attention_nopack` (version fa4-nopack)
+gives every query head its own M tiles, loaded by TMA, and leaves K/V reuse across the group to L2.
+`attention_tuned` (version fa4-tuned) calls FA4's functional forward and backward itself, with the
+SM90 forward tile that bench/attention_variants.py measured fastest on our shapes at head dim 128:
+192 x 128 with three MMA warpgroups (512 threads), P@V from registers, PackGQA (on one H200, seq
+4096: 0.275 vs 0.307 ms at GQA 16/1, 0.491 vs 0.518 ms at 32/2; SDPA 0.297 / 0.532). FA4's default
+tiles stay for other head dims and other GPUs. FA4's backward never packs; its default SM90 tile
+(64 x 128) was as fast as any other feasible one in the same sweep.
 """
 
 import torch
 from flash_attn.cute import flash_attn_func
+from flash_attn.cute import interface as fa_interface
 
 from engine.ops.kernel_cache import configure_fa4_cache
 
-__all__ = ["attention", "attention_nopack"]
+__all__ = ["attention", "attention_nopack", "attention_tuned"]
 
 configure_fa4_cache()
 
@@ -49,3 +56,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
 def attention_nopack(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float) -> torch.Tensor:
     """Causal GQA attention, forward without PackGQA (one M tile per query head)."""
     return _fa4(q, k, v, softmax_scale, False)
+
+
+# head dim -> forward kwargs of FA4's _flash_attn_fwd on SM90 (bench/attention_variants.py)
+_SM90_FWD_TILES = {128: {"tile_mn": (192, 128), "mma_pv_is_rs": True, "intra_wg_overlap": False, "num_threads": 512}}
+
+
+class _TunedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale: float):
+        tiles = _SM90_FWD_TILES.get(q.shape[3], {}) if torch.cuda.get_device_capability(q.device)[0] == 9 else {}
+        out, lse = fa_interface._flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=True, return_lse=True,
+                                                **tiles)[:2]
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softmax_scale = softmax_scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = fa_interface._flash_attn_bwd(q, k, v, out, dout, lse, ctx.softmax_scale, True)
+        return dq, dk, dv, None
+
+
+def attention_tuned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float) -> torch.Tensor:
+    """Causal GQA attention on FA4's kernels with our SM90 forward tile for head dim 128."""
+    _check(q, k, v)
+    return _TunedAttention.apply(q, k, v, float(softmax_scale))
