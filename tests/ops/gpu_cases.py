@@ -40,7 +40,9 @@ def _attention(b, s, hq, hkv, d) -> Case:
     return Case(op="attention", name=f"gqa{hq}-{hkv}_d{d}", make=make, call=call)
 
 
-def _rmsnorm(m, n, residual_scale) -> Case:
+def _rmsnorm(m, n, residual_scale, keep="both") -> Case:
+    """keep="y" / "s": the residual form with only one output used, so its backward gets
+    ds_out = None / dy = None (autograd passes None for an unused output)."""
     def make(seed, dtype):
         g = torch.Generator(device="cuda").manual_seed(seed)
         x = {"x": _rand(g, m, n, dtype=dtype),
@@ -51,10 +53,12 @@ def _rmsnorm(m, n, residual_scale) -> Case:
 
     def call(fn, x):
         if "residual" in x:
-            return list(fn(x["x"], x["weight"], eps=1e-6, residual=x["residual"], residual_scale=residual_scale))
+            y, s = fn(x["x"], x["weight"], eps=1e-6, residual=x["residual"], residual_scale=residual_scale)
+            return {"both": [y, s], "y": [y], "s": [s]}[keep]
         return [fn(x["x"], x["weight"], eps=1e-6)]
 
     tag = "plain" if residual_scale is None else f"residual{residual_scale:.3f}"
+    tag += "" if keep == "both" else f"_{keep}-only"
     return Case(op="rmsnorm", name=f"{m}x{n}_{tag}", make=make, call=call)
 
 
@@ -90,6 +94,11 @@ CASES = [
     _rmsnorm(2048, 4096, 1.4 / math.sqrt(32)),
     _rmsnorm(2048, 4096, 1.0),
     _rmsnorm(2048, 4096, None),
+    _rmsnorm(2048, 4096, 0.22, keep="y"),  # backward with ds_out = None
+    _rmsnorm(2048, 4096, 0.22, keep="s"),  # backward with dy = None: no weight gradient
+    _rmsnorm(2048, 1024, 0.22),  # MiniCPM4-0.5B hidden size
+    _rmsnorm(2048, 1024, None),
+    _rmsnorm(512, 1000, 0.5),  # a hidden size that is no multiple of the kernels' row tile (predicated)
     _fc1(1024, 4096, 8192),
     _output(2048, 4096, 36736, 0, 36736 - 24),  # one shard of the whole vocabulary, 24 padding columns
     _output(2048, 4096, 36736, 36736, 73448),  # rank 1 of 2: half the labels live on the other shard

@@ -32,7 +32,10 @@ def _rel(x, ref):
 def _run(case, fn, inputs, gouts):
     outs = case.call(fn, inputs)
     torch.autograd.backward(outs, [g.to(o.dtype) for g, o in zip(gouts, outs)])
-    grads = {k: v.grad for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.requires_grad}
+    # An input the used outputs do not depend on (the weight when only s of the residual form is
+    # used) may get None from one version and zeros from another: both mean a zero gradient.
+    grads = {k: (v.grad if v.grad is not None else torch.zeros_like(v))
+             for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.requires_grad}
     return outs, grads
 
 
