@@ -6,7 +6,10 @@ recomputed here from tokens and time_s (same FLOP count as engine/flops.py, prin
 Variants run one after another in the same job on the same GPU, so their ratios are meaningful.
 
     python bench/engine_step.py --preset minicpm4-0.5b --steps 50 --out bench/results/engine_step.json \
-        --variant baseline= --variant ckpt=--activation-checkpointing
+        --variant default= --variant ckpt=--activation-checkpointing \
+        --variant baseline="--op-attention baseline --op-rmsnorm baseline --op-gemm-fc1 baseline --op-gemm-output baseline"
+
+(`default=`: the ops' CUDA defaults, the CuTeDSL versions; the last variant asks for plain torch.)
 
 Prints a table last; writes JSON with every step's numbers.
 """

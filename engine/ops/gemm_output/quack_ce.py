@@ -4,7 +4,8 @@ Per chunk of CHUNK_TOKENS rows: one cuBLAS GEMM writes bf16 logits [chunk, V_loc
 buffer, padding columns (global id >= vocab_size) are set to -inf, a quack CuTeDSL row kernel turns
 the logits IN PLACE into d loss_sum / d logits = softmax - onehot (and the per-row loss), and two
 GEMMs consume them at once: grad_h[chunk] = dlogits @ w and grad_w (+)= dlogits^T @ h[chunk].
-The backward only scales the stored gradients by d loss / d loss_sum.
+The backward only scales the stored gradients by d loss / d loss_sum (engine/ops/gemm_output/
+cute_scale.py, our in-place kernel: 4 bytes per element, no host sync, bitwise torch's mul_).
 
 Compared with the baseline (fp32 logits, recomputed in backward) this does 3 LM-head GEMMs instead
 of 4 and moves bf16 instead of fp32 logits; peak extra memory is one bf16 logits chunk (600 MB at
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 from quack.cross_entropy import cross_entropy_bwd, cross_entropy_fwd_out
 
+from engine.ops.gemm_output.cute_scale import scale_
 from engine.ops.kernel_cache import configure_quack_cache
 
 __all__ = ["gemm_output", "gemm_output_chunked", "gemm_output_vocab_parallel_local", "CHUNK_TOKENS", "IGNORE_INDEX"]
@@ -57,8 +59,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         valid = labels != IGNORE_INDEX
         local = labels - vocab_start
         owned = valid & (local >= 0) & (local < v_local)
-        grad_h = torch.empty_like(h) if need_h else None
-        grad_w = torch.empty_like(w) if need_w else None
+        grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_h else None  # contiguous: scale_
+        grad_w = torch.empty(w.shape, dtype=w.dtype, device=w.device) if need_w else None
         need_grad = need_h or need_w
         buf = torch.empty(min(chunk_tokens, n), v_local, dtype=h.dtype, device=h.device)
         row_loss = torch.empty(n, dtype=torch.float32, device=h.device)
@@ -116,9 +118,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         scale = grad_loss.to(torch.float32)
         if grad_h is not None:
-            grad_h = grad_h.mul_(scale)
+            grad_h = scale_(grad_h, scale)
         if grad_w is not None:
-            grad_w = grad_w.mul_(scale)
+            grad_w = scale_(grad_w, scale)
         return grad_h, grad_w, None, None, None, None, None, None, None, None
 
 
