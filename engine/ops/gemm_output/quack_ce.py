@@ -5,7 +5,7 @@ buffer, padding columns (global id >= vocab_size) are set to -inf, a quack CuTeD
 the logits IN PLACE into d loss_sum / d logits = softmax - onehot (and the per-row loss), and two
 GEMMs consume them at once: grad_h[chunk] = dlogits @ w and grad_w (+)= dlogits^T @ h[chunk].
 The backward only scales the stored gradients by d loss / d loss_sum (engine/ops/gemm_output/
-cute_scale.py, our in-place kernel: 4 bytes per element, no host sync, bitwise torch's mul_).
+cute_scale.py, our in-place kernel: 4 bytes per element, no host sync, fp32 product rounded once).
 
 Compared with the baseline (fp32 logits, recomputed in backward) this does 3 LM-head GEMMs instead
 of 4 and moves bf16 instead of fp32 logits; peak extra memory is one bf16 logits chunk (600 MB at
