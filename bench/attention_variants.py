@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import json
 import math
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import median_call_ms, rel_err  # noqa: E402
 
 __all__ = ["main"]
 
@@ -45,25 +46,8 @@ def _sdpa(q, k, v, scale):
     return out.transpose(1, 2)
 
 
-def _rel(x, ref) -> float:
-    x, ref = x.double(), ref.double()
-    if not torch.isfinite(x).all():
-        return math.inf
-    return ((x - ref).norm() / ref.norm()).item()
 
 
-def _time(fn, sets, iters) -> float:
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn(sets[0])
-    torch.cuda.synchronize()
-    times = []
-    for i in range(iters):
-        start.record()
-        fn(sets[i % len(sets)])
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def _inputs(b, s, hq, hkv, d, seed):
@@ -147,9 +131,9 @@ def _time_bwd(fa_iface, cfg, name, shape, sets, check, refs, fwd_lse, scale, ite
 
         try:
             dq, dk, dv = bwd(check, saved_check)
-            row["err"] = max(_rel(dq, refs["dq"]), _rel(dk, refs["dk"]), _rel(dv, refs["dv"]))
+            row["err"] = max(rel_err(dq, refs["dq"]), rel_err(dk, refs["dk"]), rel_err(dv, refs["dv"]))
             idx = {id(x): i for i, x in enumerate(sets)}
-            row["ms"] = _time(lambda x: bwd(x, saved[idx[id(x)]]), sets, iters)
+            row["ms"] = median_call_ms(lambda x: bwd(x, saved[idx[id(x)]]), sets, iters)
         except Exception as exc:  # a sweep row records its failure and the sweep goes on
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         finally:
@@ -196,8 +180,8 @@ def main(argv=None) -> int:
             q, k, v = (x[n].detach().requires_grad_() for n in "qkv")
             _sdpa(q, k, v, scale).backward(x["do"])
 
-        t_f = _time(lambda x: _sdpa(x["q"], x["k"], x["v"], scale), sets, args.iters)
-        t_fb = _time(sdpa_fb, sets, args.iters)
+        t_f = median_call_ms(lambda x: _sdpa(x["q"], x["k"], x["v"], scale), sets, args.iters)
+        t_fb = median_call_ms(sdpa_fb, sets, args.iters)
         base = {"fwd": t_f, "bwd": t_fb - t_f}
         rows.append({"shape": shape, "kind": "sdpa", "variant": "sdpa", "ms": t_f, "fb_ms": t_fb, "err": 0.0})
         rows.append({"shape": shape, "kind": "bwd", "variant": "sdpa", "ms": t_fb - t_f, "err": 0.0})
@@ -208,8 +192,8 @@ def main(argv=None) -> int:
             try:
                 out = fa_iface._flash_attn_fwd(check["q"], check["k"], check["v"], softmax_scale=scale, causal=True,
                                                return_lse=True, **kw)[0]
-                row["err"] = _rel(out, refs["out"])
-                row["ms"] = _time(lambda x: fa_iface._flash_attn_fwd(x["q"], x["k"], x["v"], softmax_scale=scale,
+                row["err"] = rel_err(out, refs["out"])
+                row["ms"] = median_call_ms(lambda x: fa_iface._flash_attn_fwd(x["q"], x["k"], x["v"], softmax_scale=scale,
                                                                       causal=True, return_lse=True, **kw), sets,
                                   args.iters)
                 row["x"] = base["fwd"] / row["ms"]

@@ -9,7 +9,6 @@ of the bytes it must move (dy 2 B + preact 4 B + grads 4 B per element of y) aga
 unfused torch version (what autograd of the baseline runs). Table printed last.
 """
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import median_call_ms  # noqa: E402
 from engine.ops.gemm_fc1.cute_dswiglu import dswiglu_concat  # noqa: E402
 from engine.ops.kernel_cache import configure_quack_cache  # noqa: E402
 
@@ -37,17 +37,10 @@ def torch_unfused(dy: torch.Tensor, preact: torch.Tensor) -> torch.Tensor:
     return torch.cat([dgate, dy * silu], dim=1)
 
 
-def _time(fn, iters=50) -> float:
-    fn()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+
+
+def _median_ms(fn, iters=50) -> float:
+    return median_call_ms(lambda _: fn(), [None], iters)
 
 
 def main() -> int:
@@ -60,13 +53,13 @@ def main() -> int:
         preact = (torch.randn(m, 2 * f, generator=g, device="cuda") * 2).bfloat16()
         ref = reference(dy, preact)
         nbytes = m * f * 10
-        t = _time(lambda: torch_unfused(dy, preact))
+        t = _median_ms(lambda: torch_unfused(dy, preact))
         rows.append((f, "torch", t, nbytes / t / 1e6, ((torch_unfused(dy, preact).float() - ref).norm() / ref.norm()).item()))
         for vec in (4, 8):
             out = dswiglu_concat(dy, preact, vec=vec)
             err = ((out.float() - ref).norm() / ref.norm()).item()
             ok &= err <= 1e-2 and bool(torch.isfinite(out).all())
-            t = _time(lambda v=vec: dswiglu_concat(dy, preact, vec=v))
+            t = _median_ms(lambda v=vec: dswiglu_concat(dy, preact, vec=v))
             rows.append((f, f"cute vec{vec}", t, nbytes / t / 1e6, err))
     print(f"{'f':>6} {'variant':<10} {'ms':>8} {'GB/s':>8} {'rel err':>9}   (M = 8192, bytes = 10 per y element)")
     for f, name, t, gbs, err in rows:

@@ -20,8 +20,6 @@ Every result is checked against the fp32 product (rel. error, bf16 tolerance 1e-
 
 import argparse
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import median_call_ms, rel_err  # noqa: E402
 
 __all__ = ["main"]
 
@@ -39,25 +39,8 @@ CONFIGS = [None, (128, 256, False, 2, 1), (128, 256, False, 1, 2), (256, 128, Fa
            (128, 192, True, 1, 2)]
 
 
-def _rel(x, ref) -> float:
-    x, ref = x.double(), ref.double()
-    if not torch.isfinite(x).all():
-        return math.inf
-    return ((x - ref).norm() / ref.norm()).item()
 
 
-def _time(fn, sets, iters) -> float:
-    fn(sets[0])
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for i in range(iters):
-        start.record()
-        fn(sets[i % len(sets)])
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def _problems(tp: int, tokens: int, chunk: int):
@@ -117,9 +100,9 @@ def main(argv=None) -> int:
                 ref_pre = torch.stack([ref[:, :f], ref[:, f:]], dim=-1).reshape(m, n)
                 ref_post = F.silu(ref[:, :f]) * ref[:, f:]
 
-            t = _time(lambda ab: torch.mm(*ab), sets, args.iters)
+            t = median_call_ms(lambda ab: torch.mm(*ab), sets, args.iters)
             rows.append({"tp": tp, "gemm": name, "variant": "cublas", "ms": t, "tflops": flops / t / 1e9,
-                         "err": _rel(torch.mm(a, b), ref)})
+                         "err": rel_err(torch.mm(a, b), ref)})
             print(f"tp{tp} {name} [{m}x{n}x{a.shape[1]}] cublas {t:.3f} ms {flops / t / 1e9:.0f} TFLOP/s", flush=True)
             for cfg_t in CONFIGS:
                 tm, tn, pp, cm, cn = cfg_t or (0, 0, 0, 0, 0)
@@ -137,8 +120,8 @@ def main(argv=None) -> int:
                 row = {"tp": tp, "gemm": name, "variant": variant}
                 try:
                     out = run((a, b))
-                    row["err"] = max(_rel(out[0], ref_pre), _rel(out[1], ref_post)) if gated else _rel(out, ref)
-                    row["ms"] = _time(run, sets, args.iters)
+                    row["err"] = max(rel_err(out[0], ref_pre), rel_err(out[1], ref_post)) if gated else rel_err(out, ref)
+                    row["ms"] = median_call_ms(run, sets, args.iters)
                     row["tflops"] = flops / row["ms"] / 1e9
                 except Exception as exc:  # a sweep row records its failure and the sweep goes on
                     row["error"] = f"{type(exc).__name__}: {exc}"[:300]

@@ -31,7 +31,6 @@ JSON (every number) goes to --out; the table prints last.
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import median_call_ms, rel_err  # noqa: E402
 from engine.config import build_config  # noqa: E402
 from engine.ops.dispatch import OP_NAMES, load_op, load_register  # noqa: E402
 from engine.ops.workloads import call_op, grad_leaves, make_inputs, op_bytes, op_flops, op_shapes, rank_callable  # noqa: E402
@@ -68,12 +68,6 @@ def torch_naive_output(h, w, labels, *, vocab_start: int, vocab_size: int):
     return torch.where(labels != -100, lse - torch.where(owned, target, 0.0), 0.0).sum()
 
 
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.detach().double(), ref.detach().double()
-    if not torch.isfinite(x).all():
-        return math.inf
-    denom = ref.norm().item()
-    return (x - ref).norm().item() / (denom if denom > 0 else 1.0)
 
 
 def _fp32_copy(inputs: dict) -> dict:
@@ -108,22 +102,11 @@ def check(op, fn, ref_fn, shapes, device, seed) -> dict:
     ref_inputs = _fp32_copy(inputs)
     ref_outs, ref_grads, gouts = _fwd_bwd(op, ref_fn, ref_inputs, shapes, seed=seed + 1)
     outs, grads, _ = _fwd_bwd(op, fn, inputs, shapes, gouts=gouts)
-    errs = {f"out{i}": _rel(o, r) for i, (o, r) in enumerate(zip(outs, ref_outs))}
-    errs.update({f"d{k}": _rel(grads[k], ref_grads[k]) for k in ref_grads})
+    errs = {f"out{i}": rel_err(o, r) for i, (o, r) in enumerate(zip(outs, ref_outs))}
+    errs.update({f"d{k}": rel_err(grads[k], ref_grads[k]) for k in ref_grads})
     return errs
 
 
-def _time_calls(fn_once, sets, iters) -> float:
-    times = []
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for i in range(iters):
-        inputs = sets[i % len(sets)]
-        start.record()
-        fn_once(inputs)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def _time_pipelined(fn_once, sets, iters, reps) -> float:
@@ -171,8 +154,8 @@ def bench_version(op, version, fn, ref_fn, shapes, device, args, *, check_correc
     torch.cuda.synchronize()
     row["fwd_ms"] = _time_pipelined(fwd, sets, args.iters, args.reps)
     row["fwd_bwd_ms"] = _time_pipelined(fwd_bwd, sets, args.iters, args.reps)
-    row["fwd_ms_sync"] = _time_calls(fwd, sets, args.iters)
-    row["fwd_bwd_ms_sync"] = _time_calls(fwd_bwd, sets, args.iters)
+    row["fwd_ms_sync"] = median_call_ms(fwd, sets, args.iters, warm=False)
+    row["fwd_bwd_ms_sync"] = median_call_ms(fwd_bwd, sets, args.iters, warm=False)
     for x in sets:
         for t in grad_leaves(x).values():
             t.grad = None
