@@ -52,7 +52,9 @@ def test_version_matches_fp32_reference_and_baseline(case, version):
     for seed in (11, 12):  # two fresh input draws
         inputs = case.make(seed, torch.bfloat16)
         g = torch.Generator(device="cuda").manual_seed(seed + 100)
-        gouts = [torch.randn(o.shape, generator=g, device="cuda") if o.dim() else torch.ones((), device="cuda")
+        # A scalar output (the loss sum of gemm_output) gets 1 / 8191, as a mean over tokens would
+        # give it: versions that scale stored gradients in backward must apply it exactly.
+        gouts = [torch.randn(o.shape, generator=g, device="cuda") if o.dim() else torch.full((), 1 / 8191, device="cuda")
                  for o in case.call(baseline, _fp32(inputs))]
         ref_out, ref_grads = _run(case, baseline, _fp32(inputs), gouts)
         base_in = {k: (v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v)
