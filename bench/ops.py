@@ -10,13 +10,16 @@ every (op, version), side by side in one process:
                output gradients; every output and input gradient compared with the fp32 reference
                (the baseline run on fp32 copies of the same inputs) by ||x - ref|| / ||ref||.
                Tolerance TOL = 1e-2: bf16 operands land between 1e-3 and 1e-2 (METHOD.md).
-  time         forward (grad mode on, as in training) and forward + backward, over --sets rotated
-               input sets, two ways. Pipelined (the numbers the speedups use): --iters calls issued
-               back to back between two device events, as a training step issues them (the host
-               queues the next launches while the device works), time / calls, median of --reps
-               such batches. Synchronous (`*_sync`, in the JSON and the table's last column): device
-               events around each call alone, median of --iters; this adds each call's host-side
-               launch latency (Python, planning, kernel launch), which a training step hides.
+  time         forward (grad mode on, as in training) and forward + backward, every version on the
+               same --sets rotated input sets, two ways. Pipelined (the numbers the speedups use):
+               --iters calls issued back to back between two device events, as a training step
+               issues them (the host queues the next launches while the device works), time /
+               calls, median of --reps such batches. Synchronous (`*_sync`, in the JSON and the
+               table's last column): device events around one call alone, median of --iters; this
+               adds each call's host-side launch latency (Python, planning, kernel launch), which a
+               training step hides. Versions are timed in interleaved rounds (baseline batch,
+               version batch, ..., again), so the clock and power drift of a long run (GEMM-heavy
+               ops throttle an H200 by ~15%) reaches every version alike.
   rate         model TFLOP/s (engine/ops/workloads.op_flops: 3 LM-head GEMMs, attention bwd 2.5x
                fwd) or, for rmsnorm, GB/s of the fewest bytes the op must move.
   memory       peak bytes allocated during one forward + backward above what was allocated before.
@@ -109,19 +112,26 @@ def check(op, fn, ref_fn, shapes, device, seed) -> dict:
 
 
 
-def _time_pipelined(fn_once, sets, iters, reps) -> float:
-    """Per-call device time of `iters` back-to-back calls (no host sync between them); median of reps."""
-    per_call = []
+def _batch_ms(fn_once, sets, iters) -> float:
+    """Per-call device time of `iters` back-to-back calls (no host sync between them)."""
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start.record()
-        for i in range(iters):
-            fn_once(sets[i % len(sets)])
-        stop.record()
-        stop.synchronize()
-        per_call.append(start.elapsed_time(stop) / iters)
-    return statistics.median(per_call)
+    torch.cuda.synchronize()
+    start.record()
+    for i in range(iters):
+        fn_once(sets[i % len(sets)])
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / iters
+
+
+def _interleaved(fns: dict, rounds: int, measure) -> dict:
+    """Median over `rounds` of measure(fn, round); each round measures every candidate once, in turn, so
+    clock and temperature drift during the run reach all of them alike."""
+    samples: dict = {name: [] for name in fns}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(measure(fn, r))
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def gemm_floor_fc1(x, w):
@@ -130,50 +140,67 @@ def gemm_floor_fc1(x, w):
     return F.linear(x, w)
 
 
-def bench_version(op, version, fn, ref_fn, shapes, device, args, *, check_correctness: bool = True) -> dict:
-    row = {"op": op, "tp": shapes.tp, "version": version}
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    row["errors"] = check(op, fn, ref_fn, shapes, device, seed=1000 + shapes.tp) if check_correctness else {}
-    torch.cuda.synchronize()
-    row["first_check_s"] = time.perf_counter() - t0  # includes compile / cache load on a cold process
-    row["max_rel_err"] = max(row["errors"].values()) if row["errors"] else None
-    row["ok"] = row["max_rel_err"] <= TOL if check_correctness else None
+def bench_op(op, candidates, ref_fn, shapes, device, args) -> list[dict]:
+    """Rows for every (version, fn) of one op at one TP size: correctness, memory, then timings.
+
+    All versions run on the same input sets and are timed in interleaved rounds (`_interleaved`).
+    A version that fails to load or to run gets a row with `error`; the others still run.
+    """
     sets = [make_inputs(op, shapes, device=device, dtype=torch.bfloat16, seed=s) for s in range(args.sets)]
-    gouts = [_grad_outputs(call_op(op, fn, x, shapes), 7 + i) for i, x in enumerate(sets)]
-    gmap = {id(x): g for x, g in zip(sets, gouts)}
-
-    def fwd(x):
-        call_op(op, fn, x, shapes)
-
-    def fwd_bwd(x):
-        _fwd_bwd(op, fn, x, shapes, gouts=gmap[id(x)])
-
-    for x in sets:  # warm: allocator, caches
-        fwd_bwd(x)
-    torch.cuda.synchronize()
-    row["fwd_ms"] = _time_pipelined(fwd, sets, args.iters, args.reps)
-    row["fwd_bwd_ms"] = _time_pipelined(fwd_bwd, sets, args.iters, args.reps)
-    row["fwd_ms_sync"] = median_call_ms(fwd, sets, args.iters, warm=False)
-    row["fwd_bwd_ms_sync"] = median_call_ms(fwd_bwd, sets, args.iters, warm=False)
-    for x in sets:
-        for t in grad_leaves(x).values():
-            t.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fwd_bwd(sets[0])
-    torch.cuda.synchronize()
-    row["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
-    for mode, key in (("fwd", "fwd_ms"), ("fwd_bwd", "fwd_bwd_ms")):
-        flops = op_flops(op, shapes, backward=mode == "fwd_bwd")
-        nbytes = op_bytes(op, shapes, backward=mode == "fwd_bwd")
-        row[f"{mode}_tflops"] = flops / (row[key] * 1e-3) / 1e12 if flops else None
-        row[f"{mode}_gbs"] = nbytes / (row[key] * 1e-3) / 1e9 if nbytes else None
+    rows, fwd, fwd_bwd = [], {}, {}
+    for version, fn in candidates:
+        row = {"op": op, "tp": shapes.tp, "version": version}
+        rows.append(row)
+        try:
+            fn = fn or rank_callable(op, load_op(op, version), shapes)
+            check_correctness = version != "gemm_floor"
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            row["errors"] = check(op, fn, ref_fn, shapes, device, seed=1000 + shapes.tp) if check_correctness else {}
+            torch.cuda.synchronize()
+            row["first_check_s"] = time.perf_counter() - t0  # includes compile / cache load on a cold process
+            row["max_rel_err"] = max(row["errors"].values()) if row["errors"] else None
+            row["ok"] = row["max_rel_err"] <= TOL if check_correctness else None
+            gmap = {id(x): _grad_outputs(call_op(op, fn, x, shapes), 7 + i) for i, x in enumerate(sets)}
+            fwd[version] = lambda x, fn=fn: call_op(op, fn, x, shapes)
+            fwd_bwd[version] = lambda x, fn=fn, gmap=gmap: _fwd_bwd(op, fn, x, shapes, gouts=gmap[id(x)])
+            for x in sets:  # warm: allocator, caches
+                fwd_bwd[version](x)
+            for x in sets:
+                for t in grad_leaves(x).values():
+                    t.grad = None
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fwd_bwd[version](sets[0])
+            torch.cuda.synchronize()
+            row["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+        except Exception as err:  # reported in the table and JSON; the other versions still run
+            row.update(error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-3000:])
+            print(row["traceback"], file=sys.stderr)
+            fwd.pop(version, None)
+            fwd_bwd.pop(version, None)
+            torch.cuda.empty_cache()
+    by_version = {r["version"]: r for r in rows}
+    for key, fns in (("fwd_ms", fwd), ("fwd_bwd_ms", fwd_bwd)):
+        for name, ms in _interleaved(fns, args.reps, lambda f, r: _batch_ms(f, sets, args.iters)).items():
+            by_version[name][key] = ms
+        sync = _interleaved(fns, args.iters, lambda f, r: median_call_ms(f, [sets[r % len(sets)]], 1, warm=False))
+        for name, ms in sync.items():
+            by_version[name][f"{key[:-3]}_ms_sync"] = ms
+    for row in rows:
+        if "error" in row:
+            continue
+        for mode, key in (("fwd", "fwd_ms"), ("fwd_bwd", "fwd_bwd_ms")):
+            flops = op_flops(op, shapes, backward=mode == "fwd_bwd")
+            nbytes = op_bytes(op, shapes, backward=mode == "fwd_bwd")
+            row[f"{mode}_tflops"] = flops / (row[key] * 1e-3) / 1e12 if flops else None
+            row[f"{mode}_gbs"] = nbytes / (row[key] * 1e-3) / 1e9 if nbytes else None
     sets.clear()
-    gmap.clear()
+    fwd.clear()
+    fwd_bwd.clear()
     torch.cuda.empty_cache()
-    return row
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="+", default=list(OP_NAMES), choices=list(OP_NAMES))
     parser.add_argument("--versions", nargs="*", default=None, help="only these versions (default: all registered)")
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--reps", type=int, default=5, help="pipelined batches of --iters calls (median)")
+    parser.add_argument("--reps", type=int, default=7, help="pipelined batches of --iters calls (median)")
     parser.add_argument("--sets", type=int, default=3, help="input sets rotated through the timed calls")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "ops.json"))
     args = parser.parse_args(argv)
@@ -213,16 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                 candidates.append(("torch_naive", torch_naive_output))
             if op == "gemm_fc1":
                 candidates.append(("gemm_floor", gemm_floor_fc1))
-            for version, fn in candidates:
-                try:
-                    fn = fn or rank_callable(op, load_op(op, version), shapes)
-                    row = bench_version(op, version, fn, ref_fn, shapes, device, args,
-                                        check_correctness=version != "gemm_floor")
-                except Exception as err:  # reported in the table and JSON; the other versions still run
-                    row = {"op": op, "tp": tp, "version": version, "error": f"{type(err).__name__}: {err}",
-                           "traceback": traceback.format_exc()[-3000:]}
-                    print(row["traceback"], file=sys.stderr)
-                    torch.cuda.empty_cache()
+            for row in bench_op(op, candidates, ref_fn, shapes, device, args):
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
     for row in rows:
