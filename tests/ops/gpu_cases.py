@@ -101,6 +101,7 @@ CASES = [
     _rmsnorm(512, 1000, 0.5),  # a hidden size that is no multiple of the kernels' row tile (predicated)
     _fc1(1024, 4096, 8192),
     _output(2048, 4096, 36736, 0, 36736 - 24),  # one shard of the whole vocabulary, 24 padding columns
+    _output(2048, 4096, 73472, 0, 73448),  # MiniCPM4-8B at TP 1: the whole padded vocabulary on one rank
     _output(2048, 4096, 36736, 36736, 73448),  # rank 1 of 2: half the labels live on the other shard
 ]
 
