@@ -34,7 +34,7 @@ would synchronise the GPU on every step.
 import torch
 import torch.distributed as dist
 
-__all__ = ["gemm_output", "gemm_output_chunked", "CHUNK_TOKENS", "IGNORE_INDEX"]
+__all__ = ["gemm_output", "gemm_output_chunked", "CHUNK_TOKENS", "IGNORE_INDEX", "check_inputs"]
 
 CHUNK_TOKENS = 4096
 IGNORE_INDEX = -100
@@ -123,9 +123,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, None, None, None, None, None
 
 
-def gemm_output_chunked(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, vocab_start: int, vocab_size: int,
-                        tp_group: "dist.ProcessGroup | None" = None, chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
-    """gemm_output with an explicit chunk size (tests use small chunks to cross chunk boundaries)."""
+def check_inputs(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, vocab_start: int, vocab_size: int,
+                 chunk_tokens: int) -> None:
+    """The contract's shape and range checks, shared by every gemm_output version."""
     if h.dim() != 2 or w.dim() != 2 or h.shape[1] != w.shape[1]:
         raise ValueError(f"gemm_output wants h [n, d] and w [V_local, d]; got {tuple(h.shape)}, {tuple(w.shape)}")
     if labels.shape != (h.shape[0],) or labels.dtype != torch.int64:
@@ -133,6 +133,12 @@ def gemm_output_chunked(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, 
     if vocab_start < 0 or vocab_size <= 0 or chunk_tokens <= 0:
         raise ValueError(f"gemm_output: vocab_start={vocab_start} must be >= 0, vocab_size={vocab_size} and "
                          f"chunk_tokens={chunk_tokens} > 0")
+
+
+def gemm_output_chunked(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, vocab_start: int, vocab_size: int,
+                        tp_group: "dist.ProcessGroup | None" = None, chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+    """gemm_output with an explicit chunk size (tests use small chunks to cross chunk boundaries)."""
+    check_inputs(h, w, labels, vocab_start, vocab_size, chunk_tokens)
     return _LinearCrossEntropy.apply(h, w, labels, vocab_start, vocab_size, tp_group, chunk_tokens)
 
 

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from quack.cross_entropy import cross_entropy_bwd, cross_entropy_fwd_out
 
+from engine.ops.gemm_output.baseline import check_inputs
 from engine.ops.gemm_output.cute_scale import scale_
 from engine.ops.kernel_cache import configure_quack_cache
 
@@ -126,13 +127,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
 def _check(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, vocab_start: int, vocab_size: int,
            chunk_tokens: int) -> None:
-    if h.dim() != 2 or w.dim() != 2 or h.shape[1] != w.shape[1]:
-        raise ValueError(f"gemm_output wants h [n, d] and w [V_local, d]; got {tuple(h.shape)}, {tuple(w.shape)}")
-    if labels.shape != (h.shape[0],) or labels.dtype != torch.int64:
-        raise ValueError(f"gemm_output wants int64 labels [n={h.shape[0]}]; got {labels.dtype} {tuple(labels.shape)}")
-    if vocab_start < 0 or vocab_size <= 0 or chunk_tokens <= 0:
-        raise ValueError(f"gemm_output: vocab_start={vocab_start} must be >= 0, vocab_size={vocab_size} and "
-                         f"chunk_tokens={chunk_tokens} > 0")
+    check_inputs(h, w, labels, vocab_start, vocab_size, chunk_tokens)
     if h.dtype not in _DTYPES or w.dtype != h.dtype or not h.is_cuda:
         raise ValueError(f"gemm_output (quack) runs bf16/fp16 CUDA tensors of one dtype; got h {h.dtype} {h.device}, "
                          f"w {w.dtype}: use --op-gemm-output baseline for other dtypes")
