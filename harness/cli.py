@@ -13,18 +13,24 @@ from guards.cli import ParserStop, ReturningParser  # the same non-exiting argpa
 
 __all__ = ["main", "build_parser"]
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 _EPILOG = """examples:
   temper demo                                        the README demo: a replayed agent on CPU, a few minutes
   temper run demo-tiny --agent anthropic:claude-sonnet-4-5
   temper run demo-tiny --agent openai-compatible:http://localhost:8000/v1#qwen3-coder --max-turns 60
   temper gate demo-tiny --patch runs/<id>/attempts/2/diff.patch
+  temper milestones                                  each milestone with the hardware it needs and its goal
   temper resume <run-id>
   temper runs
   temper report <run-id>
 
-exit codes: 0 accepted / success, 1 rejected / failed, 2 bad usage or spec, 130 interrupted"""
+exit codes: 0 accepted / success, 1 rejected / failed, 2 bad usage or spec, 3 this machine lacks the
+hardware the milestone needs (nothing was judged), 130 interrupted"""
+
+
+_UNSANDBOXED = ("run candidate code (tests, jobs) without the OS sandbox, with your rights: local experiments only; "
+                "every verdict then says 'unsandboxed'")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-output-tokens", type=int, default=16_384, metavar="N", help="output limit of each model call")
     run.add_argument("--merge", action="store_true", help="merge the accepted attempt into your checkout's branch")
     run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    run.add_argument("--unsandboxed", action="store_true", help=_UNSANDBOXED)
 
     gate = sub.add_parser("gate", help="judge your uncommitted changes (or --patch) with a milestone's gates, no agent")
     gate.add_argument("milestone")
@@ -54,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--base", default="HEAD", metavar="REV", help="the commit to judge against (default: HEAD)")
     gate.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
     gate.add_argument("--quiet", action="store_true")
+    gate.add_argument("--unsandboxed", action="store_true", help=_UNSANDBOXED)
+
+    listing = sub.add_parser("milestones", help="list the milestones: id, the hardware each needs, its goal in one line")
+    listing.add_argument("--json", action="store_true")
 
     resume = sub.add_parser("resume", help="continue a stopped or crashed run from its records")
     resume.add_argument("run_id", metavar="RUN_ID")
@@ -110,7 +121,8 @@ def _run(args: argparse.Namespace) -> int:
         except ValueError:
             options[key] = value
     outcome = start_run(args.milestone, args.agent, budget=budget, merge=args.merge, progress=_progress(args.quiet),
-                        options=LoopOptions(max_output_tokens=args.max_output_tokens), agent_options=options)
+                        options=LoopOptions(max_output_tokens=args.max_output_tokens), agent_options=options,
+                        unsandboxed=args.unsandboxed)
     return _print_outcome(outcome)
 
 
@@ -121,16 +133,34 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from harness.gates import verdict_text
+    from harness.judge import verdict_text
     from harness.session import gate_candidate
 
-    verdict, run_dir = gate_candidate(args.milestone, patch=args.patch, base=args.base, progress=_progress(args.quiet or args.json))
+    verdict, run_dir = gate_candidate(args.milestone, patch=args.patch, base=args.base, progress=_progress(args.quiet or args.json),
+                                      unsandboxed=args.unsandboxed)
     if args.json:
         print(json.dumps({**verdict.to_json(), "run_dir": str(run_dir)}, indent=2))
     else:
         print(verdict_text(verdict))
         print(f"records and report: {run_dir}")
     return EXIT_OK if verdict.accepted else EXIT_FAILED
+
+
+def _milestones(args: argparse.Namespace) -> int:
+    from harness.session import load_spec
+    from harness.settings import temper_home
+
+    home = temper_home()
+    rows = [load_spec(p.stem, home) for p in sorted((home / "milestones").glob("*.toml"))]
+    if args.json:
+        print(json.dumps([{"id": m.id, "title": m.title, "requires": m.requires.model_dump(),
+                           "needs": m.requires.describe(), "editable": m.editable} for m in rows], indent=2))
+        return EXIT_OK
+    table = [("MILESTONE", "NEEDS", "GOAL")] + [(m.id, m.requires.describe(), m.title) for m in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(2)]
+    for row in table:
+        print(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}")
+    return EXIT_OK
 
 
 def _runs(args: argparse.Namespace) -> int:
@@ -173,7 +203,7 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(progress=_progress(args.quiet))
 
 
-_COMMANDS = {"run": _run, "gate": _gate, "resume": _resume, "runs": _runs, "report": _report, "demo": _demo}
+_COMMANDS = {"run": _run, "gate": _gate, "milestones": _milestones, "resume": _resume, "runs": _runs, "report": _report, "demo": _demo}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,10 +216,14 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except ParserStop as stop:
         return stop.status
+    from harness.judge.hardware import NeedsHardware
     from harness.session import UsageError
 
     try:
         return _COMMANDS[args.command](args)
+    except NeedsHardware as err:
+        print(f"temper {args.command}: {err}", file=sys.stderr)
+        return EXIT_NEEDS
     except UsageError as err:
         print(f"temper {args.command}: {err}", file=sys.stderr)
         return EXIT_USAGE

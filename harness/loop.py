@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, replace
 
 from harness.agents import ChatAgent, SubprocessAgent
-from harness.gates import GateError, GateRunner, verdict_text
+from harness.judge import GateError, GateRunner, verdict_text
 from harness.progress import Progress
 from harness.prompts import gate_failure_prompt, milestone_prompt, system_prompt
 from harness.protocol import (

@@ -157,13 +157,13 @@ def active_seconds(events: list[dict[str, Any]]) -> float:
 
 
 def _drive(*, milestone: Milestone, record: RunRecord, ws: Workspace, agent: Any, judge_base: str, repo: Path,
-           progress: Progress, base_count: tuple[int, int] | None, wall_offset_s: float, options: Any, merge: bool) -> RunOutcome:
-    from harness.gates import GateRunner
+           progress: Progress, home: Path, unsandboxed: bool, wall_offset_s: float, options: Any, merge: bool) -> RunOutcome:
+    from harness.judge import GateRunner
     from harness.loop import Loop
     from harness.report import write_report
 
-    gates = GateRunner(milestone=milestone, repo=repo, base=judge_base, record=record, progress=progress,
-                       base_test_count=base_count)
+    gates = GateRunner(milestone=milestone, repo=repo, base=judge_base, record=record, progress=progress, home=home,
+                       unsandboxed=unsandboxed)
     loop = Loop(milestone=milestone, record=record, workspace=ws, agent=agent, gates=gates, judge_base=judge_base,
                 progress=progress, wall_offset_s=wall_offset_s, options=options)
     try:
@@ -186,7 +186,7 @@ def _drive(*, milestone: Milestone, record: RunRecord, ws: Workspace, agent: Any
 def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None, runs_root: Path | None = None,
               budget: dict[str, Any] | None = None, options: Any = None, merge: bool = False,
               progress: Progress | None = None, run_id: str | None = None,
-              agent_options: dict[str, Any] | None = None) -> RunOutcome:
+              agent_options: dict[str, Any] | None = None, unsandboxed: bool = False) -> RunOutcome:
     """A new run of `milestone_name` by `agent_spec` on a worktree of the checkout's HEAD.
 
     `agent_options` are keyword arguments of the backend (e.g. executable= for a CLI agent); they are
@@ -202,6 +202,9 @@ def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None,
     progress = progress or Progress()
     options = options or LoopOptions()
     milestone = with_budget(load_spec(milestone_name, home), budget or {})
+    from harness.judge import check_requires
+
+    check_requires(milestone.requires)  # NeedsHardware before anything is created or spent
     head = repo_head(home)
     if agent_spec.startswith("replay:"):  # recorded absolute, so `temper resume` works from any folder
         agent_spec = "replay:" + str(Path(agent_spec[len("replay:"):]).resolve())
@@ -225,11 +228,11 @@ def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None,
         record.finish("error", f"workspace: {err}")
         raise UsageError(str(err)) from None
     record.note(_READY, repo=str(ws.repo), judge_base=judge_base, budget=milestone.budget.model_dump(),
-                max_output_tokens=options.max_output_tokens, shell_timeout_s=options.shell_timeout_s)
+                max_output_tokens=options.max_output_tokens, shell_timeout_s=options.shell_timeout_s, unsandboxed=unsandboxed)
     progress("run", f"worktree {ws.worktree} on {ws.branch}, base {head[:12]}" +
              (f", judge base {judge_base[:12]} (setup {milestone.setup})" if judge_base != head else ""))
     return _drive(milestone=milestone, record=record, ws=ws, agent=agent, judge_base=judge_base, repo=ws.repo,
-                  progress=progress, base_count=None, wall_offset_s=0.0, options=options, merge=merge)
+                  progress=progress, home=home, unsandboxed=unsandboxed, wall_offset_s=0.0, options=options, merge=merge)
 
 
 def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, progress: Progress | None = None) -> RunOutcome:
@@ -258,8 +261,6 @@ def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, 
     if milestone.spec_hash != meta["milestone"]["spec_hash"]:
         raise UsageError(f"{source} changed since run {record.id} started (spec hash differs); start a new run instead")
     milestone = milestone.model_copy(update={"budget": type(milestone.budget).model_validate(ready["budget"])})
-    counts = [e for e in events if e["type"] == "note" and e.get("text") == "base test count"]
-    base_count = (int(counts[-1]["collected"]), int(counts[-1]["errors"])) if counts else None
     played = sum(1 for e in events if e["type"] == "llm_call")
     agent = _make_agent(meta["agent"]["spec"], dict(meta["agent"].get("options") or {}), played)
     previous = record.status
@@ -276,16 +277,18 @@ def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, 
     options = LoopOptions(max_output_tokens=int(ready.get("max_output_tokens", LoopOptions.max_output_tokens)),
                           shell_timeout_s=float(ready.get("shell_timeout_s", LoopOptions.shell_timeout_s)))
     return _drive(milestone=milestone, record=record, ws=ws, agent=agent, judge_base=ready["judge_base"], repo=repo,
-                  progress=progress, base_count=base_count, wall_offset_s=offset, options=options, merge=merge)
+                  progress=progress, home=source.resolve().parent.parent, unsandboxed=bool(ready.get("unsandboxed", False)),
+                  wall_offset_s=offset, options=options, merge=merge)
 
 
 def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str = "HEAD", home: Path | None = None,
-                   runs_root: Path | None = None, progress: Progress | None = None) -> tuple[Verdict, Path]:
+                   runs_root: Path | None = None, progress: Progress | None = None,
+                   unsandboxed: bool = False) -> tuple[Verdict, Path]:
     """Judge the checkout's uncommitted changes, or `patch`, on base (+ the milestone's setup), no agent.
 
     Recorded as a run (`<id>-gate`, attempt 1) so its job logs and report live where every run's do.
     """
-    from harness.gates import GateError, GateRunner
+    from harness.judge import GateError, GateRunner, NeedsHardware
     from harness.report import write_report
     from harness.settings import runs_dir, temper_home
 
@@ -313,7 +316,11 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
         with Workspace.scratch(home, base_sha) as scratch:
             judge_base = setup_base(scratch, milestone, home, run_id)
         record.note(_READY, repo=str(home), judge_base=judge_base, source=source)
-        verdict = GateRunner(milestone=milestone, repo=home, base=judge_base, record=record, progress=progress).judge(diff, attempt=1)
+        verdict = GateRunner(milestone=milestone, repo=home, base=judge_base, record=record, progress=progress, home=home,
+                             unsandboxed=unsandboxed).judge(diff, attempt=1)
+    except NeedsHardware as err:
+        record.finish("error", str(err))
+        raise
     except (GateError, UsageError, WorkspaceError) as err:
         record.finish("error", str(err))
         raise UsageError(f"{source} cannot be judged: {err}") from None

@@ -45,6 +45,8 @@ __all__ = [
     "GUARD_RULES",
     "JUDGE_GLOBS",
     "TEST_GLOB",
+    "NEW_TEST_GLOB",
+    "Requires",
     "compare",
     "glob_match",
     "render_argv",
@@ -88,6 +90,9 @@ JUDGE_GLOBS: tuple[str, ...] = (
     ".ci/**",
 )
 TEST_GLOB = "tests/**"
+# An agent may add new test files for its own change (never conftest.py, plugins or edits to existing
+# tests): they run in a pytest process of their own and never count toward a gate's min_collected.
+NEW_TEST_GLOB = "tests/**/test_*.py"
 
 GATE_KINDS = ("protected", "guards", "pytest", "job", "metrics")
 # Rule names of `temper guards check` (guards/): the engine's red lines.
@@ -126,6 +131,9 @@ METRICS: dict[str, MetricInfo] = {
     ),
     "loss_max_abs_diff": MetricInfo(
         "max over common steps of |loss - ref| (0.0 means bitwise equal at .9e)", ("train",), needs_ref=True
+    ),
+    "loss_mean_rel_diff": MetricInfo(
+        "mean over common steps of |loss - ref| / |ref| (the ForgeTrain long-horizon criterion)", ("train",), needs_ref=True
     ),
     "grad_norm_rel_diff": MetricInfo(
         "max over common steps of |grad_norm - ref| / |ref|", ("train",), needs_ref=True
@@ -228,14 +236,18 @@ _Selector = Annotated[str, AfterValidator(_check_selector)]
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 _NAME = r"[a-z0-9][a-z0-9_-]*"
+_FIXED_PLACEHOLDERS = ("job_dir", "worktree", "seed", "device")
 
 
 def _placeholders(arg: str) -> list[str]:
     return [m.group(1) for m in _PLACEHOLDER.finditer(arg) if m.group(1) is not None]
 
 
-def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, job_dirs: Mapping[str, str | Path]) -> list[str]:
-    """Fill a job's argv placeholders: {job_dir}, {worktree}, {job_dir:NAME} (an earlier job's folder).
+def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, job_dirs: Mapping[str, str | Path],
+                seed: int = 0, device: str = "cpu") -> list[str]:
+    """Fill a job's argv placeholders: {job_dir}, {worktree}, {job_dir:NAME} (an earlier job's folder),
+    {seed} (drawn by the judge for each judging, so acceptance inputs cannot be special-cased) and
+    {device} ("cuda" or "cpu": what the judge runs the milestone on).
 
     `{{` and `}}` are literal braces. The spec loader has already checked every name.
     """
@@ -244,13 +256,13 @@ def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, j
         if token in ("{{", "}}"):
             return token[0]
         name = match.group(1)
-        if name == "job_dir":
-            return str(job_dir)
-        if name == "worktree":
-            return str(worktree)
+        fixed = {"job_dir": job_dir, "worktree": worktree, "seed": seed, "device": device}
+        if name in fixed:
+            return str(fixed[name])
         if name.startswith("job_dir:") and name[len("job_dir:"):] in job_dirs:
             return str(job_dirs[name[len("job_dir:"):]])
-        raise KeyError(f"unknown placeholder {token} (known: {{job_dir}}, {{worktree}}, {{job_dir:NAME}} for {sorted(job_dirs)})")
+        raise KeyError(f"unknown placeholder {token} (known: {', '.join('{' + k + '}' for k in _FIXED_PLACEHOLDERS)}, "
+                       f"{{job_dir:NAME}} for {sorted(job_dirs)})")
 
     return [_PLACEHOLDER.sub(fill, arg) for arg in argv]
 
@@ -305,11 +317,10 @@ class _GateBase(_Strict):
 
 
 class ProtectedGate(_GateBase):
-    """Judge integrity: every protected file hashes as at the base commit; test count does not drop."""
+    """Judge integrity, before any candidate code runs: the diff policy (every touched path editable, or a
+    new test file; no binaries, no symlinks) and no protected file changed in the agent's worktree."""
 
     kind: Literal["protected"]
-    count_tests: bool = True  # collect pytest at base and at the attempt; fewer tests fail the gate
-    count_selectors: list[str] = Field(default_factory=lambda: ["tests"])
 
 
 class GuardsGate(_GateBase):
@@ -353,6 +364,16 @@ class JobGate(_GateBase):
     argv: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)  # e.g. {TEMPER_OP_ATTENTION = "fa4"}
     expect_exit: int = 0
+    # Interrupt the job when it prints `[LOSS] step=<kill_at_step>`: the judge sends kill_signal to its
+    # whole process group (SIGTERM: the engine checkpoints at the step boundary and exits 0; SIGKILL:
+    # nothing is saved after the last --save-every checkpoint). expect_exit says how it must end.
+    kill_at_step: int | None = Field(default=None, gt=0)
+    kill_signal: Literal["SIGTERM", "SIGKILL"] = "SIGTERM"
+    # Judge-verified claims (train jobs): the judge makes the engine save the final weights (and the
+    # step before), recomputes their loss with its own reference forward pass on held-out batches and
+    # checks the applied learning rate against the printed one. Off only where no final weights exist
+    # (a job the judge kills on purpose).
+    verify: bool = True
     log: str = "log"
     metrics_file: str = "metrics.jsonl"  # relative to the job's folder
 
@@ -426,6 +447,31 @@ class MetricsGate(_GateBase):
 Gate = Annotated[Union[ProtectedGate, GuardsGate, PytestGate, JobGate, MetricsGate], Field(discriminator="kind")]
 
 
+class Requires(_Strict):
+    """The hardware a milestone's jobs need. The judge checks what it actually runs on (it asks the
+    machine itself, never the candidate) and, where it falls short, says "needs ..." instead of judging.
+
+    device: "cpu" (jobs run on CPU), "cuda" (GPUs required) or "any" (GPUs when present, else CPU:
+    the `{device}` placeholder says which). gpus: GPUs per node the jobs use; gpu_types: accepted GPU
+    models, matched as substrings of the device name (e.g. ["H100", "H200"]); slurm: jobs go to SLURM.
+    """
+
+    device: Literal["cpu", "cuda", "any"] = "cpu"
+    gpus: int = Field(default=0, ge=0)
+    gpu_types: list[str] = Field(default_factory=list)
+    slurm: bool = False
+
+    def describe(self) -> str:
+        if self.device == "cpu":
+            what = "CPU"
+        else:
+            kinds = "/".join(self.gpu_types) or "CUDA"
+            what = f"{max(self.gpus, 1)} x {kinds} GPU" + ("s" if self.gpus > 1 else "")
+            if self.device == "any":
+                what += " (or CPU)"
+        return what + (" under SLURM" if self.slurm else "")
+
+
 class Milestone(_Strict):
     id: str
     title: str = Field(min_length=1)
@@ -434,6 +480,11 @@ class Milestone(_Strict):
     editable: list[_Glob] = Field(min_length=1)
     protected: list[_Glob] = Field(default_factory=list)  # in addition to JUDGE_GLOBS and tests/**
     setup: str | None = None  # a patch (git apply) committed before the agent starts
+    # A folder under milestones/ whose files (held-out acceptance tests, reference data) are copied over
+    # the judged checkout for judging only: never in the agent's worktree. They are protected like tests.
+    hidden: str | None = None
+    binary: list[_Glob] = Field(default_factory=list)  # editable paths where binary content is allowed
+    requires: Requires = Field(default_factory=Requires)
     gates: list[Gate] = Field(min_length=1)
     budget: Budget
 
@@ -459,6 +510,16 @@ class Milestone(_Strict):
     @classmethod
     def _setup(cls, value: str | None) -> str | None:
         return None if value is None else _check_relpath(value, "setup")
+
+    @field_validator("hidden")
+    @classmethod
+    def _hidden(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        _check_relpath(value, "hidden")
+        if not value.startswith("milestones/"):
+            raise ValueError(f"hidden {value!r} must be a folder under milestones/ (part of the judge, never editable)")
+        return value.rstrip("/")
 
     # -- derived, set by load_milestone
     @property
@@ -491,6 +552,13 @@ class Milestone(_Strict):
     def is_editable(self, path: str) -> bool:
         return not self.is_protected(path) and any(glob_match(g, path) for g in self.editable)
 
+    def allows_new_test(self, path: str) -> bool:
+        """A new file an agent may add beside its change: `tests/**/test_*.py`, never a conftest or plugin."""
+        return glob_match(NEW_TEST_GLOB, path) and not glob_match("**/conftest.py", path)
+
+    def allows_binary(self, path: str) -> bool:
+        return any(glob_match(g, path) for g in self.binary)
+
     # -- gates
     def job_gates(self) -> list[JobGate]:
         return [g for g in self.gates if isinstance(g, JobGate)]
@@ -507,6 +575,7 @@ class Milestone(_Strict):
         named = [c.path for c in self.context]
         named += [r.ref for g in self.gates if isinstance(g, MetricsGate) for r in g.rules if r.ref]
         named += [self.setup] if self.setup else []
+        named += [self.hidden] if self.hidden else []
         return [p for p in named if not (root / p).exists()]
 
 
@@ -578,6 +647,7 @@ def _cross_checks(m: Milestone) -> list[tuple[str, str]]:
             problems.append((f"{where}.kind", "only the first gate may be \"protected\""))
         if isinstance(gate, JobGate):
             problems += _job_checks(gate, where, jobs)
+            problems += _hardware_checks(m.requires, gate, where)
             jobs[gate.name] = gate
         if isinstance(gate, MetricsGate):
             if not jobs:
@@ -591,6 +661,22 @@ def _cross_checks(m: Milestone) -> list[tuple[str, str]]:
             glob_match(j, prefix) or glob_match(j, prefix.rstrip("/") + "/x") for j in JUDGE_GLOBS
         ):
             problems.append((f"editable[{i}]", f"{glob!r} lies in the judge ({', '.join(JUDGE_GLOBS[:5])}, ...), which is never editable"))
+    return problems
+
+
+def _hardware_checks(requires: Requires, gate: JobGate, where: str) -> list[tuple[str, str]]:
+    """A job may use only the hardware the milestone declares, so `temper milestones` and the judge's
+    "needs ..." answer tell the truth."""
+    problems = []
+    if gate.gpus and requires.device == "cpu":
+        problems.append((f"{where}.gpus", f"the job uses {gate.gpus} GPU(s) but requires.device is \"cpu\"; "
+                                          "set [requires] device = \"cuda\" (or \"any\") and gpus"))
+    elif gate.gpus > max(requires.gpus, 0) and requires.device != "cpu":
+        problems.append((f"{where}.gpus", f"the job uses {gate.gpus} GPUs per node, requires.gpus is {requires.gpus}"))
+    if gate.launcher == "slurm" and not requires.slurm:
+        problems.append((f"{where}.launcher", "a SLURM job needs [requires] slurm = true"))
+    if gate.kill_at_step is not None and gate.task != "train":
+        problems.append((f"{where}.kill_at_step", "only train jobs print the [LOSS] step lines it waits for"))
     return problems
 
 
@@ -612,11 +698,11 @@ def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate]) -> list[
             problems.append((f"{where}.argv", "train jobs must pass \"--run-dir\", \"{job_dir}\" so the metrics land in the job's folder"))
     for k, arg in enumerate(gate.argv):
         for name in _placeholders(arg):
-            if name in ("job_dir", "worktree"):
+            if name in _FIXED_PLACEHOLDERS:
                 continue
             if name.startswith("job_dir:") and name[len("job_dir:"):] in earlier:
                 continue
-            problems.append((f"{where}.argv[{k}]", f"unknown placeholder {{{name}}}: use {{job_dir}}, {{worktree}} or {{job_dir:NAME}} of an earlier job ({', '.join(earlier) or 'none'})"))
+            problems.append((f"{where}.argv[{k}]", f"unknown placeholder {{{name}}}: use {{job_dir}}, {{worktree}}, {{seed}}, {{device}} or {{job_dir:NAME}} of an earlier job ({', '.join(earlier) or 'none'})"))
     return problems
 
 
@@ -673,6 +759,13 @@ def load_milestone(path: str | Path, root: str | Path | None = None) -> Mileston
             problems.append(("setup", f"patch {milestone.setup!r} not found under {root}"))
         else:
             digest.update(b"\0setup\0" + setup_file.read_bytes())
+    if milestone.hidden is not None:
+        folder = root / milestone.hidden
+        if not folder.is_dir():
+            problems.append(("hidden", f"folder {milestone.hidden!r} not found under {root}"))
+        else:
+            for file in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+                digest.update(b"\0hidden\0" + file.relative_to(folder).as_posix().encode() + b"\0" + file.read_bytes())
     if problems:
         raise SpecError(path, problems)
     milestone._source = path

@@ -65,6 +65,7 @@ class Verdict:
     commit: str = ""
     reason: str = ""
     flags: tuple[str, ...] = ()
+    seed: int = 0  # the judge's draw for this judging ({seed} in job argv, TEMPER_JUDGE_SEED for tests)
 
     @property
     def failed_gate(self) -> GateResult | None:
@@ -85,4 +86,5 @@ class Verdict:
             commit=data.get("commit", ""),
             reason=data.get("reason", ""),
             flags=tuple(data.get("flags", ())),
+            seed=int(data.get("seed", 0)),
         )

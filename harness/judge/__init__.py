@@ -1,4 +1,21 @@
-"""The judge: parses what a job printed and recomputes what it claims (MFU). Lives outside every
-path a milestone lets the agent edit, and never imports the engine (it reads logs and config.json)."""
+"""The judge: milestone + base commit + patch -> Verdict. Nothing else decides whether a change lands.
 
-__all__: list[str] = []
+    verdict = GateRunner(milestone=m, repo=repo, base=judge_base, record=record).judge(diff, attempt=1)
+
+`temper gate`, the agent loop and the agent's `run_gates` tool all come here. The judge lives outside
+every path a milestone lets an agent edit and never imports the engine or the tests: it reads what
+candidate processes print through pipes it owns, and re-derives what they claim with its own code.
+
+- policy.py: what a patch may touch (editable globs, honest new tests, no binaries or symlinks);
+- protected.py: manifests of the judged checkout, base-commit hashes, pytest collection;
+- runner.py: the gates in order in a throw-away checkout, candidate code sandboxed;
+- metrics.py, mfu.py, logparse.py: metric rules from judge-owned logs and clocks;
+- hardware.py: what machine the judge itself sees (a milestone's `requires`).
+"""
+
+from harness.judge.hardware import NeedsHardware, check_requires
+from harness.judge.metrics import JobOutcome, judge_metrics, model_mismatches
+from harness.judge.runner import GateError, GateRunner, verdict_text
+
+__all__ = ["GateRunner", "GateError", "NeedsHardware", "check_requires", "verdict_text", "JobOutcome", "judge_metrics",
+           "model_mismatches"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.gates import GateRunner, judge_metrics
-from harness.gates.metrics import JobOutcome
+from harness.judge import GateRunner, judge_metrics
+from harness.judge.metrics import JobOutcome
 from harness.jobs import JobResult
 from harness.records import RunRecord
 from harness.spec import JobGate, MetricsGate, load_milestone

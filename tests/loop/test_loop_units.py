@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.gates.runner import new_suppressions
+from harness.judge.runner import new_suppressions
 from harness.loop import check_limits, count_submissions
 from harness.progress import Progress
 from harness.protocol import AgentTurn, LimitsExceeded, Message, ToolCall, ToolResult, Usage

@@ -1,4 +1,4 @@
-"""Judge integrity: protected files as at the base commit, and a test count that does not drop.
+"""Judge integrity: protected files as at the base commit, hashed on disk.
 
 The base side comes from git (`git ls-tree` of the base commit: what the judge was built from). The
 attempt side never does: the agent's shell can edit `.gitignore`, `.git/info/exclude` or the index
@@ -12,27 +12,20 @@ run Python with PYTHONPYCACHEPREFIX pointing elsewhere, so planted bytecode is n
 
 import hashlib
 import os
-import re
 import subprocess
-import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "SKIPPED_DIRS",
-    "CollectCount",
     "blob_id",
     "base_manifest",
     "disk_manifest",
     "manifest_changes",
-    "count_tests",
     "python_env",
 ]
 
 SKIPPED_DIRS = frozenset({".git", "__pycache__", ".pytest_cache"})
-_COLLECTED = re.compile(r"(\d+) tests? collected")
-_ERRORS = re.compile(r"(\d+) errors?\b")
 
 
 def blob_id(path: Path) -> str:
@@ -98,26 +91,3 @@ def python_env(tree: Path, cache: Path) -> dict[str, str]:
     """Overrides for every Python process a gate starts in `tree`: import the tree's code first, and keep
     bytecode out of it (a .pyc planted in a __pycache__ folder must never be loaded)."""
     return {"PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
-
-
-@dataclass(frozen=True)
-class CollectCount:
-    """What `pytest --collect-only` found: tests, collection errors, and its output for the log."""
-
-    collected: int
-    errors: int
-    exit_code: int
-    output: str
-
-
-def count_tests(tree: Path, selectors: list[str], env: Mapping[str, str], timeout_s: float = 900) -> CollectCount:
-    """Collect (not run) the tests under `selectors` in `tree` with a fresh pytest process."""
-    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *selectors]
-    proc = subprocess.run(argv, cwd=tree, env=dict(env), capture_output=True, text=True, timeout=timeout_s,
-                          stdin=subprocess.DEVNULL)
-    output = proc.stdout + proc.stderr
-    summary = output.strip().splitlines()[-1] if output.strip() else ""
-    collected = _COLLECTED.search(summary)
-    errors = _ERRORS.search(summary)
-    return CollectCount(collected=int(collected.group(1)) if collected else 0,
-                     errors=int(errors.group(1)) if errors else 0, exit_code=proc.returncode, output=output)

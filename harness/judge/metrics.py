@@ -1,13 +1,16 @@
 """Metric rules: values the judge computes itself from a job's log and resolved config, never the
 engine's own claims.
 
-Each train job leaves in its folder the launcher's `log` (and, for local jobs, `log.times`: when each
-line arrived), the engine's `metrics.jsonl` and its resolved `config.json`. From these:
-- step records come from the `[LOSS]` lines of the log (strictly parsed: a malformed wire line fails
-  the gate), else from metrics.jsonl; evaluations from `[EVAL]` lines, else from metrics.jsonl;
-- MFU is recomputed with harness.judge.mfu from tokens, time_s and the model shape in config.json,
-  with the clock check against the launcher's line times; the printed `mfu=` is ignored except to
-  report the difference;
+The judge keeps each job's `log` (the job's stdout + stderr through a pipe the judge owns) and
+`log.times` (when each line arrived, by the judge's clock) in its own records, where the job cannot
+write. The job's own folder (`{job_dir}`: `config.json`, `metrics.jsonl`, checkpoints) holds claims.
+- step records come only from the `[LOSS]` lines of the judge's log (strictly parsed: a malformed
+  wire line fails the gate), evaluations from its `[EVAL]` lines; the JSONL twin is never read;
+- step times come from the judge's clock: `step_time_s`, `tokens_per_s` and `mfu` use the spacing of
+  the [LOSS] lines, and a claimed time_s more than 5 % off that clock fails the rule with both numbers;
+- MFU is recomputed with harness.judge.mfu from the model the milestone's job asked for (the base
+  commit's preset + the model flags of the argv), never from config.json; the printed `mfu=` is
+  ignored except to report the difference;
 - config.json's model fields must be the model the milestone's job asked for: the preset named by
   `--preset` in the job's argv, as the base commit's engine/model_spec.toml defines it, overridden by
   model flags in that argv. A run that trained a smaller model fails here, whatever its numbers.
@@ -28,17 +31,18 @@ from harness.judge.logparse import (
     StepRecord,
     parse_engine_log,
     parse_eval_lines,
-    parse_metrics_jsonl,
     read_line_times,
 )
-from harness.judge.mfu import H100_PEAK_TFLOPS, ModelShape, expected_tokens_per_step, mfu
+from harness.judge.mfu import CLOCK_TOLERANCE, H100_PEAK_TFLOPS, ModelShape, clock_step_times, mfu
 from harness.spec import JobGate, MetricRule, MetricsGate, compare
 
-__all__ = ["JobOutcome", "JobData", "MODEL_FIELDS", "load_job_data", "model_mismatches", "judge_metrics", "RuleFailure"]
+__all__ = ["JobOutcome", "JobData", "MODEL_FIELDS", "load_job_data", "expected_model", "model_mismatches", "judge_metrics",
+           "RuleFailure"]
 
 # The fields that decide what model was trained (and what the FLOP count is).
 MODEL_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                 "ffn_hidden_size", "seq_length")
+_BATCH_FIELDS = ("global_batch_size",)
 _WARMUP_STEPS = 2  # steps left out of MFU when a rule gives no window (allocator warm-up, compilation)
 
 
@@ -52,8 +56,9 @@ class JobOutcome:
 
     gate: JobGate
     job_id: str
-    job_dir: Path
+    job_dir: Path  # the job's own (writable, untrusted) folder
     result: JobResult
+    argv: tuple[str, ...] = ()  # the argv the judge rendered for it
 
 
 @dataclass(frozen=True)
@@ -78,16 +83,8 @@ def load_job_data(outcome: JobOutcome) -> JobData:
         evals = parse_eval_lines(log_text)
     except LogParseError as err:
         problems.append(f"job {outcome.gate.name}: {err}")
-    source = "log"
     line_times = None
-    twin = outcome.job_dir / outcome.gate.metrics_file
-    if not steps and not problems and twin.is_file():
-        try:
-            parsed = parse_metrics_jsonl(twin)
-            steps, evals, source = parsed.steps, parsed.evals or evals, outcome.gate.metrics_file
-        except LogParseError as err:
-            problems.append(f"job {outcome.gate.name}: {err}")
-    elif steps and outcome.result.line_times_path is not None and outcome.result.line_times_path.is_file():
+    if steps and outcome.result.line_times_path is not None and outcome.result.line_times_path.is_file():
         line_times = read_line_times(outcome.result.line_times_path)
     config = None
     config_file = outcome.job_dir / "config.json"
@@ -97,7 +94,7 @@ def load_job_data(outcome: JobOutcome) -> JobData:
             config = loaded if isinstance(loaded, dict) else None
         except ValueError as err:
             problems.append(f"job {outcome.gate.name}: config.json is not JSON ({err})")
-    return JobData(steps=steps, evals=evals, config=config, line_times=line_times, source=source, problems=problems)
+    return JobData(steps=steps, evals=evals, config=config, line_times=line_times, source="log", problems=problems)
 
 
 def _flag_values(argv: Sequence[str]) -> dict[str, str]:
@@ -114,31 +111,39 @@ def _flag_values(argv: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def model_mismatches(argv: Sequence[str], config: Mapping[str, Any] | None, presets: Mapping[str, Any] | None) -> list[str]:
-    """Violations where the trained model (config.json) is not the one the job's argv asked for."""
-    if config is None:
-        return ["the job wrote no readable config.json in its run folder; the judge cannot tell what model it trained"]
+def expected_model(argv: Sequence[str], presets: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The model fields the milestone's job asked for: the base commit's preset named by `--preset`,
+    overridden by model flags in the argv. Raises RuleFailure when it cannot be known."""
     flags = _flag_values(argv)
     preset = flags.get("preset")
-    if preset is not None and config.get("preset") != preset:
-        return [f"config.json says preset {config.get('preset')!r}, the job asked for {preset!r}"]
     expected: dict[str, Any] = {}
-    if presets is not None and config.get("preset") in presets:
-        expected.update({k: v for k, v in presets[config["preset"]].items() if k in MODEL_FIELDS})
-    elif presets is not None and preset is not None:
-        return [f"preset {preset!r} is not in the base commit's engine/model_spec.toml"]
-    for name in MODEL_FIELDS:
+    if preset is not None:
+        if presets is None or preset not in presets:
+            raise RuleFailure(f"preset {preset!r} is not in the base commit's engine/model_spec.toml")
+        expected.update({k: v for k, v in presets[preset].items() if k in MODEL_FIELDS or k in _BATCH_FIELDS})
+        expected["preset"] = preset
+    for name in (*MODEL_FIELDS, *_BATCH_FIELDS):
         flag = name.replace("_", "-")
         if flag in flags:
             try:
                 expected[name] = int(flags[flag])
             except ValueError:
-                return [f"--{flag} {flags[flag]!r} in the job's argv is not an integer"]
-    out = []
-    for name, value in expected.items():
-        if config.get(name) != value:
-            out.append(f"config.json has {name} = {config.get(name)!r}, the milestone's job asks for {value!r}")
-    return out
+                raise RuleFailure(f"--{flag} {flags[flag]!r} in the job's argv is not an integer") from None
+    return expected
+
+
+def model_mismatches(argv: Sequence[str], config: Mapping[str, Any] | None, presets: Mapping[str, Any] | None) -> list[str]:
+    """Violations where the model the job says it trained (config.json) is not the one its argv asked for."""
+    if config is None:
+        return ["the job wrote no readable config.json in its run folder; the judge cannot tell what model it trained"]
+    try:
+        expected = expected_model(argv, presets)
+    except RuleFailure as err:
+        return [str(err)]
+    if "preset" in expected and config.get("preset") != expected["preset"]:
+        return [f"config.json says preset {config.get('preset')!r}, the job asked for {expected['preset']!r}"]
+    return [f"config.json has {name} = {config.get(name)!r}, the milestone's job asks for {value!r}"
+            for name, value in expected.items() if name in MODEL_FIELDS and config.get(name) != value]
 
 
 def _window(records: Sequence[Any], rule: MetricRule) -> list[Any]:
@@ -173,12 +178,12 @@ def _rows(steps: Sequence[StepRecord]) -> dict[int, dict[str, float]]:
 
 
 def _diff(ours: Mapping[int, Mapping[str, float]], ref: Mapping[int, Mapping[str, float]], key: str,
-          rule: MetricRule, relative: bool) -> float:
+          rule: MetricRule, relative: bool, mean: bool = False) -> float:
     common = sorted(s for s in set(ours) & set(ref) if key in ours[s] and key in ref[s]
                     and (rule.from_step is None or s >= rule.from_step) and (rule.to_step is None or s <= rule.to_step))
     if not common:
         raise RuleFailure(f"no step in common with the reference that has {key}")
-    worst = 0.0
+    diffs = []
     for step in common:
         a, b = ours[step][key], ref[step][key]
         if math.isnan(a) or math.isnan(b):
@@ -186,12 +191,13 @@ def _diff(ours: Mapping[int, Mapping[str, float]], ref: Mapping[int, Mapping[str
         d = abs(a - b)
         if relative:
             d = 0.0 if d == 0 else d / abs(b) if b else math.inf
-        worst = max(worst, d)
-    return worst
+        diffs.append(d)
+    return statistics.fmean(diffs) if mean else max(diffs)
 
 
 @dataclass
 class _Ctx:
+    presets: Mapping[str, Any] | None
     tree: Path
     jobs: Mapping[str, JobOutcome]
     data: dict[str, JobData]
@@ -220,12 +226,13 @@ def _value(rule: MetricRule, ctx: _Ctx) -> float:
         losses = [r.loss for r in steps if r.loss is not None]
         return float("nan") if not losses or any(math.isnan(x) for x in losses) else min(losses)
     if metric == "step_time_s":
-        return statistics.median(r.time_s for r in steps if r.time_s is not None)
+        return _clock_step_s(rule, data, steps)
     if metric == "tokens_per_s":
-        return statistics.median(r.tokens / r.time_s for r in steps if r.tokens and r.time_s)
+        clock = _clock_step_s(rule, data, steps)
+        return statistics.median(r.tokens for r in steps if r.tokens) / clock
     if metric == "mfu":
         return _mfu(rule, outcome, data, steps, ctx)
-    if metric in ("loss_rel_diff", "loss_max_abs_diff", "grad_norm_rel_diff"):
+    if metric in ("loss_rel_diff", "loss_mean_rel_diff", "loss_max_abs_diff", "grad_norm_rel_diff"):
         if rule.ref is not None:
             ref_file = ctx.tree / rule.ref
             if not ref_file.is_file():
@@ -234,43 +241,61 @@ def _value(rule: MetricRule, ctx: _Ctx) -> float:
         else:
             ref = _rows(ctx.data[rule.ref_job or ""].steps)
         key = "grad_norm" if metric == "grad_norm_rel_diff" else "global_loss"
-        return _diff(_rows(steps), ref, key, rule, relative=metric != "loss_max_abs_diff")
+        return _diff(_rows(steps), ref, key, rule, relative=metric != "loss_max_abs_diff",
+                     mean=metric == "loss_mean_rel_diff")
     raise RuleFailure(f"metric {metric} is not computed by this judge")
+
+
+def _clock_step_s(rule: MetricRule, data: JobData, steps: list[StepRecord]) -> float:
+    """Median seconds per step by the judge's clock over the window; the claimed time_s must agree within 5 %."""
+    if data.line_times is None:
+        raise RuleFailure(f"job {rule.job}: the judge has no clock for its [LOSS] lines (no line times)")
+    pairs = clock_step_times(steps, data.line_times)
+    if not pairs:
+        raise RuleFailure(f"job {rule.job}: fewer than two consecutive [LOSS] lines in the window, so the judge's clock "
+                          "cannot time a step")
+    clock = statistics.median(dt for _, dt in pairs)
+    claimed = statistics.median(r.time_s for r in steps if r.time_s is not None)
+    if clock <= 0 or abs(claimed - clock) > CLOCK_TOLERANCE * clock:
+        raise RuleFailure(f"job {rule.job}: time_s claims {claimed:.6f} s per step, the judge's clock measured "
+                          f"{clock:.6f} s ({abs(claimed - clock) / max(clock, 1e-12):.1%} apart; tolerance "
+                          f"{CLOCK_TOLERANCE:.0%})")
+    return clock
 
 
 def _mfu(rule: MetricRule, outcome: JobOutcome, data: JobData, steps: list[StepRecord], ctx: _Ctx) -> float:
     gpus = outcome.gate.gpus * outcome.gate.nodes
     if gpus == 0:
         raise RuleFailure(f"mfu needs a GPU job; job {rule.job} runs on CPU (gpus = 0)")
-    if data.config is None:
-        raise RuleFailure(f"job {rule.job} wrote no config.json: the judge needs the model shape for MFU")
+    expected = expected_model(outcome.argv or outcome.gate.argv, ctx.presets)
     try:
-        shape = ModelShape.from_config(data.config)
-        tokens = expected_tokens_per_step(data.config)
-    except ValueError as err:
-        raise RuleFailure(f"job {rule.job}: {err}") from None
+        shape = ModelShape.from_config(expected)
+        tokens = int(expected["global_batch_size"]) * int(expected["seq_length"])
+    except (KeyError, ValueError, TypeError) as err:
+        raise RuleFailure(f"job {rule.job}: the judge cannot size the model it asked for ({err}): the job's argv "
+                          "must name --preset (a preset of the base commit) and --global-batch-size") from None
     skip = 0 if rule.from_step is not None else _WARMUP_STEPS
     try:
         summary = mfu(steps, shape, gpus, H100_PEAK_TFLOPS, skip_first=min(skip, max(len(steps) - 1, 0)),
                       expected_tokens=tokens, line_times=data.line_times)
     except ValueError as err:
         raise RuleFailure(f"job {rule.job}: {err}") from None
-    ctx.metrics[f"{rule.job}.mfu"] = summary.median
     if summary.reported_median is not None:
         ctx.metrics[f"{rule.job}.mfu_engine_claim"] = summary.reported_median
-    if summary.clock_mfu is not None:
-        ctx.metrics[f"{rule.job}.mfu_by_clock"] = summary.clock_mfu
+    ctx.metrics[f"{rule.job}.mfu_by_time_s"] = summary.median
     for reason in summary.implausible_reasons:
         ctx.flags.append(f"job {rule.job}: {reason}")
     if summary.implausible:
         raise RuleFailure(f"MFU of {rule.job} is implausible: " + "; ".join(summary.implausible_reasons))
-    return summary.median
+    if summary.clock_mfu is None:
+        raise RuleFailure(f"job {rule.job}: the judge's clock could not time its steps, so it has no MFU")
+    return summary.clock_mfu
 
 
 def judge_metrics(gate: MetricsGate, jobs: Mapping[str, JobOutcome], *, tree: Path,
                   presets: Mapping[str, Any] | None) -> tuple[list[str], dict[str, float], list[str]]:
     """(violations, computed metrics, implausibility flags) of one metrics gate."""
-    ctx = _Ctx(tree=tree, jobs=jobs, data={}, flags=[], metrics={})
+    ctx = _Ctx(presets=presets, tree=tree, jobs=jobs, data={}, flags=[], metrics={})
     violations: list[str] = []
     needed = {r.job for r in gate.rules} | {r.ref_job for r in gate.rules if r.ref_job}
     for name in sorted(needed):
@@ -280,7 +305,8 @@ def judge_metrics(gate: MetricsGate, jobs: Mapping[str, JobOutcome], *, tree: Pa
         ctx.data[name] = load_job_data(jobs[name])
         violations += ctx.data[name].problems
         if jobs[name].gate.task == "train":
-            violations += [f"job {name}: {v}" for v in model_mismatches(jobs[name].gate.argv, ctx.data[name].config, presets)]
+            violations += [f"job {name}: {v}" for v in model_mismatches(jobs[name].argv or jobs[name].gate.argv,
+                                                                         ctx.data[name].config, presets)]
     if violations:
         return violations, ctx.metrics, ctx.flags
     for rule in gate.rules:

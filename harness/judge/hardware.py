@@ -1,0 +1,61 @@
+"""The hardware the judge itself sees, held against a milestone's `requires`.
+
+The judge asks the machine (nvidia-smi, sbatch/sinfo), never the candidate: a job that claims to have
+run on eight H100s proves nothing. Where the machine falls short, `check_requires` raises
+NeedsHardware ("needs 8 x H100/H200 GPUs; this machine has 0"): `temper gate` reports that as a
+status of its own, not as a rejection.
+"""
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from harness.spec import Requires
+
+__all__ = ["Machine", "NeedsHardware", "probe_machine", "check_requires"]
+
+
+class NeedsHardware(RuntimeError):
+    """The milestone cannot be judged on this machine; the message says what it needs."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpus: tuple[str, ...]  # device names, one per visible GPU
+    slurm: bool
+
+
+def probe_machine() -> Machine:
+    names: tuple[str, ...] = ()
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        proc = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=60)
+        if proc.returncode == 0:
+            names = tuple(line.strip() for line in proc.stdout.splitlines() if line.strip())
+    slurm = False
+    if shutil.which("sbatch") and shutil.which("sinfo"):
+        slurm = subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
+    return Machine(gpus=names, slurm=slurm)
+
+
+def _matching(requires: Requires, machine: Machine) -> list[str]:
+    if not requires.gpu_types:
+        return list(machine.gpus)
+    return [n for n in machine.gpus if any(t.lower() in n.lower() for t in requires.gpu_types)]
+
+
+def check_requires(requires: Requires, machine: Machine | None = None) -> str:
+    """The device jobs run on ("cuda" or "cpu"); NeedsHardware when this machine cannot judge."""
+    machine = machine or probe_machine()
+    if requires.slurm and not machine.slurm:
+        raise NeedsHardware(f"needs {requires.describe()}; no SLURM controller answers here (sinfo)")
+    if requires.device == "cpu":
+        return "cpu"
+    usable = _matching(requires, machine)
+    if len(usable) >= max(requires.gpus, 1):
+        return "cuda"
+    if requires.device == "any" and not machine.gpus:
+        return "cpu"
+    have = ", ".join(machine.gpus) or "no GPU"
+    raise NeedsHardware(f"needs {requires.describe()}; this machine has {len(machine.gpus)} ({have})")

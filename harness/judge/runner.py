@@ -1,0 +1,574 @@
+"""The gate runner: judge one candidate change with a milestone's gates, in order, first failure stops.
+
+What is judged is never the agent's live worktree but a throw-away checkout of the judge's base commit,
+in a neutral random temp folder, with the milestone's hidden material copied in and the candidate's
+diff applied. So the loop, `temper gate --patch` and the agent's `run_gates` tool go through exactly
+the same code, and nothing the agent left outside its diff (ignored files, bytecode, a doctored index)
+can reach a test or a job.
+
+The order of one judging:
+1. the patch is read by git's parser and checked against the diff policy (harness/judge/policy.py)
+   together with what applying it did on disk: anything outside the editable globs rejects it before
+   any candidate code runs (the `protected` gate reports it);
+2. the checkout's full manifest is taken; after every gate it is taken again, and a file that changed
+   while candidate code ran (a test rewriting a test, a job planting a conftest) rejects the attempt;
+3. candidate processes (pytest, jobs) run in the sandbox (harness/jobs/sandbox.py): the checkout
+   read-only, only their own neutral folder writable, no network, the judge's records out of sight;
+4. pytest runs with a judge-owned ini (`-c`), plugin autoload off, rootdir and confcutdir fixed, no
+   cache provider; the collected test IDs must include every test ID of the base; new test files of
+   the candidate run in a pytest process of their own and never count toward min_collected;
+5. jobs print through a pipe the judge owns into the judge's records (`runs/<id>/jobs/<job>/log` with
+   line arrival times); `{job_dir}` is a neutral folder the job may write, whose contents are claims.
+
+Every Python process a gate starts imports the checkout's code first (PYTHONPATH), keeps bytecode out
+of it, and gets `settings.child_env()`: no API keys. Each judging draws a seed (`{seed}` in job argv,
+TEMPER_JUDGE_SEED for tests) so acceptance inputs cannot be special-cased.
+"""
+
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness.jobs import JobSpec, launch
+from harness.judge.hardware import check_requires
+from harness.judge.metrics import JobOutcome, judge_metrics
+from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch, tree_manifest
+from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env
+from harness.records import RunRecord, scrub_file, scrub_text, write_atomic
+from harness.settings import child_env
+from harness.spec import GuardsGate, JobGate, MetricsGate, Milestone, ProtectedGate, PytestGate, render_argv
+from harness.verdict import GateResult, Verdict
+from harness.workspace import Workspace, WorkspaceError
+
+__all__ = ["GateRunner", "GateError", "verdict_text", "LOG_TAIL_LINES"]
+
+LOG_TAIL_LINES = 60
+_MAX_VIOLATIONS = 200
+_JOB_ID = re.compile(r"[a-z0-9][a-z0-9_-]*")
+_SUPPRESSION = re.compile(r"#\s*guard:\s*allow\b")
+_COLLECTED_ID = re.compile(r"^(\S+\.py::\S.*)$")
+
+
+class GateError(ValueError):
+    """The candidate cannot be judged at all (its patch does not apply to the base, no sandbox)."""
+
+
+def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _read(path: Path) -> str:
+    return path.read_bytes().decode("utf-8", errors="replace") if path.is_file() else ""
+
+
+def _neutral(parent: Path) -> Path:
+    """A fresh folder with a random name: nothing in a path tells candidate code it is being judged."""
+    path = parent / secrets.token_hex(6)
+    path.mkdir(parents=True)
+    return path
+
+
+@dataclass
+class _Judging:
+    """State of one judging: where it happens and what earlier gates left for later ones."""
+
+    attempt: int
+    label: str  # "a3" or "dry2": prefix of job folders in the records
+    tree: Path
+    holder: Path  # the neutral temp folder around the checkout: job folders, the judge's pytest ini
+    live_tree: Path | None
+    diff: str
+    log_dir: Path
+    env_overrides: dict[str, str]
+    policy: PolicyResult
+    expected: dict[str, str]  # the checkout's manifest once the patch is applied; must not move after
+    seed: int
+    device: str
+    jobs: dict[str, JobOutcome] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+    new_tests_ran: bool = False
+
+
+class GateRunner:
+    """Runs `milestone.gates` for a run record. `base` is the judge's base commit (setup applied).
+
+    `home` is where the milestone's hidden material lives (default: `repo`). `unsandboxed=True` lets
+    candidate code run without the OS sandbox (local experiments only: every verdict then carries the
+    flag "unsandboxed"); otherwise a machine where the sandbox cannot start refuses to judge.
+    """
+
+    def __init__(self, *, milestone: Milestone, repo: Path, base: str, record: RunRecord,
+                 progress: Callable[[str, str], None] | None = None, home: Path | None = None,
+                 unsandboxed: bool = False):
+        self.milestone = milestone
+        self.repo = Path(repo)
+        self.home = Path(home or repo)
+        self.base = base
+        self.record = record
+        self.progress = progress or (lambda kind, text: None)
+        self.unsandboxed = unsandboxed
+        self.logs: dict[str, Path] = {}  # job id -> log, for the agent's read_log tool
+        self.base_ids: dict[str, frozenset[str]] = {}  # pytest gate -> test IDs the base collects
+        dry = record.dir / "dry"
+        self._dry_runs = max((int(p.name) for p in dry.iterdir() if p.name.isdigit()), default=0) if dry.is_dir() else 0
+        self._presets: dict[str, Any] | None = None
+        self._pytest_ini: str | None = None
+
+    # ------------------------------------------------------------------ public
+
+    def judge(self, diff: str, *, attempt: int, live_tree: Path | None = None) -> Verdict:
+        """All gates on base + `diff`. attempt 0 is a dry run (recorded as jobs only, never as an attempt).
+
+        Raises NeedsHardware when this machine lacks what the milestone requires, GateError when the
+        candidate cannot be judged at all (the patch does not apply, no sandbox can start)."""
+        device = check_requires(self.milestone.requires)
+        sandbox_flags = self._check_sandbox()
+        if attempt == 0:
+            self._dry_runs += 1
+            label, log_dir = f"dry{self._dry_runs}", self.record.dir / "dry" / str(self._dry_runs)
+        else:
+            label, log_dir = f"a{attempt}", self.record.attempt_dir(attempt) / "gates"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        seed = secrets.randbelow(2**31 - 2) + 1
+        with Workspace.scratch(self.repo, self.base) as scratch:
+            tree = scratch.worktree
+            holder = tree.parent
+            # No plugin loads unless the judge names it (-p), and nobody's PYTEST_ADDOPTS reaches pytest.
+            env = {**python_env(tree, _neutral(holder)), "TEMPER_JUDGE_SEED": str(seed),
+                   "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": ""}
+            patch = holder / f"{secrets.token_hex(6)}.patch"
+            patch.write_text(diff, encoding="utf-8", errors="surrogateescape")
+            view = None
+            if diff.strip():
+                check = subprocess.run(["git", "-C", str(tree), "apply", "--check", "--whitespace=nowarn", str(patch)],
+                                       capture_output=True, text=True)
+                if check.returncode != 0:
+                    raise GateError(f"the patch does not apply to {self.base[:12]}: {check.stderr.strip()}")
+                try:
+                    view = read_patch(tree, patch)
+                except ValueError as err:
+                    raise GateError(f"the patch cannot be read: {err}") from None
+            self._overlay_hidden(tree)
+            before = tree_manifest(tree)
+            self._collect_base_ids(tree, holder, env, log_dir)
+            if view is not None:
+                try:
+                    scratch.apply_patch_file(patch)
+                except WorkspaceError as err:
+                    raise GateError(str(err)) from None
+            after = tree_manifest(tree)
+            policy = check_policy(self.milestone, view or PatchView(paths=(), binary=(), modes=()),
+                                  changed_files(before, after), tree)
+            judging = _Judging(attempt=attempt, label=label, tree=tree, holder=holder, live_tree=live_tree, diff=diff,
+                               log_dir=log_dir, env_overrides=env, policy=policy, expected=after, seed=seed,
+                               device=device, flags=list(sandbox_flags))
+            results = self._run_all(judging)
+        failed = next((g for g in results if not g.passed and not g.skipped), None)
+        reason = f"gate {failed.name} failed: {failed.summary}" if failed else ""
+        return Verdict(attempt=attempt, accepted=failed is None, gates=tuple(results), reason=reason,
+                       flags=tuple(dict.fromkeys(judging.flags)), seed=seed)
+
+    def read_log(self, job_id: str, tail: int = 200, grep: str = "") -> str:
+        """Last `tail` lines (matching `grep`) of a job or pytest log of this run."""
+        from harness.tools import ToolError
+
+        path = self.logs.get(job_id)
+        if path is None and _JOB_ID.fullmatch(job_id) and (self.record.dir / "jobs" / job_id / "log").is_file():
+            path = self.record.dir / "jobs" / job_id / "log"
+        if path is None:
+            known = ", ".join(sorted(self.logs)) or "none yet (run_gates or submit first)"
+            raise ToolError(f"no job {job_id!r}; known job ids: {known}")
+        lines = _read(path).splitlines()
+        if grep:
+            try:
+                pattern = re.compile(grep)
+            except re.error as err:
+                raise ToolError(f"grep {grep!r} is not a regular expression: {err}") from None
+            lines = [line for line in lines if pattern.search(line)]
+        shown = lines[-max(tail, 1):]
+        return f"[{path.name} of {job_id}: last {len(shown)} of {len(lines)} lines]\n" + "\n".join(shown)
+
+    # ------------------------------------------------------------------ setup of a judging
+
+    def _check_sandbox(self) -> list[str]:
+        """[] when candidate code will run sandboxed; ["unsandboxed"] when the user allowed running without."""
+        if self.unsandboxed:
+            return ["unsandboxed: candidate code ran with the judge's rights (--unsandboxed)"]
+        return []
+
+    def _overlay_hidden(self, tree: Path) -> None:
+        """Copy the milestone's hidden material (held-out tests, reference data) over the checkout."""
+        if self.milestone.hidden is None:
+            return
+        source = self.home / self.milestone.hidden
+        if not source.is_dir():
+            raise GateError(f"the milestone's hidden folder {source} does not exist")
+        for file in sorted(p for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            target = tree / file.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, target)
+
+    def _collect_base_ids(self, tree: Path, holder: Path, env: dict[str, str], log_dir: Path) -> None:
+        """Test IDs each pytest gate collects on the base (+ hidden material), before the candidate lands."""
+        for gate in self.milestone.gates:
+            if not isinstance(gate, PytestGate) or gate.name in self.base_ids:
+                continue
+            self.progress("gate", f"collecting the base's tests for {gate.name} ...")
+            argv = [*self._pytest_argv(tree, holder), "--collect-only", "-q", *gate.selectors, *gate.args]
+            proc = subprocess.run(argv, cwd=tree, env=child_env(env), capture_output=True, text=True,
+                                  timeout=gate.timeout_s, stdin=subprocess.DEVNULL)
+            write_atomic(log_dir / f"{gate.name}-base-collect.log", scrub_text(proc.stdout + proc.stderr))
+            ids = frozenset(m.group(1) for line in proc.stdout.splitlines() if (m := _COLLECTED_ID.match(line.strip())))
+            if proc.returncode not in (0, 5):
+                raise GateError(f"the base's tests for gate {gate.name} do not collect (pytest exit {proc.returncode}); "
+                                f"see {log_dir / (gate.name + '-base-collect.log')}")
+            self.base_ids[gate.name] = ids
+            self.record.note("base test ids", gate=gate.name, count=len(ids))
+
+    def _pytest_argv(self, tree: Path, holder: Path) -> list[str]:
+        """pytest as the judge configures it: its own ini (from the base's markers), no plugin but the
+        ones it names, rootdir and conftest search fixed to the checkout, no cache."""
+        if self._pytest_ini is None:
+            self._pytest_ini = _judge_ini(self.repo, self.base)
+        ini = holder / f"{secrets.token_hex(6)}.ini"
+        if not ini.exists():
+            ini.write_text(self._pytest_ini, encoding="utf-8")
+        plugins = ["-p", "pytest_timeout"] if _has_module("pytest_timeout") else []
+        return [sys.executable, "-m", "pytest", "-c", str(ini), f"--rootdir={tree}", f"--confcutdir={tree}",
+                "-p", "no:cacheprovider", *plugins, "--strict-markers"]
+
+    # ------------------------------------------------------------------ the walk
+
+    def _run_all(self, judging: _Judging) -> list[GateResult]:
+        results: list[GateResult] = []
+        failed: GateResult | None = None
+        for gate in self.milestone.gates:
+            if failed is not None:
+                results.append(GateResult(name=gate.name, kind=gate.kind, passed=False, skipped=True,
+                                          summary=f"not run: gate {failed.name} failed first"))
+                continue
+            if judging.attempt:
+                self.record.gate_started(judging.attempt, gate.name, gate.kind)
+            self.progress("gate", f"{gate.name} ({gate.kind}) ...")
+            started = time.monotonic()
+            result = self._run_one(gate, judging)
+            moved = changed_files(judging.expected, tree_manifest(judging.tree))
+            if moved:
+                result = GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=result.log_tail,
+                                    violations=tuple(f"{path}: {kind} while gate {gate.name} ran" + (
+                                        " (a protected file)" if self.milestone.is_protected(path) else "")
+                                        for path, kind in moved.items()),
+                                    summary=f"{len(moved)} file(s) of the judged checkout changed during gate {gate.name}: "
+                                            "candidate code must not rewrite tests, references or itself while judged")
+            result = replace(result, duration_s=round(time.monotonic() - started, 3),
+                             violations=tuple(result.violations[:_MAX_VIOLATIONS]))
+            if judging.attempt:
+                self.record.gate_result(judging.attempt, result)
+            self.progress("gate", f"{gate.name} {'pass' if result.passed else 'FAIL'}: {result.summary} ({result.duration_s:.1f} s)")
+            results.append(result)
+            if not result.passed:
+                failed = result
+        return results
+
+    def _run_one(self, gate: Any, judging: _Judging) -> GateResult:
+        if isinstance(gate, ProtectedGate):
+            return self._protected(gate, judging)
+        if isinstance(gate, GuardsGate):
+            return self._guards(gate, judging)
+        if isinstance(gate, PytestGate):
+            return self._pytest(gate, judging)
+        if isinstance(gate, JobGate):
+            return self._job(gate, judging)
+        if isinstance(gate, MetricsGate):
+            return self._metrics(gate, judging)
+        raise TypeError(f"unknown gate kind {gate.kind!r}")
+
+    # ------------------------------------------------------------------ protected
+
+    def _protected(self, gate: ProtectedGate, judging: _Judging) -> GateResult:
+        violations = list(judging.policy.violations)
+        if judging.live_tree is not None:
+            is_protected = self.milestone.is_protected
+            base = base_manifest(self.repo, self.base, is_protected)
+            live = {p: h for p, h in disk_manifest(judging.live_tree, is_protected).items() if p not in judging.policy.new_tests}
+            violations += [f"{v} (in your worktree, hidden from git: ignored, excluded or marked unchanged)"
+                           for v in manifest_changes(base, live)]
+        if violations:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, violations=tuple(dict.fromkeys(violations)),
+                              summary=f"{len(violations)} change(s) outside the editable globs or to a protected file "
+                                      f"(the diff policy of milestone {self.milestone.id})")
+        changed = judging.policy.changed
+        summary = f"{len(changed)} file(s) changed, all editable"
+        if judging.policy.new_tests:
+            summary += f"; {len(judging.policy.new_tests)} new test file(s): {', '.join(judging.policy.new_tests)}"
+        return GateResult(name=gate.name, kind=gate.kind, passed=True, summary=summary)
+
+    # ------------------------------------------------------------------ guards
+
+    def _guards(self, gate: GuardsGate, judging: _Judging) -> GateResult:
+        from guards.config import GuardsConfigError, load_config
+        from guards.runner import check_paths
+
+        try:
+            config = load_config(judging.tree / "guards.toml")
+        except GuardsConfigError as err:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, summary="guards.toml is unusable", violations=(str(err),))
+        paths = [judging.tree / p for p in gate.paths]
+        missing = [p for p, full in zip(gate.paths, paths, strict=True) if not full.exists()]
+        violations = [f"{p}: no such file or folder" for p in missing]
+        result = check_paths([p for p in paths if p.exists()], config, list(gate.rules), cwd=judging.tree)
+        violations += [f.to_text() for f in result.findings]
+        violations += new_suppressions(gate.paths, judging.diff)
+        if violations:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, violations=tuple(violations),
+                              summary=f"{len(violations)} finding(s) in {' '.join(gate.paths)}")
+        return GateResult(name=gate.name, kind=gate.kind, passed=True,
+                          summary=f"0 findings in {result.files} files ({', '.join(gate.rules)})")
+
+    # ------------------------------------------------------------------ pytest
+
+    def _pytest_run(self, name: str, targets: list[str], args: list[str], judging: _Judging, timeout_s: float,
+                    ignore: tuple[str, ...] = ()) -> tuple[Any, list[tuple[str, str, str]] | None, Path]:
+        """One sandboxed pytest process: (job result, junit cases or None, log)."""
+        scratch = _neutral(judging.holder)
+        xml = scratch / "report.xml"
+        log = judging.log_dir / f"{name}.log"
+        argv = [*self._pytest_argv(judging.tree, judging.holder), *targets, *args, "-q", "-rfE", f"--junitxml={xml}",
+                *(f"--ignore={judging.tree / p}" for p in ignore)]
+        spec = JobSpec(name=f"{judging.label}-{name}", argv=argv, cwd=judging.tree, log_path=log, timeout_s=timeout_s,
+                       env=judging.env_overrides, kill_grace_s=5.0, **self._sandbox_kwargs(judging, writable=(scratch,)))
+        self.logs[spec.name] = log
+        result = launch(spec).wait(poll_s=0.2)
+        scrub_file(log)
+        if xml.is_file():
+            shutil.copyfile(xml, judging.log_dir / f"{name}.junit.xml")
+        cases = _junit_cases(xml, judging.tree) if xml.is_file() else None
+        return result, cases, log
+
+    def _pytest(self, gate: PytestGate, judging: _Judging) -> GateResult:
+        result, cases, _ = self._pytest_run(gate.name, list(gate.selectors), list(gate.args), judging, gate.timeout_s,
+                                            ignore=judging.policy.new_tests)
+        tail = _tail(result.read_log())
+        if result.state == "timeout":
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
+                              summary=f"pytest did not finish within {gate.timeout_s:g} s (killed)")
+        if cases is None:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
+                              summary=f"pytest exited {result.exit_code} without a report (see the log tail)")
+        failing = [(node, message) for node, status, message in cases if status in ("failed", "error")]
+        passed = sum(1 for _, status, _ in cases if status == "passed")
+        metrics = {"collected": float(len(cases)), "passed": float(passed), "failed": float(len(failing))}
+        if failing:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail, metrics=metrics,
+                              failing_tests=tuple(node for node, _ in failing),
+                              violations=tuple(f"{node}: {message}" for node, message in failing if message),
+                              summary=f"{len(failing)} of {len(cases)} tests failed")
+        missing = sorted(self.base_ids.get(gate.name, frozenset()) - {node for node, _, _ in cases})
+        if missing:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail, metrics=metrics,
+                              violations=tuple(f"not run: {node}" for node in missing),
+                              summary=f"test ids missing: {len(missing)} test(s) the base collects did not run "
+                                      f"(first: {missing[0]})")
+        if len(cases) < gate.min_collected:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail, metrics=metrics,
+                              summary=f"only {len(cases)} tests collected; the milestone needs at least {gate.min_collected}")
+        if passed == 0:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail, metrics=metrics,
+                              summary=f"none of the {len(cases)} tests ran (all skipped)")
+        if result.exit_code != 0:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail, metrics=metrics,
+                              summary=f"pytest exited {result.exit_code}")
+        skipped = len(cases) - passed
+        summary = f"{passed} passed" + (f", {skipped} skipped" if skipped else "") + f" (needs >= {gate.min_collected})"
+        if judging.policy.new_tests and not judging.new_tests_ran:
+            judging.new_tests_ran = True
+            new = self._new_tests(gate, judging)
+            if new is not None:
+                return new
+            summary += f"; the candidate's {len(judging.policy.new_tests)} new test file(s) pass on their own"
+        return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=metrics, summary=summary)
+
+    def _new_tests(self, gate: PytestGate, judging: _Judging) -> GateResult | None:
+        """The candidate's own new test files, in a pytest process of their own (so nothing they do at import
+        reaches the acceptance tests); a failure rejects, a pass counts toward nothing."""
+        result, cases, _ = self._pytest_run(f"{gate.name}-new-tests", list(judging.policy.new_tests), list(gate.args),
+                                            judging, gate.timeout_s)
+        tail = _tail(result.read_log())
+        failing = [(node, message) for node, status, message in cases or [] if status in ("failed", "error")]
+        if result.state == "timeout" or cases is None or failing or result.exit_code not in (0, 5):
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
+                              failing_tests=tuple(node for node, _ in failing),
+                              violations=tuple(f"{node}: {message}" for node, message in failing if message),
+                              summary=f"the candidate's new test file(s) fail on their own: "
+                                      f"{len(failing)} failing, pytest exit {result.exit_code} ({result.state})")
+        return None
+
+    def _sandbox_kwargs(self, judging: _Judging, *, writable: tuple[Path, ...]) -> dict[str, Any]:
+        """JobSpec fields that put a candidate process in the sandbox (none when unsandboxed)."""
+        return {}
+
+    # ------------------------------------------------------------------ jobs
+
+    def _job(self, gate: JobGate, judging: _Judging) -> GateResult:
+        job_id = f"{judging.label}-{gate.name}"
+        record_dir = self.record.dir / "jobs" / job_id
+        if record_dir.is_dir():  # left by a judging a crash cut short: its files must not mix with this run's
+            shutil.rmtree(record_dir)
+        record_dir = self.record.job_dir(job_id)
+        job_dir = _neutral(judging.holder)  # the job's own folder: writable by it, so only claims live there
+        argv = render_argv(gate.argv, job_dir=job_dir, worktree=judging.tree, seed=judging.seed, device=judging.device,
+                           job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
+        several = gate.nproc > 1 or gate.nodes > 1
+        earlier = tuple(o.job_dir for o in judging.jobs.values())
+        spec = JobSpec(
+            name=job_id, argv=["-m", "engine", *argv] if several else [sys.executable, "-m", "engine", *argv],
+            torchrun=several, launcher=gate.launcher, nproc=gate.nproc, nodes=gate.nodes, timeout_s=gate.timeout_s,
+            env={**gate.env, **judging.env_overrides}, cwd=judging.tree, log_path=record_dir / gate.log,
+            gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0,
+            **self._sandbox_kwargs(judging, writable=(job_dir, *earlier)),
+        )
+        self.logs[job_id] = spec.log_path
+        job = launch(spec)
+        self.record.job_started(job_id, list(spec.argv), attempt=judging.attempt, launcher=gate.launcher,
+                                job_id=job.job_id, log=spec.log_path)
+        self.progress("job", f"{job_id} started ({gate.launcher}, {gate.task}): python -m engine {' '.join(argv)}")
+        result = job.wait(poll_s=0.5)
+        scrub_file(spec.log_path)
+        self.record.job_finished(job_id, attempt=judging.attempt, exit_code=result.exit_code,
+                                 duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout", summary=result.detail)
+        judging.jobs[gate.name] = JobOutcome(gate=gate, job_id=job_id, job_dir=job_dir, result=result, argv=tuple(argv))
+        tail = _tail(result.read_log())
+        if result.state == "timeout":
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
+                              summary=f"job {job_id} did not finish within {gate.timeout_s:g} s and was killed")
+        if result.exit_code != gate.expect_exit or result.state == "cancelled":
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
+                              summary=f"job {job_id} exited {result.exit_code} (expected {gate.expect_exit})"
+                                      + (f": {result.detail}" if result.detail else ""))
+        return GateResult(name=gate.name, kind=gate.kind, passed=True,
+                          summary=f"job {job_id} exited {result.exit_code} after {result.elapsed_s:.1f} s")
+
+    # ------------------------------------------------------------------ metrics
+
+    def _metrics(self, gate: MetricsGate, judging: _Judging) -> GateResult:
+        violations, metrics, flags = judge_metrics(gate, judging.jobs, tree=judging.tree, presets=self._base_presets())
+        judging.flags += flags
+        tails = [_tail(o.result.read_log(), 20) for o in judging.jobs.values()] if violations else []
+        if violations:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, violations=tuple(violations), metrics=metrics,
+                              log_tail="\n".join(tails), summary=f"{len(violations)} of {len(gate.rules)} rule(s) fail")
+        return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=metrics,
+                          summary=f"{len(gate.rules)} rule(s) hold")
+
+    def _base_presets(self) -> dict[str, Any] | None:
+        """engine/model_spec.toml as the base commit has it (the agent cannot move the goalposts)."""
+        if self._presets is None:
+            proc = subprocess.run(["git", "-C", str(self.repo), "show", f"{self.base}:engine/model_spec.toml"],
+                                  capture_output=True)
+            self._presets = tomllib.loads(proc.stdout.decode("utf-8")) if proc.returncode == 0 else {}
+        return self._presets or None
+
+
+def new_suppressions(paths: list[str], diff: str) -> list[str]:
+    """Violations for each `# guard: allow` a diff adds to a .py file under `paths`: a red line the
+    candidate lifted for itself is a reviewer's decision, not the agent's."""
+    out, path, line_no = [], "", 0
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[6:] if line.startswith("+++ b/") else ""
+        elif line.startswith("@@"):
+            match = re.search(r"\+(\d+)", line)
+            line_no = int(match.group(1)) - 1 if match else 0
+        elif line.startswith("+"):
+            line_no += 1
+            in_scope = any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths)
+            if in_scope and path.endswith(".py") and _SUPPRESSION.search(line):
+                out.append(f"{path}:{line_no}: adds a guard suppression ({line[1:].strip()[:120]}); "
+                           "suppressions are a reviewer's decision, fix the code instead")
+        elif not line.startswith("-"):
+            line_no += 1
+    return out
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _judge_ini(repo: Path, base: str) -> str:
+    """The judge's pytest ini: the markers (and per-test timeout) the base commit's pyproject.toml declares,
+    nothing else. The candidate's pytest configuration files are never read (-c names this one)."""
+    proc = subprocess.run(["git", "-C", str(repo), "show", f"{base}:pyproject.toml"], capture_output=True)
+    options: dict[str, Any] = {}
+    if proc.returncode == 0:
+        try:
+            options = tomllib.loads(proc.stdout.decode("utf-8")).get("tool", {}).get("pytest", {}).get("ini_options", {})
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            options = {}
+    lines = ["[pytest]"]
+    markers = [str(m) for m in options.get("markers", [])]
+    if markers:
+        lines += ["markers ="] + [f"    {m}" for m in markers]
+    if "timeout" in options and _has_module("pytest_timeout"):
+        lines.append(f"timeout = {int(options['timeout'])}")
+    return "\n".join(lines) + "\n"
+
+
+def _node_id(classname: str, name: str, tree: Path) -> str:
+    """pytest's junit `classname` (dotted module[.Class]) + `name` back to a node id `path.py::[Class::]name`."""
+    parts = classname.split(".") if classname else []
+    for k in range(len(parts), 0, -1):
+        candidate = "/".join(parts[:k]) + ".py"
+        if (tree / candidate).is_file():
+            return "::".join([candidate, *parts[k:], name])
+    return "::".join([*filter(None, [classname]), name])
+
+
+def _junit_cases(xml: Path, tree: Path) -> list[tuple[str, str, str]] | None:
+    """(node id, passed | failed | error | skipped, first message line) per test case; None if unreadable."""
+    try:
+        root = ET.parse(xml).getroot()
+    except ET.ParseError:
+        return None
+    cases = []
+    for case in root.iter("testcase"):
+        node = _node_id(case.get("classname", ""), case.get("name", "?"), tree)
+        status, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                status = "failed" if child.tag == "failure" else "error"
+                text = child.get("message") or (child.text or "")
+                message = text.strip().splitlines()[0][:300] if text.strip() else ""
+                break
+            if child.tag == "skipped":
+                status = "skipped"
+        cases.append((node, status, message))
+    return cases
+
+
+def verdict_text(verdict: Verdict) -> str:
+    """A plain summary of a verdict (the `run_gates` tool's answer and `temper gate`'s output)."""
+    lines = [("ACCEPTED" if verdict.accepted else "REJECTED") + f": {verdict.reason}"]
+    for gate in verdict.gates:
+        mark = "skip" if gate.skipped else "pass" if gate.passed else "FAIL"
+        lines.append(f"  [{mark}] {gate.name} ({gate.kind}): {gate.summary}")
+        if not gate.passed and not gate.skipped:
+            lines += [f"      - {v}" for v in gate.violations[:10]]
+            if len(gate.violations) > 10:
+                lines.append(f"      ... and {len(gate.violations) - 10} more")
+            lines += [f"      failing: {t}" for t in gate.failing_tests[:10] if not any(v.startswith(t) for v in gate.violations[:10])]
+            if gate.log_tail:
+                lines.append("      log tail:")
+                lines += ["        " + line for line in gate.log_tail.splitlines()[-25:]]
+    lines += [f"  flag: {f}" for f in verdict.flags]
+    return "\n".join(lines)
