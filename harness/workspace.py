@@ -23,6 +23,7 @@ configured.
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -178,8 +179,9 @@ class Workspace:
         r = _open_repo(Path(repo))
         repo_dir = Path(r.working_tree_dir or repo).resolve()
         base_sha = _resolve_commit(repo_dir, base)
-        holder = Path(tempfile.mkdtemp(prefix="temper-scratch-"))
-        worktree = holder / "worktree"
+        # Neutral, random names: nothing in the judged checkout's path says it is being judged.
+        holder = Path(tempfile.mkdtemp())
+        worktree = holder / secrets.token_hex(6)
         try:
             _git(repo_dir, "worktree", "add", "-q", "--detach", str(worktree), base_sha)
             yield Workspace(repo=repo_dir, worktree=worktree, base=base_sha, branch=None, run_id="scratch")
