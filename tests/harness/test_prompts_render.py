@@ -96,7 +96,7 @@ def test_milestone_prompt_inlines_exact_line_ranges(tmp_path):
         excerpt = "\n".join(source[first - 1 : last])
         assert f"```\n{excerpt}\n```" in text
     assert "- `engine/cli.py`: how fields become flags" in text  # pointed to, not inlined
-    assert "milestones/setup/demo-tiny.patch" in text
+    assert "acceptance tests are held out" in text
     # A worktree without the files: pointers say so instead of failing.
     excerpts = context_excerpts(demo, tmp_path)
     assert all(e.text is None and e.missing for e in excerpts)

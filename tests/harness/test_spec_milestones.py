@@ -98,15 +98,27 @@ def test_every_metric_and_gate_kind_is_exercised_by_some_shipped_milestone():
     assert launchers == {"local", "slurm"}
 
 
-def test_demo_setup_patch_applies_to_this_checkout_and_adds_only_a_test():
+def test_demo_acceptance_test_is_hidden_material_and_protected_once_judged():
     demo = load_milestone(REPO / "milestones" / "demo-tiny.toml", root=REPO)
-    patch = REPO / demo.setup
-    check = subprocess.run(["git", "apply", "--check", "--numstat", str(patch)], cwd=REPO, capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr
-    touched = [line.split("\t")[2] for line in check.stdout.splitlines()]
-    assert touched == ["tests/milestones/test_demo_tiny.py"]
-    # Once applied it is a test, hence protected: the agent cannot edit its own acceptance test.
-    assert demo.is_protected(touched[0])
+    hidden = REPO / demo.hidden
+    files = sorted(p.relative_to(hidden).as_posix() for p in hidden.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    assert files == ["tests/milestones/test_demo_tiny.py"]
+    # Never in git's view of the agent's tree at that path; once copied in for judging it is a test, hence protected.
+    assert not (REPO / files[0]).exists()
+    assert demo.is_protected(files[0]) and not demo.is_editable(files[0])
+    assert not demo.allows_new_test("tests/conftest.py") and demo.allows_new_test("tests/engine/test_mine.py")
+
+
+def test_spec_hash_covers_the_hidden_material(tmp_path):
+    folder = tmp_path / "milestones" / "ex" / "hidden" / "tests"
+    folder.mkdir(parents=True)
+    (folder / "test_x.py").write_text("first\n")
+    text = VALID.format(id="ex").replace('editable =', 'hidden = "milestones/ex/hidden"\neditable =')
+    first = load_text(tmp_path, text).spec_hash
+    (folder / "test_x.py").write_text("second\n")
+    assert load_text(tmp_path, text).spec_hash != first
+    assert "hidden 'engine/x' must be a folder under milestones/" in error_of(
+        tmp_path, VALID.format(id="ex").replace('editable =', 'hidden = "engine/x"\neditable ='))
 
 
 def test_spec_hash_covers_the_setup_patch(tmp_path):

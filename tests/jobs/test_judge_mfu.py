@@ -271,7 +271,7 @@ def test_clock_check_catches_understated_and_buffered_step_times(tmp_path: Path)
     assert not honest.implausible, honest.implausible_reasons
     assert honest.clock_step_s is not None and honest.clock_mfu is not None
     understated = summaries["understated"]
-    assert understated.implausible_reasons and "below the harness's clock" in understated.implausible_reasons[0]
+    assert understated.implausible_reasons and "below the judge's clock" in understated.implausible_reasons[0]
     assert understated.clock_mfu is not None and understated.clock_mfu < understated.median / 5
     buffered = summaries["buffered"]
     assert buffered.implausible_reasons and "output is buffered" in buffered.implausible_reasons[0]

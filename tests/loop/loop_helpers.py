@@ -48,7 +48,6 @@ protected = ["engine/model_spec.toml"]
 
 [[gates]]
 kind = "protected"
-count_selectors = ["tests"]
 
 [[gates]]
 kind = "guards"

@@ -103,12 +103,14 @@ def test_runner_catches_new_suppressions_and_a_broken_collection(runner: GateRun
     assert verdict.failed_gate is guards
     assert len(guards.violations) == 1 and "engine/config.py:" in guards.violations[0] and "guard suppression" in guards.violations[0]
 
-    # An engine that no longer imports makes test collection fail: the count gate notices before pytest runs.
+    # An engine that no longer imports breaks collection: the pytest gate fails on the error (the base's two
+    # test ids, collected once before the candidate landed, are not there either).
     broken = unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW + "\nraise ImportError('boom')"))
     verdict = runner.judge(broken.read_text(), attempt=2)
-    assert verdict.failed_gate is verdict.gates[0]
-    assert "collection broke" in verdict.gates[0].summary and "base collects 2 with 0" in verdict.gates[0].violations[0]
-    assert runner.base_test_count == (2, 0)
+    assert verdict.failed_gate is verdict.gates[2] and verdict.gates[0].passed
+    assert any("ImportError" in v or "boom" in v for v in verdict.gates[2].violations + (verdict.gates[2].log_tail,))
+    assert runner.base_ids["pytest"] == {"tests/test_names.py::test_inverse_sqrt_is_a_schedule",
+                                         "tests/test_names.py::test_the_old_schedules_stay"}
 
     # Failing tests come back as node ids with their assertion.
     missing = unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, OLD.replace('"wsd", ', "")))
@@ -132,7 +134,6 @@ goal = "x"
 editable = ["engine/**"]
 [[gates]]
 kind = "protected"
-count_tests = false
 [[gates]]
 kind = "job"
 name = "train"
@@ -174,16 +175,20 @@ TINY_FLOPS_PER_TOKEN = 5_703_168
 
 
 def job_folder(tmp_path: Path, name: str, log_lines: list[str], config: dict | None, *, gpus: int = 1,
-               argv: tuple[str, ...] = ("pretrain", "--preset", "tiny", "--run-dir", "{job_dir}")) -> JobOutcome:
+               argv: tuple[str, ...] = ("pretrain", "--preset", "tiny", "--global-batch-size", "32", "--run-dir", "{job_dir}"),
+               line_s: float = 0.5) -> JobOutcome:
+    """A finished job as the judge keeps it: its log with the judge's arrival times (one line every
+    `line_s` seconds after a startup line at 0 s) and the job's own folder with its config.json claim."""
     folder = tmp_path / name
     folder.mkdir()
     (folder / "log").write_text("startup noise\n" + "\n".join(log_lines) + "\n")
+    (folder / "log.times").write_text("".join(f"{line_s * i:.6f}\n" for i in range(len(log_lines) + 1)))
     if config is not None:
         (folder / "config.json").write_text(json.dumps(config))
     gate = JobGate(kind="job", name=name, task="train", timeout_s=60, argv=list(argv), gpus=gpus, nproc=max(gpus, 1))
     result = JobResult(name=name, state="completed", exit_code=0, log_path=folder / "log", elapsed_s=1.0,
-                       job_id=f"local-{name}", launcher="local")
-    return JobOutcome(gate=gate, job_id=name, job_dir=folder, result=result)
+                       job_id=f"local-{name}", launcher="local", line_times_path=folder / "log.times")
+    return JobOutcome(gate=gate, job_id=name, job_dir=folder, result=result, argv=tuple(argv))
 
 
 def loss_line(step: int, loss: float, *, tokens: int = 8192, time_s: float = 0.5, mfu: float = 0.9, grad: float = 1.0) -> str:
@@ -204,8 +209,9 @@ def test_metrics_are_recomputed_never_read_from_the_engine(tmp_path: Path) -> No
                  {"metric": "min_loss", "op": "<", "value": 2.6}, {"metric": "val_bpb", "op": "<=", "value": 3.7},
                  {"metric": "mfu", "op": ">=", "value": 0.5})
     violations, metrics, flags = judge_metrics(gate, {"train": job}, tree=tmp_path, presets={"tiny": TINY})
-    # The engine claimed 90 % MFU; the judge counts 0.0094 %: only the MFU rule fails, with the judge's number.
-    assert metrics["train.mfu"] == pytest.approx(expected_mfu, rel=1e-12)  # same arithmetic, float rounding only
+    # The engine claimed 90 % MFU; the judge counts 0.0094 % (its own clock: one line per 0.5 s, as claimed):
+    # only the MFU rule fails, with the judge's number.
+    assert metrics["train.mfu"] == pytest.approx(expected_mfu, rel=1e-9)  # same arithmetic; times printed to 1e-6 s
     assert metrics["train.mfu_engine_claim"] == 0.9
     assert violations == [f"mfu of train = {expected_mfu:.6g}, needs >= 0.5"]
     assert metrics["train.steps"] == 5 and metrics["train.final_loss"] == 2.5 and metrics["train.val_bpb"] == 3.606738
@@ -220,7 +226,7 @@ def test_a_smaller_model_than_asked_fails_whatever_its_numbers(tmp_path: Path) -
     assert violations == ["job train: config.json has hidden_size = 64, the milestone's job asks for 128"]
     # A flag in the job's own argv is what it asked for: --hidden-size 64 makes the same folder pass.
     job = job_folder(tmp_path, "train2", [loss_line(1, 1.0)], config,
-                     argv=("pretrain", "--preset", "tiny", "--hidden-size", "64", "--run-dir", "{job_dir}"))
+                     argv=("pretrain", "--preset", "tiny", "--hidden-size", "64", "--global-batch-size", "32", "--run-dir", "{job_dir}"))
     gate = MetricsGate(kind="metrics", name="m", rules=[{"job": "train2", "metric": "final_loss", "op": "<=", "value": 5}])
     assert judge_metrics(gate, {"train2": job}, tree=tmp_path, presets={"tiny": TINY})[0] == []
     # No config.json at all: the judge cannot tell what was trained.
@@ -236,7 +242,7 @@ def test_reference_trajectories_nan_and_malformed_lines(tmp_path: Path) -> None:
     job = job_folder(tmp_path, "train", [loss_line(1, 4.1), loss_line(2, 3.0), loss_line(3, 1.9)], config)
     gate = rules({"metric": "loss_rel_diff", "ref": "ref.jsonl", "op": "<=", "value": 0.04},
                  {"metric": "loss_max_abs_diff", "ref": "ref.jsonl", "op": "<=", "value": 0.1, "to_step": 2})
-    violations, metrics, _ = judge_metrics(gate, {"train": job}, tree=tmp_path, presets=None)
+    violations, metrics, _ = judge_metrics(gate, {"train": job}, tree=tmp_path, presets={"tiny": TINY})
     # by hand: |4.1-4|/4 = 0.025, 0, |1.9-2|/2 = 0.05 -> 0.05 > 0.04; steps 1..2: max |diff| = 0.1 (4.1 vs 4.0)
     assert metrics["train.loss_rel_diff"] == pytest.approx(0.05, rel=1e-9)  # 1e-9: %.9e printing of 1.9 and 4.1
     assert metrics["train.loss_max_abs_diff"] == pytest.approx(0.1, rel=1e-9)
@@ -244,36 +250,49 @@ def test_reference_trajectories_nan_and_malformed_lines(tmp_path: Path) -> None:
 
     nan = job_folder(tmp_path, "nan", [loss_line(1, math.nan)], config)
     gate = MetricsGate(kind="metrics", name="m", rules=[{"job": "nan", "metric": "final_loss", "op": "<=", "value": 1e9}])
-    assert judge_metrics(gate, {"nan": nan}, tree=tmp_path, presets=None)[0] == ["final_loss of nan = nan, needs <= 1e+09"]
+    assert judge_metrics(gate, {"nan": nan}, tree=tmp_path, presets={"tiny": TINY})[0] == ["final_loss of nan = nan, needs <= 1e+09"]
 
     torn = job_folder(tmp_path, "torn", [loss_line(1, 1.0)[:-3]], config)  # mfu=0.9 printed as "0."
     gate = MetricsGate(kind="metrics", name="m", rules=[{"job": "torn", "metric": "final_loss", "op": "<=", "value": 5}])
-    [problem] = judge_metrics(gate, {"torn": torn}, tree=tmp_path, presets=None)[0]
+    [problem] = judge_metrics(gate, {"torn": torn}, tree=tmp_path, presets={"tiny": TINY})[0]
     assert "malformed [LOSS] lines" in problem and "mfu=" in problem
 
 
-def test_step_times_faster_than_the_harness_clock_are_flagged(tmp_path: Path) -> None:
-    """Lines arrive 2 s apart (the launcher's clock) but claim 0.5 s steps: MFU would be inflated 4x."""
+def test_step_times_off_the_judges_clock_are_rejected(tmp_path: Path) -> None:
+    """Lines arrive 2 s apart (the judge's clock) but claim 0.5 s steps: MFU would be inflated 4x. A claim
+    within 5 % of the clock passes; 6 % off fails step_time_s and tokens_per_s too, with both numbers."""
     config = {**TINY, "preset": "tiny", "global_batch_size": 32}
-    job = job_folder(tmp_path, "train", [loss_line(s, 3.0) for s in range(1, 7)], config)
-    times = tmp_path / "train" / "log.times"
-    times.write_text("".join(f"{t:.6f}\n" for t in [0.1] + [2.0 * s for s in range(1, 7)]))  # line 1: startup noise
-    job = dataclasses.replace(job, result=dataclasses.replace(job.result, line_times_path=times))
+    job = job_folder(tmp_path, "train", [loss_line(s, 3.0) for s in range(1, 7)], config, line_s=2.0)
     violations, metrics, flags = judge_metrics(rules({"metric": "mfu", "op": ">=", "value": 0.0}), {"train": job},
                                                tree=tmp_path, presets={"tiny": TINY})
-    assert len(flags) == 1 and "below the harness's clock" in flags[0]
+    assert len(flags) == 1 and "below the judge's clock" in flags[0]
     assert len(violations) == 1 and "implausible" in violations[0]
-    assert metrics["train.mfu_by_clock"] == pytest.approx(metrics["train.mfu"] / 4, rel=1e-9)
+    assert "train.mfu" not in metrics and metrics["train.mfu_by_time_s"] > 0
+    close = job_folder(tmp_path, "close", [loss_line(s, 3.0, time_s=0.52) for s in range(1, 7)], config)
+    off = job_folder(tmp_path, "off", [loss_line(s, 3.0, time_s=0.47) for s in range(1, 7)], config)
+    for name, job, ok in (("close", close, True), ("off", off, False)):
+        gate = MetricsGate(kind="metrics", name="m", rules=[{"job": name, "metric": m, "op": ">", "value": 0}
+                                                             for m in ("step_time_s", "tokens_per_s")])
+        violations, metrics, _ = judge_metrics(gate, {name: job}, tree=tmp_path, presets={"tiny": TINY})
+        if ok:
+            assert violations == [] and metrics[f"{name}.step_time_s"] == pytest.approx(0.5, rel=1e-6)
+        else:
+            assert len(violations) == 2 and all("judge's clock measured 0.500000 s" in v and "0.470000" in v for v in violations)
 
 
 def test_gate_subprocesses_never_see_api_keys(runner: GateRunner, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Processes the gates start get settings.child_env(): an engine that dumps its environment at import
-    (test collection imports it) shows the gate's own variables but no API key, and nothing under the run has it."""
+    """Processes the gates start get settings.child_env(): a new test of the candidate's that dumps its
+    environment shows the gate's own variables but no API key, and nothing under the run has it."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-api03-GATESECRET0123456789abcdef")
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-GATESECRET-2")
     out = tmp_path / "environment.txt"
-    dump = unified_diff(home, tmp_path, lambda t: replace_in(
-        t / "engine/config.py", OLD, NEW + f"\nprint(sorted(__import__('os').environ.items()), file=open({str(out)!r}, 'a'))"))
+
+    def dump_env(tree: Path) -> None:  # the honest change plus a new test of the candidate's that dumps its env
+        replace_in(tree / "engine/config.py", OLD, NEW)
+        (tree / "tests/test_envdump.py").write_text(
+            f"import os\n\ndef test_dump():\n    print(sorted(os.environ.items()), file=open({str(out)!r}, 'a'))\n")
+
+    dump = unified_diff(home, tmp_path, dump_env)
     runner.judge(dump.read_text(), attempt=1)
     seen = out.read_text()
     assert "PYTHONPYCACHEPREFIX" in seen and "GATESECRET" not in seen  # the dump happened, without the keys
