@@ -32,7 +32,7 @@ from pathlib import Path
 
 import git
 
-__all__ = ["Workspace", "WorkspaceError", "TRAILER_KEYS"]
+__all__ = ["HELD_OUT_PATTERNS", "Workspace", "WorkspaceError", "TRAILER_KEYS"]
 
 TRAILER_KEYS = ("Milestone", "Run", "Attempt", "Verdict", "MFU")
 _QUIET = (
@@ -113,6 +113,16 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+# Milestones' held-out material (acceptance tests, references) never appears in an agent's worktree:
+# the judge copies it into the checkout it judges. A sparse checkout of this worktree alone leaves
+# those paths out (skip-worktree: not "deleted" in the agent's diff); the user's checkout is untouched.
+HELD_OUT_PATTERNS = ("/*", "!/milestones/*/hidden/")
+
+
+def _hide_held_out(worktree: Path) -> None:
+    _git(worktree, "sparse-checkout", "set", "--no-cone", *HELD_OUT_PATTERNS)
+
+
 def _one_line(name: str, value: str) -> str:
     if "\n" in value or "\r" in value:
         raise ValueError(f"{name} must be one line for a commit trailer, got {value!r}")
@@ -146,6 +156,7 @@ class Workspace:
             raise WorkspaceError(f"{worktree} already exists; resume that run or pick another run id")
         run_dir.mkdir(parents=True, exist_ok=True)
         _git(repo_dir, "worktree", "add", "-q", "-b", branch, str(worktree), base_sha)
+        _hide_held_out(worktree)
         ws = Workspace(repo=repo_dir, worktree=worktree, base=base_sha, branch=branch, run_id=run_id)
         record = {"repo": str(repo_dir), "base": base_sha, "branch": branch, "worktree": str(worktree)}
         _atomic_write_text(run_dir / _RECORD, json.dumps(record, indent=2) + "\n")
@@ -169,6 +180,7 @@ class Workspace:
         if not (worktree / ".git").exists():
             _git(repo_dir, "worktree", "prune")
             _git(repo_dir, "worktree", "add", "-q", str(worktree), branch)
+            _hide_held_out(worktree)
         return Workspace(repo=repo_dir, worktree=worktree, base=record["base"], branch=branch, run_id=run_id)
 
     @staticmethod

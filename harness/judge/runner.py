@@ -45,7 +45,7 @@ from harness.judge.policy import PatchView, PolicyResult, changed_files, check_p
 from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env
 from harness.records import RunRecord, scrub_file, scrub_text, write_atomic
 from harness.settings import child_env
-from harness.spec import GuardsGate, JobGate, MetricsGate, Milestone, ProtectedGate, PytestGate, render_argv
+from harness.spec import GuardsGate, JobGate, glob_match, MetricsGate, Milestone, ProtectedGate, PytestGate, render_argv
 from harness.verdict import GateResult, Verdict
 from harness.workspace import Workspace, WorkspaceError
 
@@ -298,7 +298,9 @@ class GateRunner:
         violations = list(judging.policy.violations)
         if judging.live_tree is not None:
             is_protected = self.milestone.is_protected
-            base = base_manifest(self.repo, self.base, is_protected)
+            # Held-out material is left out of the agent's worktree on purpose (Workspace: sparse checkout).
+            base = {p: h for p, h in base_manifest(self.repo, self.base, is_protected).items()
+                    if not glob_match("milestones/*/hidden/**", p)}
             live = {p: h for p, h in disk_manifest(judging.live_tree, is_protected).items() if p not in judging.policy.new_tests}
             violations += [f"{v} (in your worktree, hidden from git: ignored, excluded or marked unchanged)"
                            for v in manifest_changes(base, live)]

@@ -295,3 +295,21 @@ def test_merge_commit_without_a_configured_identity(user_repo: Path, tmp_path: P
     _attempt(ws2, 1, verdict="accepted")
     merged2 = ws2.merge_into_user(user_repo)
     assert git(user_repo, "log", "-1", "--format=%an <%ae>", merged2).strip() == "Me <me@example.com>"
+
+
+def test_held_out_milestone_material_never_reaches_the_agents_worktree(user_repo: Path, tmp_path: Path) -> None:
+    """milestones/<id>/hidden/ (held-out acceptance tests) is left out of the agent's worktree by a sparse
+    checkout of that worktree alone: not on disk, not 'deleted' in the agent's diff, still in the user's checkout."""
+    write(user_repo / "milestones" / "m" / "hidden" / "tests" / "test_secret.py", "def test_s():\n    assert 1\n")
+    write(user_repo / "milestones" / "m.toml", "id = 'm'\n")
+    git(user_repo, "add", "-A")
+    git(user_repo, "commit", "-q", "-m", "held-out test")
+    ws = Workspace.create(user_repo, base="HEAD", run_id="r1", root=tmp_path / "runs")
+    assert not (ws.worktree / "milestones" / "m" / "hidden").exists()
+    assert (ws.worktree / "milestones" / "m.toml").is_file() and (ws.worktree / "engine" / "model.py").is_file()
+    write(ws.worktree / "engine" / "model.py", "def f():\n    return 3\n")
+    assert ws.changed_paths() == ["engine/model.py"] and "test_secret" not in ws.diff()
+    assert (user_repo / "milestones" / "m" / "hidden" / "tests" / "test_secret.py").is_file()
+    ws.remove()
+    reopened = Workspace.open(user_repo, run_id="r1", root=tmp_path / "runs")  # re-created from the branch
+    assert not (reopened.worktree / "milestones" / "m" / "hidden").exists()
