@@ -269,6 +269,11 @@ class _EnvModuleNames:
         yield from self._check_name(access.name, access.node, 0)
 
     def _check_name(self, name: ast.AST, where: ast.AST, depth: int) -> Iterator[Finding]:
+        table = self._table_values(name)
+        if table is not None:
+            for value in table:
+                yield from self._check_name(value, value, depth + 1)
+            return
         problem = self.rule.whitelist_problem(name)
         if problem is None:
             return
@@ -287,6 +292,30 @@ class _EnvModuleNames:
                                                         "(*args / **kwargs); pass the name as a literal", call)
             else:
                 yield from self._check_name(argument, argument, depth + 1)
+
+    def _table_values(self, name: ast.AST) -> list[ast.AST] | None:
+        """For `TABLE[key]` where TABLE is a read-only table of names: every value it can yield.
+
+        A table is a module-level name bound once, and never rebound or deleted, to
+        `types.MappingProxyType({...})` of a dict display without `**` entries. Then the key, however
+        computed, can only pick one of the literal values, and each value is checked instead.
+        """
+        if not (isinstance(name, ast.Subscript) and isinstance(name.value, ast.Name)):
+            return None
+        table = name.value.id
+        stores = [n for n in self.module.nodes(ast.Name) if n.id == table and not isinstance(n.ctx, ast.Load)]
+        if len(stores) != 1 or any(table in g.names for g in self.module.nodes(ast.Global)):
+            return None
+        binding = next((s for s in self.module.tree.body if isinstance(s, (ast.Assign, ast.AnnAssign))
+                        and stores[0] in (s.targets if isinstance(s, ast.Assign) else [s.target])), None)
+        if binding is None or binding.value is None:
+            return None
+        value = binding.value
+        if not (isinstance(value, ast.Call) and len(value.args) == 1 and not value.keywords
+                and imports_of(self.module).qualify(value.func) == "types.MappingProxyType"
+                and isinstance(value.args[0], ast.Dict) and None not in value.args[0].keys):
+            return None
+        return list(value.args[0].values)
 
     def _helper_arguments(self, name: ast.AST) -> list[tuple[ast.AST | None, ast.Call]] | None:
         """For a parameter of a private, only-called helper: the argument each call passes for it."""
