@@ -22,7 +22,8 @@ reference the checks above can see is a finding everywhere, the env module inclu
   `getattr(m, "env" + "iron")`) or a `/proc/<pid>/environ` path;
 * a child process that reports the environment it inherits: a command that runs `env` / `printenv` /
   `set` / `export`, or whose literal text expands `$VAR` or names `environ` / `getenv`, and any shell
-  command (`shell=True`, `os.system`, `os.popen`) built at run time. A launch that passes `env=`
+  command (`shell=True`, `os.system`, `os.popen`) built at run time;
+* `eval` / `exec` / `compile` of a string: code the check cannot read. A launch that passes `env=`
   explicitly gives the child only what it was handed and is fine.
 
 Constants. A module-level UPPER_CASE name bound to a literal (number, string, tuple of literals)
@@ -52,7 +53,7 @@ _WRITERS = frozenset({"putenv", "unsetenv"})
 _ENV_ATTRS = frozenset(q.rpartition(".")[2] for q in _MAPPINGS | _FUNCTIONS)
 _MAPPING_METHODS = {"get": "reads", "__getitem__": "reads", "__contains__": "reads", "pop": "writes",
                     "setdefault": "writes", "__setitem__": "writes", "__delitem__": "writes"}
-_STRAY = _ENV_ATTRS | {"secure_getenv", "expandvars", "environ"}
+_STRAY = _ENV_ATTRS | {"secure_getenv", "expandvars"}
 _ENV_FILES = frozenset({"environ", "environb"})  # /proc/<pid>/environ
 _LAUNCHERS = frozenset({f"subprocess.{f}" for f in ("run", "call", "check_call", "check_output", "Popen", "getoutput",
                                                      "getstatusoutput")}
@@ -278,6 +279,7 @@ class _StrayScan:
 
     def findings(self) -> Iterator[Finding]:
         yield from self._handles()
+        yield from self._code_strings()
         yield from self._attributes()
         yield from self._strings()
         yield from self._launches()
@@ -310,6 +312,13 @@ class _StrayScan:
                 yield self._finding(node, f"uses the {imports.bindings[node.id]} module as a value (passed on, "
                                           "aliased, `vars()` or `__dict__`), so its environment accesses cannot be "
                                           f"followed; use `os.<name>` directly, and {_FIX}")
+
+    def _code_strings(self) -> Iterator[Finding]:
+        for call in self.module.nodes(ast.Call):
+            for builtin in ("eval", "exec", "compile"):
+                if is_builtin(call.func, builtin, self.imports):
+                    yield self._finding(call, f"`{builtin}()` runs code this check cannot read, which may reach the "
+                                              f"environment; write the code out, and {_FIX}")
 
     def _attributes(self) -> Iterator[Finding]:
         for node in self.module.nodes(ast.Attribute):
