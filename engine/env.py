@@ -7,8 +7,21 @@ rendezvous) and the per-op kernel overrides that register.toml documents.
 
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 
-__all__ = ["LaunchEnv", "launch_env", "rendezvous", "op_override", "kernel_cache_dir"]
+__all__ = ["LaunchEnv", "launch_env", "rendezvous", "op_override", "kernel_cache_dir", "OVERRIDABLE_OPS"]
+
+# The ops engine/ops/*/register.toml registers, each with the one variable that overrides its version.
+# Data, not a lookup of the registers: this module is the engine's lowest layer and imports nothing
+# of it. tests/ops/test_env_ops.py checks this table against the registers; the `ssot` guard checks
+# every value against ENV_WHITELIST.md. A read-only mapping, so no other module can add a name.
+_OP_VARIABLES = MappingProxyType({
+    "attention": "TEMPER_OP_ATTENTION",
+    "rmsnorm": "TEMPER_OP_RMSNORM",
+    "gemm_fc1": "TEMPER_OP_GEMM_FC1",
+    "gemm_output": "TEMPER_OP_GEMM_OUTPUT",
+})
+OVERRIDABLE_OPS = frozenset(_OP_VARIABLES)
 
 
 @dataclass(frozen=True)
@@ -65,8 +78,16 @@ def rendezvous() -> tuple[str, str]:
 
 
 def op_override(op_name: str) -> str:
-    """TEMPER_OP_<OP> (e.g. TEMPER_OP_ATTENTION=fa4), or "" when unset."""
-    return os.environ.get(f"TEMPER_OP_{op_name.upper()}", "")
+    """TEMPER_OP_<OP> (e.g. TEMPER_OP_ATTENTION=fa4), or "" when unset.
+
+    Only the ops the engine registers have an override; any other name raises, so this accessor
+    cannot be used to read an arbitrary TEMPER_OP_* variable.
+    """
+    if op_name not in _OP_VARIABLES:
+        raise ValueError(f"engine/env.py op_override({op_name!r}): not an op the engine registers "
+                         f"(known: {', '.join(sorted(_OP_VARIABLES))}); pass one of those, or add the new op's "
+                         "row to _OP_VARIABLES in engine/env.py together with its engine/ops/<op>/register.toml")
+    return os.environ.get(_OP_VARIABLES[op_name], "")
 
 
 def kernel_cache_dir() -> str:

@@ -24,6 +24,9 @@ PARSE_ERROR = "parse-error"
 # second walk on first request.
 _INDEXED = (ast.Attribute, ast.Call, ast.Subscript, ast.Compare, ast.Import, ast.ImportFrom, ast.ExceptHandler,
             ast.Global)
+# Asked for by some rules on most files: collected together in one second walk on the first request.
+_SECOND = (ast.Name, ast.Constant, ast.BinOp, ast.Tuple, ast.List, ast.Set, ast.Assign, ast.AnnAssign, ast.AugAssign,
+           ast.Try, ast.TryStar, ast.FunctionDef, ast.AsyncFunctionDef)
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
@@ -76,7 +79,7 @@ class SourceModule:
         if self._index is None:
             self._index = _index(self.tree, _INDEXED)
         if cls not in self._index:
-            self._index.update(_index(self.tree, (cls,)))
+            self._index.update(_index(self.tree, _SECOND if cls in _SECOND else (cls,)))
         return self._index[cls]
 
     def finding(self, rule: str, message: str, node: ast.AST | None = None, line: int = 1, col: int = 1) -> Finding:

@@ -11,6 +11,21 @@ environment and is a finding even in the env module. A name is checkable when it
 f-string / concatenation / %-format / .format whose literal prefix a `PREFIX_*` row covers, or a
 parameter of a private helper of the env module whose every call passes a checkable name.
 
+Stray handles. Outside those forms, anything that can reach the environment without an `os.environ`
+reference the checks above can see is a finding everywhere, the env module included:
+* the os / posix / nt module itself used other than `os.<attribute>` (passed on, assigned `o = os`,
+  `vars(os)`, `os.__dict__`), imported dynamically (`importlib.import_module("os")`,
+  `__import__("os")`) or fetched from `sys.modules["os"]`;
+* an attribute named like an env accessor (`.environ`, `.getenv`, `.putenv`, `.expandvars`, ...) on a
+  base that is not the os module as imported (`o.environ` after `o = os`, `libc.getenv`);
+* a string naming one (`"environ"`, `"getenv"`, also built by `+`: `vars(os)["environ"]`,
+  `getattr(m, "env" + "iron")`) or a `/proc/<pid>/environ` path;
+* a child process that reports the environment it inherits: a command that runs `env` / `printenv` /
+  `set` / `export`, or whose literal text expands `$VAR` or names `environ` / `getenv`, and any shell
+  command (`shell=True`, `os.system`, `os.popen`) built at run time;
+* `eval` / `exec` / `compile` of a string: code the check cannot read. A launch that passes `env=`
+  explicitly gives the child only what it was handed and is fine.
+
 Constants. A module-level UPPER_CASE name bound to a literal (number, string, tuple of literals)
 that two modules of one top-level package bind to different values is the same knob defined twice;
 each site is reported, naming the other. Leading underscores count too: `_TIMEOUT = 30` in one
@@ -38,6 +53,16 @@ _WRITERS = frozenset({"putenv", "unsetenv"})
 _ENV_ATTRS = frozenset(q.rpartition(".")[2] for q in _MAPPINGS | _FUNCTIONS)
 _MAPPING_METHODS = {"get": "reads", "__getitem__": "reads", "__contains__": "reads", "pop": "writes",
                     "setdefault": "writes", "__setitem__": "writes", "__delitem__": "writes"}
+_STRAY = _ENV_ATTRS | {"secure_getenv", "expandvars"}
+_ENV_FILES = frozenset({"environ", "environb"})  # /proc/<pid>/environ
+_LAUNCHERS = frozenset({f"subprocess.{f}" for f in ("run", "call", "check_call", "check_output", "Popen", "getoutput",
+                                                     "getstatusoutput")}
+                       | {f"os.{f}" for f in ("system", "popen", "execv", "execl", "execlp", "execvp", "spawnv",
+                                              "spawnl", "spawnlp", "spawnvp", "posix_spawn", "posix_spawnp")}
+                       | {"asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell", "pty.spawn"})
+_SHELL_STRINGS = frozenset({"os.system", "os.popen", "subprocess.getoutput", "subprocess.getstatusoutput",
+                            "asyncio.create_subprocess_shell"})
+_ENV_PROGRAMS = frozenset({"env", "printenv", "set", "export", "declare", "typeset", "compgen"})
 _MAX_INDIRECTION = 4  # helper -> helper -> ... chains longer than this are not followed
 
 
@@ -156,11 +181,7 @@ class SsotRule(Rule):
     def check(self, module: SourceModule) -> Iterator[Finding]:
         self._collect_constants(module)
         imports = imports_of(module)
-        for node in module.nodes(ast.Attribute):  # __import__("os").environ needs no import statement
-            if (node.attr in _ENV_ATTRS and isinstance(node.value, ast.Call)
-                    and dynamic_import_target(module, node.value, imports) in _ENV_MODULES):
-                yield module.finding(self.id, f"reaches `{node.attr}` through a dynamic import of the os module; read "
-                                              "whitelisted names in the env module with `os.environ.get(\"NAME\")`", node)
+        yield from _StrayScan(self.id, module, imports).findings()
         if not any(target.split(".", 1)[0] in _ENV_MODULES for target in imports.bindings.values()):
             return  # os / posix / nt are never imported: nothing here can reach the environment
         refs, dynamic = _env_refs(module, imports)
@@ -243,6 +264,149 @@ class SsotRule(Rule):
                               f"{more}; define the constant once and import it (knobs belong in EngineConfig)")
 
 
+_FIX = "read whitelisted names in the env module with `os.environ.get(\"NAME\")`"
+
+
+class _StrayScan:
+    """Ways to the environment that bypass a visible `os.environ` / `os.getenv` reference (module docstring)."""
+
+    def __init__(self, rule_id: str, module: SourceModule, imports: ImportTable):
+        self.rule_id = rule_id
+        self.module = module
+        self.imports = imports
+        self.reported: set[int] = set()  # ids of nodes already reported, so one trick is one finding
+        self.lines: set[int] = set()  # lines with a finding: a string there adds nothing
+
+    def findings(self) -> Iterator[Finding]:
+        yield from self._handles()
+        yield from self._code_strings()
+        yield from self._attributes()
+        yield from self._strings()
+        yield from self._launches()
+
+    def _finding(self, node: ast.AST, message: str) -> Finding:
+        self.reported.add(id(node))
+        self.lines.add(getattr(node, "lineno", 0))
+        return self.module.finding(self.rule_id, message, node)
+
+    def _handles(self) -> Iterator[Finding]:
+        module, imports = self.module, self.imports
+        for call in module.nodes(ast.Call):
+            target = dynamic_import_target(module, call, imports)
+            if target in _ENV_MODULES:
+                yield self._finding(call, f"imports the {target} module dynamically, which hides its environment "
+                                          f"accesses; use `import os` in the env module and {_FIX}")
+            elif _sys_modules_key(call.func, imports) and call.args and _literal(call.args[0]) in _ENV_MODULES:
+                yield self._finding(call, f"fetches the os module from sys.modules; {_FIX}")
+        for node in module.nodes(ast.Subscript):
+            if imports.qualify(node.value) == "sys.modules" and _literal(node.slice) in _ENV_MODULES:
+                yield self._finding(node, f"fetches the os module from sys.modules; {_FIX}")
+        handles = {name for name, target in imports.bindings.items() if target in _ENV_MODULES}
+        if not handles:
+            return
+        allowed = {id(n.value) for n in module.nodes(ast.Attribute) if n.attr != "__dict__"}
+        allowed |= {id(c.args[0]) for c in module.nodes(ast.Call) if len(c.args) >= 2
+                    and is_builtin(c.func, "getattr", imports)}  # getattr(os, ...) is judged by _env_refs
+        for node in module.nodes(ast.Name):
+            if node.id in handles and isinstance(node.ctx, ast.Load) and id(node) not in allowed:
+                yield self._finding(node, f"uses the {imports.bindings[node.id]} module as a value (passed on, "
+                                          "aliased, `vars()` or `__dict__`), so its environment accesses cannot be "
+                                          f"followed; use `os.<name>` directly, and {_FIX}")
+
+    def _code_strings(self) -> Iterator[Finding]:
+        for call in self.module.nodes(ast.Call):
+            for builtin in ("eval", "exec", "compile"):
+                if is_builtin(call.func, builtin, self.imports):
+                    yield self._finding(call, f"`{builtin}()` runs code this check cannot read, which may reach the "
+                                              f"environment; write the code out, and {_FIX}")
+
+    def _attributes(self) -> Iterator[Finding]:
+        for node in self.module.nodes(ast.Attribute):
+            if node.attr not in _STRAY or id(node.value) in self.reported:
+                continue
+            target = self.imports.qualify(node)
+            if target in _MAPPINGS or target in _FUNCTIONS:
+                continue  # a visible reference: judged by the main check
+            yield self._finding(node, f"`.{node.attr}` on something that is not the os module as imported (an alias, "
+                                      f"a dynamic import, a C library) may reach the environment; {_FIX}")
+        for node in self.module.nodes(ast.Name):
+            target = self.imports.bindings.get(node.id, "")
+            if isinstance(node.ctx, ast.Load) and target.rpartition(".")[2] == "expandvars":
+                yield self._finding(node, f"`expandvars` substitutes any environment variable; {_FIX}")
+
+    def _strings(self) -> Iterator[Finding]:
+        module = self.module
+        consumed = {id(c.args[1]) for c in module.nodes(ast.Call) if len(c.args) >= 2
+                    and is_builtin(c.func, "getattr", self.imports)
+                    and self.imports.qualify(c.args[0]) in _ENV_MODULES}  # judged by _env_refs
+        # Items of a collection display and operands of a comparison are data about names (this
+        # package's own tables), not a way to an access: a handle they could be used on is flagged
+        # where it is made.
+        for display in (*module.nodes(ast.Tuple), *module.nodes(ast.List), *module.nodes(ast.Set)):
+            consumed.update(id(e) for e in display.elts)
+        for compare in module.nodes(ast.Compare):
+            consumed.update(id(e) for e in (compare.left, *compare.comparators))
+        candidates = [n for n in module.nodes(ast.Constant) if id(n) not in consumed]
+        candidates += [n for n in module.nodes(ast.BinOp) if isinstance(n.op, ast.Add) and id(n) not in consumed]
+        for node in candidates:
+            text = _literal(node)
+            if text is None or node.lineno in self.lines:
+                continue
+            if text in _STRAY or _ENV_FILES & set(text.split("/")):
+                yield self._finding(node, f"the string {text[:60]!r} names an environment accessor or file; "
+                                          f"reaching it by name hides the access from this check; {_FIX}")
+
+    def _launches(self) -> Iterator[Finding]:
+        for call in self.module.nodes(ast.Call):
+            launcher = self.imports.qualify(call.func)
+            if launcher not in _LAUNCHERS or any(k.arg == "env" for k in call.keywords):
+                continue
+            command = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "args"), None)
+            if command is None:
+                continue
+            shell = launcher in _SHELL_STRINGS or any(
+                k.arg == "shell" and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in call.keywords)
+            words = _command_words(command)
+            if words is None and shell:
+                yield self._finding(call, "a shell command built at run time can expand any environment variable; "
+                                          "use a literal argument list, or pass `env=` with only what the child needs")
+            elif words and any(_reads_env(word) for word in words):
+                yield self._finding(call, "this command reports the environment it inherits (env / printenv / $VAR / "
+                                          f"environ); {_FIX}, or pass `env=` with only what the child needs")
+
+
+def _literal(node: ast.AST) -> str | None:
+    """The whole text of a string (or bytes) literal or a concatenation of literals, else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, bytes):
+        return node.value.decode("latin-1")
+    head = literal_head(node)
+    return head[0] if head and head[1] else None
+
+
+def _sys_modules_key(func: ast.AST, imports: ImportTable) -> bool:
+    """`sys.modules.get` / `.pop` / `.setdefault` / `.__getitem__`."""
+    return isinstance(func, ast.Attribute) and func.attr in ("get", "pop", "setdefault", "__getitem__") \
+        and imports.qualify(func.value) == "sys.modules"
+
+
+def _command_words(command: ast.AST) -> list[str] | None:
+    """Literal words of a command (a string, or a list / tuple whose literal items count); None if none is literal."""
+    parts = command.elts if isinstance(command, (ast.List, ast.Tuple)) else [command]
+    texts = [t for t in (_literal(p) if not isinstance(p, ast.JoinedStr) else literal_head(p)[0] for p in parts) if t]
+    if not texts:
+        return None
+    words = []
+    for text in texts:
+        for mark in ";|&()`'\"=<>{}[]\n\t":
+            text = text.replace(mark, " ")
+        words.extend(text.split())
+    return words
+
+
+def _reads_env(word: str) -> bool:
+    return ("$" in word or word.rpartition("/")[2] in _ENV_PROGRAMS or "environ" in word or "getenv" in word)
+
+
 class _EnvModuleNames:
     """Checks the variable names used inside a package's env module, following private helpers' parameters."""
 
@@ -269,6 +433,11 @@ class _EnvModuleNames:
         yield from self._check_name(access.name, access.node, 0)
 
     def _check_name(self, name: ast.AST, where: ast.AST, depth: int) -> Iterator[Finding]:
+        table = self._table_values(name)
+        if table is not None:
+            for value in table:
+                yield from self._check_name(value, value, depth + 1)
+            return
         problem = self.rule.whitelist_problem(name)
         if problem is None:
             return
@@ -287,6 +456,30 @@ class _EnvModuleNames:
                                                         "(*args / **kwargs); pass the name as a literal", call)
             else:
                 yield from self._check_name(argument, argument, depth + 1)
+
+    def _table_values(self, name: ast.AST) -> list[ast.AST] | None:
+        """For `TABLE[key]` where TABLE is a read-only table of names: every value it can yield.
+
+        A table is a module-level name bound once, and never rebound or deleted, to
+        `types.MappingProxyType({...})` of a dict display without `**` entries. Then the key, however
+        computed, can only pick one of the literal values, and each value is checked instead.
+        """
+        if not (isinstance(name, ast.Subscript) and isinstance(name.value, ast.Name)):
+            return None
+        table = name.value.id
+        stores = [n for n in self.module.nodes(ast.Name) if n.id == table and not isinstance(n.ctx, ast.Load)]
+        if len(stores) != 1 or any(table in g.names for g in self.module.nodes(ast.Global)):
+            return None
+        binding = next((s for s in self.module.tree.body if isinstance(s, (ast.Assign, ast.AnnAssign))
+                        and stores[0] in (s.targets if isinstance(s, ast.Assign) else [s.target])), None)
+        if binding is None or binding.value is None:
+            return None
+        value = binding.value
+        if not (isinstance(value, ast.Call) and len(value.args) == 1 and not value.keywords
+                and imports_of(self.module).qualify(value.func) == "types.MappingProxyType"
+                and isinstance(value.args[0], ast.Dict) and None not in value.args[0].keys):
+            return None
+        return list(value.args[0].values)
 
     def _helper_arguments(self, name: ast.AST) -> list[tuple[ast.AST | None, ast.Call]] | None:
         """For a parameter of a private, only-called helper: the argument each call passes for it."""
