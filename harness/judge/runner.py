@@ -54,7 +54,6 @@ __all__ = ["GateRunner", "GateError", "verdict_text", "LOG_TAIL_LINES"]
 LOG_TAIL_LINES = 60
 _MAX_VIOLATIONS = 200
 _JOB_ID = re.compile(r"[a-z0-9][a-z0-9_-]*")
-_SUPPRESSION = re.compile(r"#\s*guard:\s*allow\b")
 _COLLECTED_ID = re.compile(r"^(\S+\.py::\S.*)$")
 
 
@@ -329,12 +328,27 @@ class GateRunner:
         violations = [f"{p}: no such file or folder" for p in missing]
         result = check_paths([p for p in paths if p.exists()], config, list(gate.rules), cwd=judging.tree)
         violations += [f.to_text() for f in result.findings]
-        violations += new_suppressions(gate.paths, judging.diff)
+        violations += self._new_suppressions(gate, judging)
         if violations:
             return GateResult(name=gate.name, kind=gate.kind, passed=False, violations=tuple(violations),
                               summary=f"{len(violations)} finding(s) in {' '.join(gate.paths)}")
         return GateResult(name=gate.name, kind=gate.kind, passed=True,
                           summary=f"0 findings in {result.files} files ({', '.join(gate.rules)})")
+
+    def _new_suppressions(self, gate: GuardsGate, judging: _Judging) -> list[str]:
+        """Every `# guard: allow` the candidate's files have beyond the base's, read from the files (never
+        from one diff dialect's text): a red line the candidate lifted for itself is a reviewer's decision."""
+        from guards.suppression import new_suppressions
+
+        in_scope = [p for p, kind in judging.policy.changed.items() if kind != "deleted" and p.endswith(".py")
+                    and any(p == s or p.startswith(s.rstrip("/") + "/") for s in gate.paths)]
+        candidate = {p: (judging.tree / p).read_bytes().decode("utf-8", "replace") for p in in_scope}
+        base = {}
+        for path in in_scope:
+            proc = subprocess.run(["git", "-C", str(self.repo), "show", f"{self.base}:{path}"], capture_output=True)
+            if proc.returncode == 0:
+                base[path] = proc.stdout.decode("utf-8", "replace")
+        return new_suppressions(base, candidate)
 
     # ------------------------------------------------------------------ pytest
 
@@ -478,27 +492,6 @@ class GateRunner:
                                   capture_output=True)
             self._presets = tomllib.loads(proc.stdout.decode("utf-8")) if proc.returncode == 0 else {}
         return self._presets or None
-
-
-def new_suppressions(paths: list[str], diff: str) -> list[str]:
-    """Violations for each `# guard: allow` a diff adds to a .py file under `paths`: a red line the
-    candidate lifted for itself is a reviewer's decision, not the agent's."""
-    out, path, line_no = [], "", 0
-    for line in diff.splitlines():
-        if line.startswith("+++ "):
-            path = line[6:] if line.startswith("+++ b/") else ""
-        elif line.startswith("@@"):
-            match = re.search(r"\+(\d+)", line)
-            line_no = int(match.group(1)) - 1 if match else 0
-        elif line.startswith("+"):
-            line_no += 1
-            in_scope = any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths)
-            if in_scope and path.endswith(".py") and _SUPPRESSION.search(line):
-                out.append(f"{path}:{line_no}: adds a guard suppression ({line[1:].strip()[:120]}); "
-                           "suppressions are a reviewer's decision, fix the code instead")
-        elif not line.startswith("-"):
-            line_no += 1
-    return out
 
 
 def _has_module(name: str) -> bool:

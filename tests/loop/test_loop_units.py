@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.runner import new_suppressions
 from harness.loop import check_limits, count_submissions
 from harness.progress import Progress
 from harness.protocol import AgentTurn, LimitsExceeded, Message, ToolCall, ToolResult, Usage
@@ -105,12 +104,3 @@ def test_svg_chart_is_wellformed_and_scales_the_points() -> None:
     assert xs[0] < xs[1] < xs[2] and ys[0] < ys[1] < ys[2]  # loss falls: y (downwards in SVG) grows
     assert xs[1] - xs[0] == pytest.approx(xs[2] - xs[1], abs=0.11)  # evenly spaced steps, 0.1 px rounding
     assert "no data" in line_chart([], title="t", xlabel="x", ylabel="y")
-
-
-def test_suppression_scan_reads_added_lines_under_the_gate_paths_only() -> None:
-    diff = ("diff --git a/engine/x.py b/engine/x.py\n--- a/engine/x.py\n+++ b/engine/x.py\n@@ -10,2 +10,3 @@\n"
-            " a = 1\n+b = os.environ['X']  # guard: allow ssot -- needed\n c = 2\n"
-            "diff --git a/tools/y.py b/tools/y.py\n--- a/tools/y.py\n+++ b/tools/y.py\n@@ -1 +1,2 @@\n"
-            " z = 1\n+w = 2  # guard: allow fail-fast -- outside the gate's paths\n")
-    found = new_suppressions(["engine"], diff)
-    assert len(found) == 1 and found[0].startswith("engine/x.py:11: adds a guard suppression")
