@@ -22,7 +22,6 @@ configured.
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -30,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import git
+
+from harness.atomic import write_atomic
 
 __all__ = ["Workspace", "WorkspaceError", "TRAILER_KEYS"]
 
@@ -99,19 +100,6 @@ def _branch_exists(repo_dir: Path, branch: str) -> bool:
     return bool(_git(repo_dir, "branch", "--list", branch).strip())
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _one_line(name: str, value: str) -> str:
     if "\n" in value or "\r" in value:
         raise ValueError(f"{name} must be one line for a commit trailer, got {value!r}")
@@ -147,7 +135,7 @@ class Workspace:
         _git(repo_dir, "worktree", "add", "-q", "-b", branch, str(worktree), base_sha)
         ws = Workspace(repo=repo_dir, worktree=worktree, base=base_sha, branch=branch, run_id=run_id)
         record = {"repo": str(repo_dir), "base": base_sha, "branch": branch, "worktree": str(worktree)}
-        _atomic_write_text(run_dir / _RECORD, json.dumps(record, indent=2) + "\n")
+        write_atomic(run_dir / _RECORD, json.dumps(record, indent=2) + "\n")
         return ws
 
     @staticmethod

@@ -19,11 +19,9 @@ again, not finished: wait() keeps watching.
 
 import functools
 import math
-import os
 import re
 import shlex
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from pathlib import Path
 import jinja2
 
 from harness import settings
+from harness.atomic import write_atomic
 from harness.jobs.spec import Job, JobError, JobResult, JobSpec, JobState, SubmitError
 
 __all__ = ["SlurmJob", "SlurmInfo", "render_sbatch", "accounting_enabled", "slurm_time_seconds"]
@@ -111,18 +110,6 @@ def render_sbatch(spec: JobSpec) -> str:
     )
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)  # only still there if something failed before the replace
-
-
 def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S, **kwargs)  # type: ignore[call-overload]
@@ -170,7 +157,7 @@ class SlurmJob(Job):
         self.result: JobResult | None = None
         self.script_path = spec.log_path.with_name(spec.log_path.name + ".sbatch")
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.script_path, render_sbatch(spec))
+        write_atomic(self.script_path, render_sbatch(spec))
         self._t0 = time.monotonic()
         self._failures = 0
         out = _run(["sbatch", "--parsable", str(self.script_path)], env=settings.child_env(spec.env), cwd=spec.cwd)
