@@ -39,6 +39,7 @@ __all__ = [
     "Sink",
     "LineLog",
     "Tee",
+    "FileTail",
     "Lines",
     "group_members",
     "signal_name",
@@ -183,6 +184,62 @@ class Tee:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+class FileTail:
+    """Follow a log that another process writes (slurmd for SLURM jobs) and stamp each new line with
+    the harness's clock: row i of `times_path` = arrival time of line i, in seconds since `t0` (a
+    time.monotonic() value), as seen by polling every `interval_s`; the resolution is that interval.
+    A file that shrinks (rewritten from the start) is followed from its new start; `restarts` counts
+    that."""
+
+    def __init__(self, path: Path, times_path: Path, *, t0: float, interval_s: float = 0.2):
+        self.path = path
+        self.times_path = times_path
+        self.t0 = t0
+        self.interval_s = interval_s
+        self.lines = 0
+        self.restarts = 0
+        self._offset = 0
+        self._times = open(times_path, "w")
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"tail-{path.name}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.read_new()
+
+    def read_new(self) -> int:
+        """Stamp the lines that arrived since the last look; returns how many."""
+        with self._lock:
+            if self._times.closed:
+                return 0
+            try:
+                with open(self.path, "rb") as fh:
+                    size = os.fstat(fh.fileno()).st_size
+                    if size < self._offset:
+                        self._offset, self.restarts = 0, self.restarts + 1
+                    fh.seek(self._offset)
+                    data = fh.read(size - self._offset)
+            except FileNotFoundError:  # guard: allow fail-fast -- not created yet (the job is still queued)
+                return 0
+            t = time.monotonic() - self.t0
+            self._offset += len(data)
+            if n := data.count(b"\n"):
+                self._times.write(f"{t:.6f}\n" * n)
+                self._times.flush()
+                self.lines += n
+            return n
+
+    def close(self) -> None:
+        """Stop following, after one last look."""
+        self._stop.set()
+        self._thread.join(5.0)
+        self.read_new()
+        with self._lock:
+            self._times.close()
 
 
 # ---------------------------------------------------------------- the runner

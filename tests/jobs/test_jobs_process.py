@@ -112,3 +112,24 @@ def test_kill_pattern_that_never_matches_sends_nothing(tmp_path: Path) -> None:
 def test_kill_fields_are_validated(tmp_path: Path, kw: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         JobSpec(name="v", argv=["true"], log_path=tmp_path / "x.log", **kw)
+
+
+def test_file_tail_stamps_lines_another_process_writes(tmp_path: Path) -> None:
+    from harness.jobs.process import FileTail
+
+    log = tmp_path / "slurm.log"
+    t0 = time.monotonic()
+    tail = FileTail(log, tmp_path / "slurm.log.times", t0=t0, interval_s=0.05)
+    time.sleep(0.2)  # not there yet: nothing to stamp
+    with log.open("ab") as fh:
+        fh.write(b"one\ntw")
+        fh.flush()
+        deadline = time.monotonic() + 30
+        while tail.lines < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        fh.write(b"o\nthree\n")
+    tail.close()
+    times = [float(t) for t in (tmp_path / "slurm.log.times").read_text().split()]
+    assert len(times) == 3 and 0.2 <= times[0] and times[0] + 0.25 <= times[1] <= times[2] <= time.monotonic() - t0
+    assert tail.restarts == 0
