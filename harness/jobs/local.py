@@ -11,13 +11,17 @@ Processes are run by harness.jobs.process (the harness's one runner):
   which the judge can hold claimed step times. PYTHONUNBUFFERED=1 is set unless overridden, so
   Python children write lines as they happen. The judge keeps the log where the job cannot reach it
   (a sandboxed job cannot see or write the log's folder unless it is made writable).
-- timeout_s -> SIGTERM to the group, up to kill_grace_s for it to exit, then SIGKILL. Processes
-  still in the group after the leader exits are stopped the same way and named in `detail`.
+- timeout_s -> SIGTERM to the job's processes, up to kill_grace_s for them to exit, then SIGKILL.
+  The job's processes are its group plus the leader's descendants (torchrun starts its workers in
+  sessions of their own); SIGTERM skips the launcher's own processes (bwrap, torchrun's agent),
+  which exit when the job's code does. Processes still alive after the leader exits are stopped the
+  same way and named in `detail`.
 - spec.sandbox: the command runs inside bubblewrap (harness.jobs.sandbox), torchrun included. bwrap
   exits with 128 + N when the job dies of signal N; the result reports that as signal N.
 - spec.kill_pattern: the first output line that matches the regex makes the launcher send
   spec.kill_signal to the job's group, once ("kill at step N, then resume"); the result says
-  which line and when.
+  which line and when. Under torchrun (and bwrap) the launcher's own processes are spared, so the
+  workers end as they choose and torchrun reports their exit status.
 """
 
 import re
@@ -60,11 +64,15 @@ class LocalJob(Job):
         self._kill_sig = parse_signal(spec.kill_signal)
         self._kill_sent: tuple[int, float] | None = None  # (line number, seconds since launch)
         self._started = threading.Event()
+        # The launcher's own processes (bwrap and its init, torchrun's agent) get no SIGTERM: it is
+        # meant for the job's code, bwrap would die of it and SIGKILL the job, and torchrun would die
+        # of it and fail a job whose workers checkpointed and exited 0. SIGKILL reaches everything.
+        self._spare = (2 if spec.sandbox is not None else 0) + (1 if spec.torchrun else 0)
         env = settings.child_env({"PYTHONUNBUFFERED": "1", **spec.env})
         log = LineLog(spec.log_path, self.line_times_path, on_line=self._on_line if self._kill_re else None)
         try:
             self._process = Process(self.command, cwd=spec.cwd, env=env, stdout=log, timeout_s=spec.timeout_s,
-                                    grace_s=spec.kill_grace_s, keep_leader=spec.sandbox is not None)
+                                    grace_s=spec.kill_grace_s, spare_depth=self._spare)
         except OSError as err:
             log.close()
             raise JobError(f"job {spec.name!r}: cannot start {self.command[0]!r}: {err}") from err

@@ -9,18 +9,25 @@
   file plus `<log>.times`, one arrival time per line, and an optional per-line callback), `Lines`
   (decoded lines), or any object with write(chunk, t) / close(). stdout and stderr share one pipe unless a separate
   stderr sink is given.
-- Stopping (timeout, cancel, leftovers): SIGTERM to the group, up to `grace_s` for it to empty, then
-  SIGKILL. After the leader exits by itself, processes still in its group are stopped the same way
-  and reported (`leftovers`).
+- The process's *members* are its process group plus every descendant of the leader, even one in a
+  session of its own (torchrun starts each worker with start_new_session, so the group alone would
+  miss the workers), plus every process once seen as a member (same pid and start time) after it
+  was orphaned. Members are looked up in /proc when signalling and at most every 0.5 s while
+  polling.
+- Stopping (timeout, cancel, leftovers): SIGTERM to every member, up to `grace_s` for them to be
+  gone, then SIGKILL. After the leader exits by itself, members still alive are stopped the same
+  way and reported (`leftovers`).
 - The leader is not reaped until the group has been dealt with (waitid WNOWAIT): as an unreaped
   zombie it keeps its pid, the group id, from being reused by an unrelated process while we signal.
-- `keep_leader=True` (the sandbox: the leader is bwrap, which dies of SIGTERM and then SIGKILLs the
-  job through --die-with-parent) sends every signal but SIGKILL to the group's other members only;
-  the leader then exits with its child's status.
+- `spare_depth=n` sends every signal but SIGKILL only to members n or more levels below the leader:
+  the launcher's own processes are spared (bwrap, which dies of SIGTERM and then SIGKILLs the job
+  through --die-with-parent, and its init: 2 levels; torchrun's agent, which dies of SIGTERM and
+  fails a job whose workers checkpointed and exited 0: 1 more), and exit when their children do,
+  with their children's status.
 
-A process that leaves the group on purpose (setsid, a daemon) escapes the group signals; it is
-reported when it still holds the output pipe (`pipe_held`). Inside the sandbox nothing escapes: the
-sandbox's pid namespace dies with the group.
+A process that leaves the group and is orphaned before the runner first sees it (a double-forked
+daemon started between two looks) escapes; it is reported when it still holds the output pipe
+(`pipe_held`). Inside the sandbox nothing escapes: the sandbox's pid namespace dies with bwrap.
 """
 
 import os
@@ -48,7 +55,34 @@ __all__ = [
 
 _POLL_S = 0.05
 _KILL_WAIT_S = 5.0  # after SIGKILL, how long the kernel may take to reap
-_DRAIN_S = 5.0  # after the group is gone, how long the pumps may take to reach end of file
+_DRAIN_S = 5.0
+_LOOK_S = 0.5  # while running, how often poll() looks up the members (to remember descendants)  # after the group is gone, how long the pumps may take to reach end of file
+
+
+@dataclass(frozen=True)
+class _Proc:
+    ppid: int
+    pgrp: int
+    start: int  # start time in clock ticks since boot: with the pid, identifies the process
+    live: bool  # not a zombie
+
+
+def _proc_table() -> dict[int, _Proc]:
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat")) as fh:
+                stat = fh.read()
+        except OSError:  # guard: allow fail-fast -- it exited while we looked: not a process any more
+            continue
+        # "pid (comm) state ppid pgrp session ... starttime(22nd)": comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 19:
+            table[int(entry.name)] = _Proc(ppid=int(fields[1]), pgrp=int(fields[2]), start=int(fields[19]),
+                                           live=fields[0] not in ("Z", "X"))
+    return table
 
 
 def group_members(pgid: int) -> list[int]:
@@ -57,20 +91,7 @@ def group_members(pgid: int) -> list[int]:
     A zombie cannot do anything, but it stays in its group until reaped, and orphans are reaped by
     pid 1, which in a container may never do it; so `killpg(pgid, 0)` alone would wait forever.
     """
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(os.path.join(entry.path, "stat")) as fh:
-                stat = fh.read()
-        except OSError:  # guard: allow fail-fast -- it exited while we looked: not a member
-            continue
-        # "pid (comm) state ppid pgrp ...": comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
+    return [pid for pid, p in _proc_table().items() if p.pgrp == pgid and p.live]
 
 
 def parse_signal(name: str | int) -> signal.Signals:
@@ -284,16 +305,18 @@ class Process:
         stdin: bytes | None = None,
         timeout_s: float | None = None,
         grace_s: float = 10.0,
-        keep_leader: bool = False,
+        spare_depth: int = 0,
     ):
         self.argv = list(argv)
         self.timeout_s = timeout_s
         self.grace_s = grace_s
-        self.keep_leader = keep_leader
+        self.spare_depth = spare_depth
         self.result: ProcessResult | None = None
         self._lock = threading.RLock()  # poll / stop / finish
         self._sig_lock = threading.Lock()  # signals vs reaping the leader (pump threads signal too)
         self._reaped = False
+        self._seen: dict[int, int] = {}  # pid -> start time of every process seen as a member
+        self._last_look = 0.0
         self._pumps: list[threading.Thread] = []
         self.t0 = time.monotonic()
         out_r, out_w = os.pipe()
@@ -346,20 +369,47 @@ class Process:
 
     # -- signals ---------------------------------------------------------------------------
 
-    def send_signal(self, sig: int) -> None:
-        """Signal the whole group (see keep_leader); a no-op once the process has been reaped."""
+    def members(self) -> dict[int, "_Proc"]:
+        """The live members by pid (see the module docstring); remembers them."""
+        table = _proc_table()
+        keep = {pid for pid, p in table.items() if p.pgrp == self.pgid}
+        keep |= {pid for pid, start in self._seen.items() if pid in table and table[pid].start == start}
+        children: dict[int, list[int]] = {}
+        for pid, p in table.items():
+            children.setdefault(p.ppid, []).append(pid)
+        todo = [self.pid, *keep]
+        while todo:
+            for child in children.get(todo.pop(), ()):
+                if child not in keep:
+                    keep.add(child)
+                    todo.append(child)
+        self._seen.update((pid, table[pid].start) for pid in keep)
+        self._last_look = time.monotonic()
+        return {pid: table[pid] for pid in keep if table[pid].live}
+
+    def send_signal(self, sig: int, *, spare_depth: int | None = None) -> None:
+        """Signal the whole group; a no-op once the process has been reaped.
+
+        spare_depth n > 0 signals every member but the first n levels of the process tree under the
+        leader (1: the leader; 2: the leader and its children, ...), e.g. bwrap and torchrun's agent,
+        which would die of SIGTERM instead of letting their children end as they choose. The default
+        is the constructor's. SIGKILL always goes to every member."""
+        depth = self.spare_depth if spare_depth is None else spare_depth
         with self._sig_lock:
             if self._reaped:
                 return
-            if self.keep_leader and sig != signal.SIGKILL:
-                for pid in group_members(self.pgid):
-                    if pid != self.pid:
-                        _kill(pid, sig)
-                return
-            try:
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:  # guard: allow fail-fast -- the group is already empty
-                pass
+            members = self.members()
+            if depth > 0 and sig != signal.SIGKILL:
+                parents = {pid: p.ppid for pid, p in members.items()}
+                targets = [pid for pid in members if _depth(pid, self.pid, parents) >= depth]
+            else:
+                try:
+                    os.killpg(self.pgid, sig)
+                except ProcessLookupError:  # guard: allow fail-fast -- the group is already empty
+                    pass
+                targets = [pid for pid, p in members.items() if p.pgrp != self.pgid]  # e.g. torchrun's workers
+            for pid in targets:
+                _kill(pid, sig)
 
     def _leader_exited(self) -> bool:
         # WNOWAIT: learn that it exited without reaping it, so its pid (= the group id) stays reserved.
@@ -369,15 +419,15 @@ class Process:
         """SIGTERM, up to grace_s for the group to empty, then SIGKILL; True if something survived SIGKILL."""
         self.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
-        while time.monotonic() < deadline and group_members(self.pgid):
+        while time.monotonic() < deadline and self.members():
             time.sleep(_POLL_S)
-        if not group_members(self.pgid):
+        if not self.members():
             return False
         self.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + _KILL_WAIT_S
-        while group_members(self.pgid) and time.monotonic() < deadline:
+        while self.members() and time.monotonic() < deadline:
             time.sleep(0.02)
-        return bool(group_members(self.pgid))
+        return bool(self.members())
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -391,10 +441,12 @@ class Process:
             if self.result is not None:
                 return self.result
             if not self._leader_exited():
+                if time.monotonic() - self._last_look > _LOOK_S:
+                    self.members()  # remember descendants before they can be orphaned
                 if self.timeout_s is not None and self.elapsed_s > self.timeout_s:
                     return self.stop("timeout")
                 return None
-            leftovers = tuple(group_members(self.pgid))
+            leftovers = tuple(sorted(self.members()))
             if leftovers:
                 self._stop_group()
             return self._finish("exited", leftovers)
@@ -431,6 +483,17 @@ class Process:
         self.result = ProcessResult(returncode=code, reason=reason, leftovers=leftovers, pipe_held=held,
                                     elapsed_s=elapsed, survived_kill=survived)
         return self.result
+
+
+def _depth(pid: int, root: int, parents: dict[int, int]) -> int:
+    """Levels between `pid` and `root` (0: pid is root); members whose chain does not reach the root
+    (orphans) count as deep."""
+    depth = 0
+    while pid != root:
+        if pid not in parents:
+            return 1 << 30
+        pid, depth = parents[pid], depth + 1
+    return depth
 
 
 def _kill(pid: int, sig: int) -> None:

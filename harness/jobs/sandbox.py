@@ -30,7 +30,7 @@ Not `--new-session`, although bwrap recommends it against TIOCSTI: the harness s
 leader of a new session with no controlling terminal (harness.jobs.process), which gives the same
 protection, while `--new-session` would move the sandboxed command out of that process group and
 out of reach of the group signals (graceful SIGTERM, kill at a step). For the same reason the
-runner signals the group's members but not bwrap itself (`keep_leader`): bwrap does not forward
+runner sends SIGTERM to the job but not to bwrap and its init (`spare_depth`): bwrap does not forward
 SIGTERM, it would die of it and SIGKILL the job.
 
 A sandboxed command that is killed by signal N makes bwrap exit with 128 + N.

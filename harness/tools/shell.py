@@ -91,7 +91,7 @@ def run_shell(
     if sandbox is not None:
         argv = sandbox.wrap(argv, cwd=cwd)
     proc = Process(argv, cwd=cwd, env=env, stdout=sink, timeout_s=timeout_s, grace_s=grace_s,
-                   keep_leader=sandbox is not None)
+                   spare_depth=2 if sandbox is not None else 0)  # bwrap and its init exit with bash
     res = proc.wait()
     assert res is not None
     output, omitted = sink.text()

@@ -133,3 +133,38 @@ def test_file_tail_stamps_lines_another_process_writes(tmp_path: Path) -> None:
     times = [float(t) for t in (tmp_path / "slurm.log.times").read_text().split()]
     assert len(times) == 3 and 0.2 <= times[0] and times[0] + 0.25 <= times[1] <= times[2] <= time.monotonic() - t0
     assert tail.restarts == 0
+
+
+def test_kill_pattern_under_torchrun_reaches_the_workers_not_the_agent(tmp_path: Path) -> None:
+    # torchrun starts each worker in a session of its own, and dies of SIGTERM itself: the signal
+    # must reach the workers (outside the job's group) and spare torchrun, which then exits 0.
+    spec = JobSpec(name="trkill", argv=[str(STEPPER), "100"], torchrun=True, nproc=2, cwd=tmp_path,
+                   log_path=tmp_path / "t.log", timeout_s=240, kill_pattern=r"^step 3\b")
+    result = launch(spec).wait(poll_s=0.1)
+    log = result.read_log()
+    assert (result.state, result.exit_code) == ("completed", 0), log
+    assert log.count("checkpoint at step") == 2 and "finished" not in log
+
+
+IGNORE_TERM = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("worker up", flush=True)
+time.sleep(300)
+"""
+
+
+def test_timeout_kills_torchrun_workers_outside_the_group(tmp_path: Path) -> None:
+    worker = tmp_path / "stubborn.py"
+    worker.write_text(IGNORE_TERM)
+    spec = JobSpec(name="trhang", argv=[str(worker)], torchrun=True, nproc=2, cwd=tmp_path,
+                   log_path=tmp_path / "h.log", timeout_s=20, kill_grace_s=1)
+    job = launch(spec)
+    deadline = time.monotonic() + 120
+    while spec.log_path.read_text().count("worker up") < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = [pid for pid in job._process.members() if pid != job.pid]  # type: ignore[attr-defined]
+    assert len(workers) == 2, workers
+    result = job.wait(poll_s=0.1)
+    assert result.state == "timeout"
+    assert not any(_alive(pid) for pid in workers), "torchrun's workers must not outlive the job"

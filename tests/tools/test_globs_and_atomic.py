@@ -11,6 +11,8 @@ from harness.globs import glob_match
 from harness.spec import glob_match as spec_glob_match
 from harness.tools.paths import matches_glob
 
+__all__: list[str] = []
+
 CASES = [  # (pattern, path, judge semantics, tools' directory reading)
     ("engine/**", "engine/a.py", True, True),
     ("engine/**", "engine/ops/attn/k.py", True, True),
