@@ -1,14 +1,14 @@
 """The one process runner of the harness: jobs (harness.jobs.local), the agent's shell tool
 (harness.tools.shell) and CLI agents (harness.agents.cli_agents) all start processes through it.
 
-- The child leads a new session, so its process group id is its pid: every signal goes to the whole
-  group (torchrun's workers, `sleep 100 &`, grandchildren), and Ctrl-C in the terminal reaches only
-  the harness, which then stops the child itself.
+- The child leads a new session, so its process group id is its pid: a group signal reaches
+  `sleep 100 &` and grandchildren, and Ctrl-C in the terminal reaches only the harness, which then
+  stops the child itself.
 - Output goes through pipes the harness owns, read by pump threads that hand each chunk, with its
   arrival time on the harness's monotonic clock (seconds since start), to sinks: `LineLog` (a log
   file plus `<log>.times`, one arrival time per line, and an optional per-line callback), `Lines`
-  (decoded lines), or any object with write(chunk, t) / close(). stdout and stderr share one pipe unless a separate
-  stderr sink is given.
+  (decoded lines), or any object with write(chunk, t) / close(). stdout and stderr share one
+  pipe unless a separate stderr sink is given.
 - The process's *members* are its process group plus every descendant of the leader, even one in a
   session of its own (torchrun starts each worker with start_new_session, so the group alone would
   miss the workers), plus every process once seen as a member (same pid and start time) after it
@@ -316,6 +316,7 @@ class Process:
         self._sig_lock = threading.Lock()  # signals vs reaping the leader (pump threads signal too)
         self._reaped = False
         self._seen: dict[int, int] = {}  # pid -> start time of every process seen as a member
+        self._members_lock = threading.Lock()  # members() runs on pump threads too (kill_pattern)
         self._last_look = 0.0
         self._pumps: list[threading.Thread] = []
         self.t0 = time.monotonic()
@@ -371,6 +372,10 @@ class Process:
 
     def members(self) -> dict[int, "_Proc"]:
         """The live members by pid (see the module docstring); remembers them."""
+        with self._members_lock:
+            return self._look()
+
+    def _look(self) -> dict[int, "_Proc"]:
         table = _proc_table()
         keep = {pid for pid, p in table.items() if p.pgrp == self.pgid}
         keep |= {pid for pid, start in self._seen.items() if pid in table and table[pid].start == start}
