@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.atomic import fsync_dir, write_atomic
 from harness.protocol import AgentTurn, Message, ToolCall, ToolResult, Usage
 from harness.verdict import GateResult, Verdict
 
@@ -158,38 +159,13 @@ def scrub_file(path: str | Path) -> bool:
         os.fsync(dst.fileno())
     if changed:
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     else:
         tmp.unlink()
     return changed
 
 
 # ---------------------------------------------------------------- files
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str | Path, data: str | bytes) -> None:
-    """Write a file so readers see the old or the new content, never a mix: tmp + fsync + os.replace."""
-    path = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _dumps(obj: Any) -> str:
@@ -258,7 +234,7 @@ class _EventLog:
             finally:
                 os.close(fd)
             if created:
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
             self.next_seq += 1
             return event
 

@@ -20,11 +20,12 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from harness.globs import glob_match  # the one matcher; re-exported here (harness.spec.glob_match)
 
 __all__ = [
     "SpecError",
@@ -160,45 +161,6 @@ def compare(op: str, actual: float, value: float) -> bool:
 
 
 # ---------------------------------------------------------------- globs and paths
-
-
-@lru_cache(maxsize=512)
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    out = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")  # zero or more whole segments
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[":
-            end = pattern.find("]", i + 1)
-            if end == -1:
-                out.append(re.escape("["))
-                i += 1
-            else:
-                body = pattern[i + 1 : end]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body}]")
-                i = end + 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out) + r"\Z")
-
-
-def glob_match(pattern: str, path: str) -> bool:
-    """True when the repo-relative POSIX `path` matches `pattern` (`**` spans segments, `*` does not)."""
-    return _glob_regex(pattern).match(path) is not None
 
 
 def _check_relpath(value: str, what: str = "path") -> str:

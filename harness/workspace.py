@@ -22,7 +22,6 @@ configured.
 
 import contextlib
 import json
-import os
 import secrets
 import shutil
 import tempfile
@@ -31,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import git
+
+from harness.atomic import write_atomic
 
 __all__ = ["HELD_OUT_PATTERNS", "Workspace", "WorkspaceError", "TRAILER_KEYS"]
 
@@ -100,19 +101,6 @@ def _branch_exists(repo_dir: Path, branch: str) -> bool:
     return bool(_git(repo_dir, "branch", "--list", branch).strip())
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 # Milestones' held-out material (acceptance tests, references) never appears in an agent's worktree:
 # the judge copies it into the checkout it judges. A sparse checkout of this worktree alone leaves
 # those paths out (skip-worktree: not "deleted" in the agent's diff); the user's checkout is untouched.
@@ -159,7 +147,7 @@ class Workspace:
         _hide_held_out(worktree)
         ws = Workspace(repo=repo_dir, worktree=worktree, base=base_sha, branch=branch, run_id=run_id)
         record = {"repo": str(repo_dir), "base": base_sha, "branch": branch, "worktree": str(worktree)}
-        _atomic_write_text(run_dir / _RECORD, json.dumps(record, indent=2) + "\n")
+        write_atomic(run_dir / _RECORD, json.dumps(record, indent=2) + "\n")
         return ws
 
     @staticmethod

@@ -1,7 +1,7 @@
 """Coding-assistant CLIs as subprocess agents: `cli:claude-code` and `cli:codex`.
 
 One `attempt` runs the CLI headless in the worktree with the milestone prompt on stdin (no argv
-length limit), in a new process group. Its JSONL events stream to `log_path` and its stderr to
+length limit), in a new process group (the harness's one runner, harness.jobs.process). Its JSONL events stream to `log_path` and its stderr to
 `<log_path>.stderr` as they arrive (not atomically: a crash must leave what was seen). On timeout
 the whole group gets SIGTERM, then SIGKILL after a grace period; after a normal exit, stragglers
 the CLI left running in its group are killed too. The CLI edits files itself; the harness gates
@@ -26,8 +26,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import Any
 
 from harness.agents.base import CliAttempt
 from harness.agents.pricing import cost_usd
+from harness.jobs.process import Lines, Process
 from harness.protocol import AgentError, Usage
 
 __all__ = [
@@ -58,13 +57,6 @@ class StreamResult:
     lines: list[str]
 
 
-def _kill_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # the group is already gone: nothing left to kill
-
-
 def run_streaming(
     command: Sequence[str],
     *,
@@ -75,66 +67,23 @@ def run_streaming(
     env: Mapping[str, str] | None = None,
     kill_grace_s: float = _KILL_GRACE_S,
 ) -> StreamResult:
-    """Run `command` in its own process group; stdout streams to log_path, stderr beside it.
+    """Run `command` in its own process group (harness.jobs.process); stdout streams to log_path,
+    stderr beside it.
 
     The prompt is written from a thread so a child that never reads stdin cannot block the
-    timeout; readers are threads so neither pipe can fill up and stall the child.
+    timeout; the pipes are read by threads so neither can fill up and stall the child. Stragglers
+    the CLI leaves in its group (a server it started, a hung test) are stopped when it exits.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     stderr_path = log_path.with_name(log_path.name + ".stderr")
-    lines: list[str] = []
-    proc = subprocess.Popen(
-        list(command),
-        cwd=cwd,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(env) if env is not None else None,
-        start_new_session=True,
-    )
-    pgid = proc.pid  # start_new_session: the child leads a new session and process group
-
-    def feed() -> None:
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(stdin_text.encode("utf-8"))
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # the child exited without reading its prompt; its exit code tells why
-
-    def pump(stream: Any, path: Path, keep: list[str] | None) -> None:
-        with path.open("wb") as out:
-            for raw in stream:
-                out.write(raw)
-                out.flush()
-                if keep is not None:
-                    keep.append(raw.decode("utf-8", errors="replace"))
-
-    threads = [
-        threading.Thread(target=feed, daemon=True),
-        threading.Thread(target=pump, args=(proc.stdout, log_path, lines), daemon=True),
-        threading.Thread(target=pump, args=(proc.stderr, stderr_path, None), daemon=True),
-    ]
-    for thread in threads:
-        thread.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(pgid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=kill_grace_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(pgid, signal.SIGKILL)
-            proc.wait()
-    # Stragglers (a server the CLI started, a hung test) would hold the pipes open and outlive
-    # the attempt; the attempt owns its group, so it ends it.
-    _kill_group(pgid, signal.SIGKILL)
-    for thread in threads:
-        thread.join(timeout=kill_grace_s)
+    out = Lines(log_path)
+    proc = Process(list(command), cwd=cwd, env=env, stdin=stdin_text.encode("utf-8"), stdout=out,
+                   stderr=Lines(stderr_path), timeout_s=timeout_s, grace_s=kill_grace_s)
+    res = proc.wait()
+    assert res is not None
+    code = res.returncode if res.returncode is not None else -signal.SIGKILL
     # A copy: a reader still blocked on a pipe held open by an escaped grandchild may append later.
-    return StreamResult(proc.returncode, timed_out, list(lines))
+    return StreamResult(code, res.timed_out, list(out.lines))
 
 
 def _events(lines: list[str]) -> list[dict[str, Any]]:

@@ -4,9 +4,13 @@ stop it on timeout or Ctrl-C, and hand back a JobResult with its log.
     job = launch(JobSpec(name="train", argv=["-m", "engine", "pretrain"], torchrun=True, nproc=8,
                          log_path=run_dir / "train.log", timeout_s=3600))
     result = job.wait()
+
+Candidate code runs sandboxed: JobSpec(..., sandbox=Sandbox(writable=(job_dir,), hidden=(...))), after
+`probe()` returned None (harness.jobs.sandbox). Every process is run by harness.jobs.process.
 """
 
 from harness.jobs.local import LocalJob
+from harness.jobs.sandbox import Sandbox, SandboxUnavailable, probe
 from harness.jobs.slurm import SlurmJob
 from harness.jobs.spec import (
     TERMINAL_STATES,
@@ -29,6 +33,9 @@ __all__ = [
     "LocalJob",
     "SlurmJob",
     "TERMINAL_STATES",
+    "Sandbox",
+    "SandboxUnavailable",
+    "probe",
 ]
 
 

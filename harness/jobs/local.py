@@ -1,67 +1,50 @@
 """Local launcher: one subprocess (or torchrun) in its own process group, output streamed to a log.
 
+Processes are run by harness.jobs.process (the harness's one runner):
 - The child starts a new session, so its process group id is its pid and every signal goes to the
   whole group: torchrun's workers and any grandchildren die with it, and Ctrl-C in the terminal
   reaches only the harness (which then cancels the job itself).
-- stdout and stderr share one pipe to a pump thread that appends each chunk to the log and flushes
-  it at once (the log is readable while the job runs, partial lines included). For each finished
-  line it also writes the line's arrival time to `<log>.times` (row i = line i of the log, seconds
-  since launch): a clock the job cannot fake, against which the judge can hold claimed step times.
-  PYTHONUNBUFFERED=1 is set unless overridden, so Python children write lines as they happen.
-- timeout_s -> SIGTERM to the group, up to kill_grace_s for it to exit, then SIGKILL. Processes
-  still in the group after the leader exits are stopped the same way and named in `detail`.
+- stdout and stderr share one pipe the harness owns; a pump thread appends each chunk to the log and
+  flushes it at once (the log is readable while the job runs, partial lines included). For each
+  finished line it also writes the line's arrival time to `<log>.times` (row i = line i of the log,
+  seconds since launch on the harness's monotonic clock): a clock the job cannot fake, against
+  which the judge can hold claimed step times. PYTHONUNBUFFERED=1 is set unless overridden, so
+  Python children write lines as they happen. The judge keeps the log where the job cannot reach it
+  (a sandboxed job cannot see or write the log's folder unless it is made writable).
+- timeout_s -> SIGTERM to the job's processes, up to kill_grace_s for them to exit, then SIGKILL.
+  The job's processes are its group plus the leader's descendants (torchrun starts its workers in
+  sessions of their own); SIGTERM skips the launcher's own processes (bwrap, torchrun's agent),
+  which exit when the job's code does. Processes still alive after the leader exits are stopped the
+  same way and named in `detail`.
+- spec.sandbox: the command runs inside bubblewrap (harness.jobs.sandbox), torchrun included. bwrap
+  exits with 128 + N when the job dies of signal N; the result reports that as signal N.
+- spec.kill_pattern: the first output line that matches the regex makes the launcher send
+  spec.kill_signal to the job's group, once ("kill at step N, then resume"); the result says
+  which line and when. Under torchrun (and bwrap) the launcher's own processes are spared, so the
+  workers end as they choose and torchrun reports their exit status.
 """
 
-import os
-import signal
-import subprocess
+import re
 import threading
-import time
-from pathlib import Path
-from typing import BinaryIO, TextIO
 
 from harness import settings
+from harness.jobs.process import LineLog, Process, ProcessResult, group_members, parse_signal
 from harness.jobs.spec import Job, JobError, JobResult, JobSpec, JobState
 
 __all__ = ["LocalJob", "local_command", "live_group_members"]
 
-_PUMP_JOIN_S = 5.0  # after the job ends, how long the log may take to drain
-_KILL_WAIT_S = 5.0  # after SIGKILL, how long the kernel may take to reap
+live_group_members = group_members  # the old name, still used by callers and tests
 
 
 def local_command(spec: JobSpec) -> list[str]:
-    """The argv the local launcher executes for `spec`."""
+    """The argv the local launcher executes for `spec` (inside the sandbox's bwrap when it has one)."""
     if spec.torchrun:
-        return [spec.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.nproc}", *spec.argv]
-    return list(spec.argv)
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """Pids of processes in group `pgid` that are not zombies.
-
-    A zombie cannot do anything, but it stays in its group until reaped, and orphans are reaped by
-    pid 1, which in a container may never do it; so `killpg(pgid, 0)` alone would wait forever.
-    """
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError):  # exited while we looked
-            continue
-        # "pid (comm) state ppid pgrp ...": comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:  # the group is already empty
-        pass
+        argv = [spec.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.nproc}", *spec.argv]
+    else:
+        argv = list(spec.argv)
+    if spec.sandbox is not None:
+        return spec.sandbox.wrap(argv, cwd=spec.cwd)
+    return argv
 
 
 class LocalJob(Job):
@@ -71,102 +54,92 @@ class LocalJob(Job):
         self.spec = spec
         self.result: JobResult | None = None
         self._lock = threading.RLock()
-        self.command = local_command(spec)
+        try:
+            self.command = local_command(spec)
+        except Exception as err:  # guard: allow fail-fast -- re-raised as the launcher's error with the job named
+            raise JobError(f"job {spec.name!r}: cannot build its sandbox: {err}") from err
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.line_times_path = spec.log_path.with_name(spec.log_path.name + ".times")
+        self._kill_re = re.compile(spec.kill_pattern) if spec.kill_pattern else None
+        self._kill_sig = parse_signal(spec.kill_signal)
+        self._kill_sent: tuple[int, float] | None = None  # (line number, seconds since launch)
+        self._started = threading.Event()
+        # The launcher's own processes (bwrap and its init, torchrun's agent) get no SIGTERM: it is
+        # meant for the job's code, bwrap would die of it and SIGKILL the job, and torchrun would die
+        # of it and fail a job whose workers checkpointed and exited 0. SIGKILL reaches everything.
+        self._spare = (2 if spec.sandbox is not None else 0) + (1 if spec.torchrun else 0)
         env = settings.child_env({"PYTHONUNBUFFERED": "1", **spec.env})
-        read_fd, write_fd = os.pipe()
-        log = open(spec.log_path, "wb")
-        times = open(self.line_times_path, "w")
-        self._t0 = time.monotonic()
+        log = LineLog(spec.log_path, self.line_times_path, on_line=self._on_line if self._kill_re else None)
         try:
-            self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd,
-                                          cwd=spec.cwd, env=env, start_new_session=True)
+            self._process = Process(self.command, cwd=spec.cwd, env=env, stdout=log, timeout_s=spec.timeout_s,
+                                    grace_s=spec.kill_grace_s, spare_depth=self._spare)
         except OSError as err:
-            os.close(read_fd)
             log.close()
-            times.close()
             raise JobError(f"job {spec.name!r}: cannot start {self.command[0]!r}: {err}") from err
         finally:
-            os.close(write_fd)  # the child holds its own copy; ours would keep the pipe open forever
-        self.job_id = f"local-{self._proc.pid}"
-        self._pgid = self._proc.pid
-        self._pump = threading.Thread(target=self._copy_output, args=(read_fd, log, times),
-                                      name=f"job-log-{spec.name}", daemon=True)
-        self._pump.start()
+            self._started.set()
+        self.job_id = f"local-{self._process.pid}"
 
-    def _copy_output(self, fd: int, log: BinaryIO, times: TextIO) -> None:
-        try:
-            while chunk := os.read(fd, 1 << 16):
-                log.write(chunk)
-                log.flush()
-                if lines := chunk.count(b"\n"):
-                    times.write(f"{time.monotonic() - self._t0:.6f}\n" * lines)
-                    times.flush()
-        finally:
-            os.close(fd)
-            log.close()
-            times.close()
+    def _on_line(self, line: bytes, number: int, t: float) -> None:
+        """Pump thread: the first line matching kill_pattern sends kill_signal to the group."""
+        assert self._kill_re is not None
+        if self._kill_sent is not None or not self._kill_re.search(line.decode("utf-8", errors="replace")):
+            return
+        self._started.wait()
+        process = getattr(self, "_process", None)
+        if process is None:  # Popen failed; nothing to signal
+            return
+        self._kill_sent = (number, process.elapsed_s)
+        process.send_signal(self._kill_sig)
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self._process.pid
 
     def poll(self) -> JobResult | None:
         with self._lock:
             if self.result is not None:
                 return self.result
-            code = self._proc.poll()
-            if code is None:
-                if self.spec.timeout_s is not None and time.monotonic() - self._t0 > self.spec.timeout_s:
-                    return self._stop("timeout", f"timed out after {self.spec.timeout_s:g} s")
-                return None
-            detail = ""
-            if leftovers := live_group_members(self._pgid):
-                self._kill_group()
-                detail = f"stopped {len(leftovers)} process(es) left in the job's group after it exited: {leftovers}"
-            return self._finish("completed" if code == 0 else "failed", code, detail)
+            res = self._process.poll()
+            return None if res is None else self._result(res)
 
     def cancel(self) -> JobResult:
         with self._lock:
             if self.result is not None:
                 return self.result
-            return self._stop("cancelled", "cancelled by the harness")
+            return self._result(self._process.stop("cancelled"))
 
-    def _stop(self, state: JobState, detail: str) -> JobResult:
-        self._kill_group()
-        try:
-            code: int | None = self._proc.wait(timeout=_KILL_WAIT_S)
-        except subprocess.TimeoutExpired:  # unkillable (e.g. stuck in the kernel): say so, do not hang
-            code = None
-            detail += f"; pid {self._proc.pid} survived SIGKILL"
-        return self._finish(state, code, detail)
-
-    def _kill_group(self) -> None:
-        """SIGTERM the group, give it kill_grace_s, then SIGKILL whatever is left."""
-        _signal_group(self._pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.spec.kill_grace_s
-        while time.monotonic() < deadline:
-            self._proc.poll()  # reap the leader as soon as it exits
-            if not live_group_members(self._pgid):
-                return
-            time.sleep(0.05)
-        _signal_group(self._pgid, signal.SIGKILL)
-        deadline = time.monotonic() + _KILL_WAIT_S
-        while live_group_members(self._pgid) and time.monotonic() < deadline:
-            self._proc.poll()
-            time.sleep(0.02)
-
-    def _finish(self, state: JobState, code: int | None, detail: str) -> JobResult:
-        elapsed = time.monotonic() - self._t0
-        self._pump.join(_PUMP_JOIN_S)
-        if self._pump.is_alive():
+    def _result(self, res: ProcessResult) -> JobResult:
+        code = res.returncode
+        state: JobState
+        if res.reason == "timeout":
+            state, detail = "timeout", f"timed out after {self.spec.timeout_s:g} s"
+        elif res.reason == "cancelled":
+            state, detail = "cancelled", "cancelled by the harness"
+        else:
+            state, detail = ("completed" if code == 0 else "failed"), ""
+        parts = [detail] if detail else []
+        if res.leftovers:
+            parts.append(f"stopped {len(res.leftovers)} process(es) left in the job's group after it exited: "
+                         f"{list(res.leftovers)}")
+        if res.survived_kill:
+            parts.append(f"pid {self._process.pid} survived SIGKILL")
+        if res.pipe_held:
             # Only a process outside the group (one that called setsid) can still hold the pipe.
-            detail = "; ".join(filter(None, [detail, "the log is still held open by a process that left the job's group"]))
+            parts.append("the log is still held open by a process that left the job's group")
         sig = -code if code is not None and code < 0 else None
+        if sig is None and self.spec.sandbox is not None and code is not None and 128 < code < 128 + 65:
+            sig = code - 128  # bwrap reports a child killed by signal N as 128 + N
+        sent = self._kill_sent
+        if sent is not None:
+            parts.append(f"sent {self._kill_sig.name} at log line {sent[0]} ({sent[1]:.2f} s after launch), "
+                         f"which matched {self.spec.kill_pattern!r}")
         self.result = JobResult(
             name=self.spec.name, state=state, exit_code=128 + sig if sig else code, signal=sig,
-            log_path=self.spec.log_path, elapsed_s=elapsed, job_id=self.job_id, launcher="local",
-            detail=detail, line_times_path=self.line_times_path,
+            log_path=self.spec.log_path, elapsed_s=res.elapsed_s, job_id=self.job_id, launcher="local",
+            detail="; ".join(parts), line_times_path=self.line_times_path,
+            signal_sent=self._kill_sig.name if sent else None, signal_line=sent[0] if sent else None,
+            signal_at_s=sent[1] if sent else None, sandboxed=self.spec.sandbox is not None,
         )
         return self.result
+

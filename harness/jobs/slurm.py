@@ -7,6 +7,11 @@ Watching: `squeue -h -j ID -o %T` while the job is queued or running; when squeu
 as active, `scontrol show job -o ID` gives the final JobState and ExitCode. SLURM forgets a job
 MinJobAge (300 s by default) after it ends; after that only accounting (sacct) knows, and it is
 asked only when configured (detected once from `scontrol show config`; never required).
+Clock: slurmd writes the log, not the harness; a FileTail thread (harness.jobs.process) polls it
+every 0.2 s and writes the arrival time of each new line to `<log>.times` (seconds since submission
+on the harness's monotonic clock), so the judge has its own clock for SLURM jobs too, at the
+resolution of the poll. Not sandboxed: a JobSpec with a sandbox is refused for SLURM (srun would
+signal bwrap rather than the job, and the tasks run on nodes the judge does not control).
 Stopping: `scancel ID` on the harness's timeout or on Ctrl-C; SLURM sends SIGTERM and SIGKILLs after
 its KillWait. The job's own `--time` limit (derived from timeout_s when not given) is the backstop
 if the harness itself dies.
@@ -19,11 +24,9 @@ again, not finished: wait() keeps watching.
 
 import functools
 import math
-import os
 import re
 import shlex
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,8 @@ from pathlib import Path
 import jinja2
 
 from harness import settings
+from harness.atomic import write_atomic
+from harness.jobs.process import FileTail
 from harness.jobs.spec import Job, JobError, JobResult, JobSpec, JobState, SubmitError
 
 __all__ = ["SlurmJob", "SlurmInfo", "render_sbatch", "accounting_enabled", "slurm_time_seconds"]
@@ -111,18 +116,6 @@ def render_sbatch(spec: JobSpec) -> str:
     )
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)  # only still there if something failed before the replace
-
-
 def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S, **kwargs)  # type: ignore[call-overload]
@@ -170,7 +163,11 @@ class SlurmJob(Job):
         self.result: JobResult | None = None
         self.script_path = spec.log_path.with_name(spec.log_path.name + ".sbatch")
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.script_path, render_sbatch(spec))
+        write_atomic(self.script_path, render_sbatch(spec))
+        # slurmd writes the log; the harness stamps its lines as they appear (see FileTail). An old
+        # log at the same path would have its lines stamped as new, so it goes first.
+        spec.log_path.unlink(missing_ok=True)
+        self.line_times_path = spec.log_path.with_name(spec.log_path.name + ".times")
         self._t0 = time.monotonic()
         self._failures = 0
         out = _run(["sbatch", "--parsable", str(self.script_path)], env=settings.child_env(spec.env), cwd=spec.cwd)
@@ -181,6 +178,7 @@ class SlurmJob(Job):
         if not job_id.isdigit():
             raise SubmitError(f"sbatch accepted job {spec.name!r} but printed {out.stdout!r}, not a job id")
         self.job_id = job_id
+        self._tail = FileTail(spec.log_path, self.line_times_path, t0=self._t0)
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -263,6 +261,9 @@ class SlurmJob(Job):
 
     def _finish(self, state: JobState | None, info: SlurmInfo | None, detail: str = "") -> JobResult:
         parts = [detail] if detail else []
+        self._tail.close()
+        if self._tail.restarts:
+            parts.append(f"the log was rewritten from its start {self._tail.restarts} time(s) while the job ran")
         exit_code = sig = None
         if info is not None:
             if state is None:
@@ -279,5 +280,6 @@ class SlurmJob(Job):
             name=self.spec.name, state=state or "failed", exit_code=exit_code, signal=sig,
             log_path=self.spec.log_path, elapsed_s=time.monotonic() - self._t0, job_id=self.job_id,
             launcher="slurm", detail="; ".join(parts), script_path=self.script_path,
+            line_times_path=self.line_times_path,
         )
         return self.result

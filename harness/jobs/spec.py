@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.jobs.process import parse_signal
+from harness.jobs.sandbox import Sandbox
+
 __all__ = [
     "JobSpec",
     "JobResult",
@@ -54,6 +57,11 @@ class JobSpec:
         after kill_grace_s.
     env: overrides on top of the harness's environment (see harness.settings.child_env).
     log_path: stdout + stderr of the whole job, written while it runs.
+    sandbox: run the job inside this OS sandbox (harness.jobs.sandbox; local launcher only: SLURM
+        jobs are not sandboxed, and a SLURM spec with a sandbox is refused).
+    kill_pattern: a regex; when a line of the job's output matches it (searched, not anchored), the
+        launcher sends kill_signal ("SIGTERM", "SIGKILL", "SIGUSR1", ...) to the job's whole process
+        group, once (local launcher only). The job then ends as it ends; the result says when.
     SLURM only: partition, time_limit ("" = from timeout_s), gpus_per_node, preempt_signal
         (sbatch --signal, "" = none), requeue (requeue itself after the preemption signal),
         sbatch_extra (more "#SBATCH" option lines, e.g. "--exclusive"), rdzv_port (0 = from job id).
@@ -78,6 +86,9 @@ class JobSpec:
     requeue: bool = False
     sbatch_extra: tuple[str, ...] = ()
     rdzv_port: int = 0
+    sandbox: Sandbox | None = None
+    kill_pattern: str = ""
+    kill_signal: str = "SIGTERM"
 
     def __post_init__(self) -> None:
         # Accept lists and str paths from callers; store immutable / absolute forms.
@@ -117,7 +128,23 @@ class JobSpec:
             if self.nproc > 1 and not self.torchrun:
                 raise bad("nproc", "needs torchrun=True (local multi-process jobs run under torchrun; argv then "
                                    "starts with the script or '-m module')")
+        if self.kill_pattern:
+            try:
+                re.compile(self.kill_pattern)
+            except re.error as err:
+                raise bad("kill_pattern", f"is not a regular expression: {err}") from None
+        try:
+            parse_signal(self.kill_signal)
+        except ValueError as err:
+            raise bad("kill_signal", str(err)) from None
+        if self.sandbox is not None and not isinstance(self.sandbox, Sandbox):
+            raise bad("sandbox", "must be a harness.jobs.sandbox.Sandbox or None")
         if self.launcher == "slurm":
+            if self.sandbox is not None:
+                raise bad("sandbox", "is not supported under SLURM (SLURM jobs are not sandboxed: srun would signal "
+                                     "bwrap, not the job); run sandboxed jobs with launcher='local'")
+            if self.kill_pattern:
+                raise bad("kill_pattern", "needs launcher='local' (the SLURM launcher does not watch lines live)")
             for name in ("partition", "time_limit"):
                 if re.search(r"\s", getattr(self, name)):
                     raise bad(name, "must not contain whitespace")
@@ -149,6 +176,8 @@ class JobSpec:
             "cwd": str(self.cwd), "log_path": str(self.log_path), "torchrun": self.torchrun,
             "partition": self.partition, "time_limit": self.time_limit, "gpus_per_node": self.gpus_per_node,
             "preempt_signal": self.preempt_signal, "requeue": self.requeue, "sbatch_extra": list(self.sbatch_extra),
+            "sandbox": self.sandbox.describe() if self.sandbox is not None else None,
+            "kill_pattern": self.kill_pattern, "kill_signal": self.kill_signal,
         }
 
 
@@ -159,7 +188,11 @@ class JobResult:
     exit_code follows the shell: 128 + N when killed by signal N (then `signal` is N). None when the
     launcher never saw the job end (e.g. SLURM forgot it). `detail` says more in words: the
     scheduler's own state and reason, leftover processes that had to be killed, and so on.
-    `line_times_path` (local jobs): arrival time of each log line, see harness/jobs/local.py.
+    `line_times_path`: arrival time of each log line on the harness's clock (seconds since launch),
+    see harness/jobs/local.py and harness/jobs/slurm.py.
+    `signal_sent` / `signal_line` / `signal_at_s`: the kill_pattern signal ("SIGTERM"), the log line
+    (numbered from 1) that triggered it and when it was sent; None when none was sent.
+    `sandboxed`: the job ran inside a harness.jobs.sandbox.Sandbox.
     """
 
     name: str
@@ -173,6 +206,10 @@ class JobResult:
     detail: str = ""
     line_times_path: Path | None = None
     script_path: Path | None = None
+    signal_sent: str | None = None
+    signal_line: int | None = None
+    signal_at_s: float | None = None
+    sandboxed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -189,6 +226,8 @@ class JobResult:
             "launcher": self.launcher, "detail": self.detail,
             "line_times_path": str(self.line_times_path) if self.line_times_path else None,
             "script_path": str(self.script_path) if self.script_path else None,
+            "signal_sent": self.signal_sent, "signal_line": self.signal_line, "signal_at_s": self.signal_at_s,
+            "sandboxed": self.sandboxed,
         }
 
 

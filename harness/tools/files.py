@@ -3,12 +3,11 @@
 
 import os
 import re
-import stat
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.atomic import write_atomic
 from harness.tools.context import ToolContext, ToolError
 from harness.tools.patch import PatchError, apply_hunks, parse_patch
 from harness.tools.paths import ResolvedPath, is_hidden, matches_glob, resolve
@@ -50,29 +49,9 @@ def _read_text(rp: ResolvedPath) -> str:
 
 
 def atomic_write(real: Path, data: bytes) -> None:
-    """Write through a temp file in the same folder + fsync + os.replace; keeps an existing mode."""
-    real.parent.mkdir(parents=True, exist_ok=True)
-    mode = stat.S_IMODE(real.stat().st_mode) if real.exists() else None
-    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        else:
-            os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, real)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """Write through a temp file in the same folder + fsync + os.replace (harness.atomic); an
+    existing file keeps its mode, a new one gets 0o666 minus the umask, like any editor's."""
+    write_atomic(real, data, mode=0o666, keep_mode=True, mkdir=True)
 
 
 # ------------------------------------------------------------------------------------------ list

