@@ -145,8 +145,16 @@ def _dcp_load(path: Path, state: dict[str, Any]) -> None:
             dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafePlanner(), no_dist=True)
     except (dcp.CheckpointException, RuntimeError, ValueError, KeyError, OSError, EOFError,
             pickle.UnpicklingError, AssertionError) as err:
-        text = str(err).strip().splitlines()
-        raise CheckpointError(f"checkpoint {path}: DCP read failed ({text[0][:300] if text else type(err).__name__})") from err
+        cause = err
+        failures = getattr(err, "failures", None)  # CheckpointException: rank -> the exception it wraps
+        if isinstance(failures, dict) and failures:
+            cause = next(iter(failures.values()))
+            if isinstance(cause, tuple) and cause:  # (exception, traceback) on this torch
+                cause = cause[0]
+            cause = getattr(cause, "exc_value", cause)  # traceback wrappers keep the original here
+        text = str(cause).strip().splitlines()
+        first = text[0][:300] if text else ""
+        raise CheckpointError(f"checkpoint {path}: DCP read failed ({type(cause).__name__}: {first})") from err
 
 
 # --- shapes (restated from engine/model/layers.py) -------------------------------------------------

@@ -189,7 +189,9 @@ def estimate_lr(w_prev: torch.Tensor, w: torch.Tensor, exp_avg: torch.Tensor, ex
     wp, delta = w_prev.double().flatten(), (w.double() - w_prev.double()).flatten()
     m_hat = exp_avg.double().flatten() / (1 - beta1 ** t)
     v_hat = exp_avg_sq.double().flatten() / (1 - beta2 ** t)
-    u = m_hat / (v_hat.sqrt() + eps)
+    u = torch.where(m_hat == 0, 0.0, m_hat / (v_hat.sqrt() + eps))  # 0 / 0 (eps 0, never-updated rows) -> no step
+    if not (torch.isfinite(u).all() and torch.isfinite(delta).all() and torch.isfinite(wp).all()):
+        return float("nan"), float("nan")
     # delta = -(lr * wd) * wp - lr * u
     if not decay:
         uu = float(u @ u)
