@@ -35,6 +35,9 @@ c. Learning rate. From checkpoints N - 1 and N, torch's AdamW step is
    checked for consistency: g = (m_N - b1 m_{N-1}) / (1 - b1) must satisfy
    v_N - b2 v_{N-1} = (1 - b2) g^2 (summed over the tensor), so a run cannot rescale m or v alone
    to hide a larger lr. Disagreement above `lr_rtol` is a violation naming "learning rate".
+   Every printed lr must also follow the EXPECTED config's schedule (`scheduled_lr`, restated from
+   the base's engine/optim/schedule.py), so an engine change that raises the lr and prints it
+   truthfully is caught too (switch off with check_schedule=False for schedule milestones).
 
 What this does not catch (documented, out of scope here): a job that rewrites checkpoint N - 1's
 masters consistently (the step between N - 1 and N then looks smaller; judge_val_loss still holds
@@ -56,6 +59,7 @@ from harness.judge.checkpoint import (CheckpointError, JudgeCheckpoint, full_sha
                                       load_checkpoint)
 
 __all__ = ["Evidence", "TokenStream", "embedded_tokens", "shard_tokens", "verify_train_run", "estimate_lr",
+           "scheduled_lr",
            "VAL_RTOL", "TRAIN_RTOL", "LR_RTOL", "MOMENT_RTOL", "BYTE_EOS", "BYTE_VOCAB"]
 
 # Claimed final [EVAL] val_loss vs the judge's loss of the same weights on other validation
@@ -181,6 +185,35 @@ def _judge_loss(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], w
 
 # --- learning rate ---------------------------------------------------------------------------------
 
+SCHEDULE_FIELDS = ("lr", "min_lr_ratio", "lr_schedule", "warmup_steps", "decay_steps", "num_steps")
+
+
+def scheduled_lr(config: Mapping[str, Any], step: int) -> float:
+    """The lr the expected config's schedule gives optimizer step `step` (0-based; printed step N is N - 1).
+    Restated from engine/optim/schedule.py of the base: linear warmup from lr / warmup to lr, then
+    cosine / linear to lr * min_lr_ratio over the rest, constant, or wsd (flat, then a linear decay
+    over the last decay_steps, default 10 % of the run)."""
+    peak = float(config["lr"])
+    floor = peak * float(config["min_lr_ratio"])
+    warmup, total = int(config["warmup_steps"]), int(config["num_steps"])
+    kind = config["lr_schedule"]
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if kind == "constant":
+        return peak
+    if kind == "wsd":
+        decay = int(config["decay_steps"]) or max(1, round(0.1 * total))
+        start = total - decay
+        if step < start:
+            return peak
+        return peak + (floor - peak) * min(1.0, (step - start + 1) / decay)
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if kind == "linear":
+        return peak + (floor - peak) * progress
+    if kind == "cosine":
+        return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr_schedule {kind!r}")
+
 
 def estimate_lr(w_prev: torch.Tensor, w: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, t: int,
                 beta1: float, beta2: float, eps: float, decay: bool = True) -> tuple[float, float]:
@@ -227,6 +260,7 @@ def _by_step(records: Iterable[Any], step: int) -> Any | None:
 def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any], printed_steps: Sequence[Any],
                      printed_evals: Sequence[Any] = (), seed: int, validation: TokenStream, num_samples: int = 32,
                      batch_size: int = 8, device: str = "cpu", require_lr_check: bool = True,
+                     check_schedule: bool = True, lr_tensors: Sequence[str] | None = None,
                      val_rtol: float = VAL_RTOL, train_rtol: float = TRAIN_RTOL, lr_rtol: float = LR_RTOL,
                      moment_rtol: float = MOMENT_RTOL) -> Evidence:
     """Check a finished run's final checkpoint in `save_dir` against the expected config and its printed claims.
@@ -234,6 +268,10 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
     `printed_steps`: the job's [LOSS] records (objects with .step, .loss, .lr, e.g. logparse.StepRecord);
     `printed_evals`: its [EVAL] records (.step, .val_loss). `validation`: the run's validation tokens,
     from the base commit (embedded_tokens / shard_tokens). `seed`: picked by the judge per judging.
+    `check_schedule`: the printed lr of every step must also equal the expected config's schedule
+    (off for a milestone whose point is to change the schedule). `lr_tensors`: the tensors whose lr
+    is fitted and reported (None: all; embed.weight always, it is the one compared). Memory: the
+    final checkpoint's masters and those tensors' moments, step N - 1's masters and embed moments.
     Never raises for a bad run: every problem is a violation in the returned Evidence.
     """
     ev = Evidence()
@@ -249,9 +287,8 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
         return ev
     final_path = found[-1]
     ev.checkpoint = str(final_path)
-    tensors_for_lr = [LR_TENSOR]
     try:
-        final = load_checkpoint(final_path)
+        final = _load(final_path, lr_tensors)
     except CheckpointError as err:
         ev.violations.append(f"checkpoint: {err}")
         return ev
@@ -276,7 +313,7 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
     prev_path = next((p for p in reversed(found[:-1]) if p.name == f"step_{final.step - 1:08d}"), None)
     if prev_path is not None:
         try:
-            prev = load_checkpoint(prev_path)
+            prev = _load(prev_path, [LR_TENSOR])
             ev.previous_step = prev.step
         except CheckpointError as err:
             ev.violations.append(f"checkpoint: {err}")
@@ -310,8 +347,32 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
                                  f"(relative difference {rel:.3g} > {train_rtol})")
 
     # c. learning rate
-    _check_lr(ev, final, prev, expected_config, last, require_lr_check, lr_rtol, moment_rtol, tensors_for_lr)
+    _check_lr(ev, final, prev, expected_config, last, require_lr_check, lr_rtol, moment_rtol)
+    if check_schedule:
+        _check_schedule(ev, steps, expected_config, lr_rtol)
     return ev
+
+
+def _load(path: Path, moment_names: Sequence[str] | None) -> JudgeCheckpoint:
+    """All masters; moments of `moment_names` (None: all) plus embed.weight."""
+    ck = load_checkpoint(path, kinds=("master",))
+    names = None if moment_names is None else sorted(set(moment_names) | {LR_TENSOR})
+    moments = load_checkpoint(path, kinds=("exp_avg", "exp_avg_sq"), names=names)
+    ck.tensors.update(moments.tensors)
+    return ck
+
+
+def _check_schedule(ev: Evidence, steps: list[Any], expected: Mapping[str, Any], rtol: float) -> None:
+    missing = [k for k in SCHEDULE_FIELDS if k not in expected]
+    if missing:
+        ev.notes.append(f"learning rate schedule not checked: the expected config lacks {missing}")
+        return
+    for rec in sorted(steps, key=lambda r: r.step):
+        want = scheduled_lr(expected, rec.step - 1)
+        if rec.lr is None or not _rel(rec.lr, want) <= rtol:
+            ev.violations.append(f"learning rate: step {rec.step} printed lr={rec.lr}; the expected config's "
+                                 f"{expected['lr_schedule']} schedule gives {want:.6g}")
+            return
 
 
 def _check_shapes_and_config(ev: Evidence, final: JudgeCheckpoint, expected: Mapping[str, Any]) -> None:
@@ -335,7 +396,7 @@ def _check_shapes_and_config(ev: Evidence, final: JudgeCheckpoint, expected: Map
 
 
 def _check_lr(ev: Evidence, final: JudgeCheckpoint, prev: JudgeCheckpoint | None, expected: Mapping[str, Any],
-              last: Any, required: bool, lr_rtol: float, moment_rtol: float, names: list[str]) -> None:
+              last: Any, required: bool, lr_rtol: float, moment_rtol: float) -> None:
     if prev is None:
         msg = (f"learning rate: cannot be verified, no checkpoint of step {final.step - 1} next to step {final.step} "
                f"(save every step near the end, keep at least 2)")
@@ -350,7 +411,8 @@ def _check_lr(ev: Evidence, final: JudgeCheckpoint, prev: JudgeCheckpoint | None
     if prev.adam_step != t - 1:
         ev.violations.append(f"learning rate: cannot be verified, Adam step of {prev.path} is {prev.adam_step}, not {t - 1}")
         return
-    for name, w in final.masters.items():
+    for name in final.exp_avg:
+        w = final.masters[name]
         decay = w.ndim >= 2
         lr, lrwd = estimate_lr(prev.masters[name], w, final.exp_avg[name], final.exp_avg_sq[name], t=t, beta1=b1,
                                beta2=b2, eps=eps, decay=decay)
@@ -358,7 +420,7 @@ def _check_lr(ev: Evidence, final: JudgeCheckpoint, prev: JudgeCheckpoint | None
         if name == LR_TENSOR:
             ev.lr_estimate = lr
             ev.wd_estimate = lrwd / lr if lr and math.isfinite(lr) else None
-    name = names[0]
+    name = LR_TENSOR
     ev.moment_residual = _moment_residual(prev.exp_avg[name], final.exp_avg[name], prev.exp_avg_sq[name],
                                           final.exp_avg_sq[name], b1, b2)
     if not ev.moment_residual <= moment_rtol:

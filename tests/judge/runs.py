@@ -58,6 +58,10 @@ def expected_config(**flags) -> dict:
     cfg.setdefault("adam_beta2", 0.95)
     cfg.setdefault("adam_eps", 1e-8)
     cfg.setdefault("tp", 1)
+    cfg.setdefault("lr_schedule", "cosine")
+    cfg.setdefault("min_lr_ratio", 0.1)
+    cfg.setdefault("decay_steps", 0)
+    cfg.setdefault("weight_decay", 0.1)
     return cfg
 
 

@@ -32,6 +32,7 @@ def test_honest_run_passes_with_measured_values(honest, validation):
     for seed in (SEED, 7):  # any seed the judge draws
         ev = verify(honest, validation, seed=seed)
         assert ev.ok, ev.violations
+        assert not ev.notes, ev.notes  # every check ran
         assert ev.final_step == 6 and ev.previous_step == 5
         assert ev.judge_val_loss is not None and ev.judge_val_loss_prev is not None
         assert abs(ev.judge_val_loss - ev.claimed_val_loss) / ev.claimed_val_loss < VAL_RTOL / 2
@@ -64,6 +65,11 @@ def test_secretly_doubled_lr_is_caught(honest, tmp_path, validation):
     assert lr_violations, ev.violations
     assert f"{ev.lr_claimed:.6g}" in lr_violations[0] and f"{ev.lr_estimate:.6g}" in lr_violations[0]
     assert ev.lr_estimate == pytest.approx(2 * ev.lr_claimed, rel=1e-3)
+    # the same run printing its lr truthfully: the fit agrees with the print, the expected schedule does not
+    ev = verify(cheat, validation, expected=expected_config(num_steps=3, warmup_steps=1))
+    assert ev.lr_estimate == pytest.approx(ev.lr_claimed, rel=1e-4)
+    assert any("learning rate" in v and "schedule gives" in v for v in ev.violations), ev.violations
+    assert verify(cheat, validation, expected=expected_config(num_steps=3, warmup_steps=1, lr=2e-2)).ok
 
 
 @pytest.mark.slow
@@ -139,3 +145,22 @@ def test_estimate_lr_recovers_torch_adamw():
     # m and v rescaled together (m x c, v x c^2) leave m / sqrt(v), hence the lr estimate, unchanged
     assert estimate_lr(w0, w1, m1 * 2, v1 * 4, t=len(snaps), beta1=0.9, beta2=0.95, eps=0.0)[0] == pytest.approx(
         estimate_lr(w0, w1, m1, v1, t=len(snaps), beta1=0.9, beta2=0.95, eps=0.0)[0], rel=1e-9)
+
+
+def test_prepared_shards_give_the_same_validation_tokens(tmp_path):
+    """`engine prepare` of the embedded corpus, read by the judge's shard reader, equals the judge's own
+    tokenization of the corpus file (the two data paths a milestone may use agree)."""
+    import subprocess
+    import sys
+    from harness.judge.evidence import shard_tokens
+    from tests.judge.runs import REPO
+    proc = subprocess.run([sys.executable, "-m", "engine", "prepare", "--out", str(tmp_path / "prep")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    shards = shard_tokens(tmp_path / "prep" / "validation")
+    assert torch.equal(shards.tokens, embedded_tokens(validation_bytes()).tokens)
+    assert shards.vocab_size == 258
+    shard = next((tmp_path / "prep" / "validation").glob("tokens-*.bin"))
+    shard.write_bytes(shard.read_bytes()[:-2] + b"\x00\x00")
+    with pytest.raises(ValueError, match="sha256"):
+        shard_tokens(tmp_path / "prep" / "validation")
