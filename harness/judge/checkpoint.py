@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
 __all__ = ["CheckpointError", "JudgeCheckpoint", "load_checkpoint", "list_checkpoints", "full_shapes",
-           "KINDS", "MODEL_FIELDS"]
+           "read_meta", "size_mismatches", "KINDS", "MODEL_FIELDS"]
 
 KINDS = ("master", "exp_avg", "exp_avg_sq")
 # Config fields that decide the tensors' shapes.
@@ -114,6 +114,10 @@ class _SafeReader(FileSystemReader):
         from torch.distributed.checkpoint.metadata import StorageMeta
         with open(Path(self.path) / ".metadata", "rb") as fh:
             metadata = _MetadataUnpickler(fh).load()
+        for info in getattr(metadata, "storage_data", {}).values():
+            rel = str(getattr(info, "relative_path", ""))
+            if not rel or "/" in rel or "\\" in rel or rel in (".", ".."):
+                raise pickle.UnpicklingError(f"storage file {rel!r} is not a plain file name in the folder")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -245,6 +249,34 @@ def list_checkpoints(save_dir: Path) -> list[Path]:
     found = [p for p in save_dir.iterdir() if _STEP_DIR.match(p.name) and (p / ".metadata").is_file()
              and (p / "meta.json").is_file()]
     return sorted(found, key=lambda p: p.name)
+
+
+def read_meta(path: Path | str) -> dict[str, Any]:
+    """meta.json of a step_* folder, checked for step, config (with the model fields) and layout."""
+    return _read_meta(Path(path))
+
+
+def size_mismatches(path: Path | str, config: dict[str, Any], tp: int, kind: str = "master") -> list[str]:
+    """Tensors of `kind` whose stored size (from the DCP metadata: nothing is allocated) differs from
+    what `config` implies under TP size `tp`; missing and unexpected parameters too. One line each."""
+    path = Path(path)
+    md = _read_metadata(path).state_dict_metadata
+    out = []
+    want: dict[str, int] = {}
+    for r in range(tp):
+        prefix = f"tp{r}/" if tp > 1 else ""
+        for name, shape in _tp_local_shapes(config, r, tp).items():
+            want[f"optim.{prefix}{kind}/{name}"] = math.prod(shape)
+    stored = {k: tuple(v.size) for k, v in md.items()
+              if isinstance(v, TensorStorageMetadata) and re.match(rf"^optim\.(tp\d+/)?{kind}/", k)}
+    for key in sorted(set(want) | set(stored)):
+        if key not in stored:
+            out.append(f"{key} is missing")
+        elif key not in want:
+            out.append(f"{key} is not a parameter of the expected model")
+        elif stored[key] != (want[key],):
+            out.append(f"{key} holds {stored[key]} elements, the expected config implies ({want[key]},)")
+    return out
 
 
 def _read_meta(path: Path) -> dict[str, Any]:

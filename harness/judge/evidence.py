@@ -55,8 +55,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from harness.judge import reference
-from harness.judge.checkpoint import (CheckpointError, JudgeCheckpoint, full_shapes, list_checkpoints,
-                                      load_checkpoint)
+from harness.judge.checkpoint import (MODEL_FIELDS, CheckpointError, JudgeCheckpoint, full_shapes, list_checkpoints,
+                                      load_checkpoint, read_meta, size_mismatches)
 
 __all__ = ["Evidence", "TokenStream", "embedded_tokens", "shard_tokens", "verify_train_run", "estimate_lr",
            "scheduled_lr",
@@ -287,6 +287,20 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
         return ev
     final_path = found[-1]
     ev.checkpoint = str(final_path)
+    # a. size and config, from meta.json and the DCP metadata, before any tensor is allocated
+    try:
+        meta = read_meta(final_path)
+        _check_config(ev, final_path, meta, expected_config)
+        tp = int(expected_config.get("tp", meta["layout"]["tp"]))
+        problems = size_mismatches(final_path, dict(expected_config), tp) if not _missing_model_fields(ev, expected_config) else []
+    except CheckpointError as err:
+        ev.violations.append(f"checkpoint: {err}")
+        return ev
+    ev.violations += [f"model shape: {p} in {final_path}" for p in problems[:20]]
+    if len(problems) > 20:
+        ev.violations.append(f"model shape: ... and {len(problems) - 20} more in {final_path}")
+    if problems or any(v.startswith(("config:", "model shape")) for v in ev.violations):
+        return ev  # another model than the expected one: nothing more is measured
     try:
         final = _load(final_path, lr_tensors)
     except CheckpointError as err:
@@ -301,8 +315,7 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
     if final.adam_step != final.step:
         ev.violations.append(f"checkpoint: Adam step {final.adam_step} != step {final.step} in {final_path}")
 
-    # a. shapes and config
-    _check_shapes_and_config(ev, final, expected_config)
+    _check_shapes(ev, final, expected_config)
 
     # b. losses
     cfg = dict(final.config)
@@ -317,8 +330,7 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
             ev.previous_step = prev.step
         except CheckpointError as err:
             ev.violations.append(f"checkpoint: {err}")
-    shapes_ok = not any(v.startswith("model shape") for v in ev.violations)
-    if not shapes_ok:
+    if any(v.startswith("model shape") for v in ev.violations):
         return ev
     if validation.vocab_size > int(cfg["vocab_size"]):
         ev.violations.append(f"config: the validation tokenizer has {validation.vocab_size} ids, the model {cfg['vocab_size']}")
@@ -375,19 +387,25 @@ def _check_schedule(ev: Evidence, steps: list[Any], expected: Mapping[str, Any],
             return
 
 
-def _check_shapes_and_config(ev: Evidence, final: JudgeCheckpoint, expected: Mapping[str, Any]) -> None:
-    meta_cfg = final.config
+def _missing_model_fields(ev: Evidence, expected: Mapping[str, Any]) -> bool:
+    missing = [k for k in MODEL_FIELDS if k not in expected]
+    if missing:
+        ev.violations.append(f"config: the expected config lacks the model field(s) {missing}; the model size cannot be checked")
+    return bool(missing)
+
+
+def _check_config(ev: Evidence, path: Path, meta: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    meta_cfg = meta["config"]
     for key in CHECKED_FIELDS:
         if key in expected and key in meta_cfg and meta_cfg[key] != expected[key]:
-            ev.violations.append(f"config: meta.json of {final.path} has {key}={meta_cfg[key]!r}, expected {expected[key]!r}")
-    tp = int(expected.get("tp", final.layout["tp"]))
-    if tp != final.layout["tp"]:
-        ev.violations.append(f"config: checkpoint written with TP {final.layout['tp']}, expected TP {tp}")
-    try:
-        want = full_shapes(dict(expected), tp=final.layout["tp"])
-    except CheckpointError as err:
-        ev.violations.append(f"config: expected {err}")
-        return
+            ev.violations.append(f"config: meta.json of {path} has {key}={meta_cfg[key]!r}, expected {expected[key]!r}")
+    if "tp" in expected and int(expected["tp"]) != int(meta["layout"]["tp"]):
+        ev.violations.append(f"config: {path} was written with TP {meta['layout']['tp']}, expected TP {expected['tp']}")
+
+
+def _check_shapes(ev: Evidence, final: JudgeCheckpoint, expected: Mapping[str, Any]) -> None:
+    """The loaded whole tensors against the expected config's shapes (a second look after the sizes)."""
+    want = full_shapes(dict(expected), tp=final.layout["tp"])
     got = {n: tuple(t.shape) for n, t in final.masters.items()}
     for name in sorted(set(want) | set(got)):
         if want.get(name) != got.get(name):

@@ -131,3 +131,17 @@ def test_tp2_dp2_checkpoint_is_reassembled(tmp_path):
                           validation=embedded_tokens(validation_bytes()), num_samples=64)
     assert ev.ok, ev.violations
     assert ev.lr_estimate == pytest.approx(ev.lr_claimed, rel=1e-4)
+
+
+def test_storage_paths_outside_the_folder_are_refused(run, tmp_path):
+    import pickle
+    from harness.judge.checkpoint import _read_metadata
+    bad = tmp_path / "step_00000006"
+    shutil.copytree(run.save_dir / "step_00000006", bad)
+    md = _read_metadata(bad)
+    first = next(iter(md.storage_data))
+    info = md.storage_data[first]
+    md.storage_data[first] = type(info)(relative_path="../../etc/passwd", offset=info.offset, length=info.length)
+    (bad / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(CheckpointError, match="not a plain file name"):
+        load_checkpoint(bad)
