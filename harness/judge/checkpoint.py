@@ -45,11 +45,11 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
 __all__ = ["CheckpointError", "JudgeCheckpoint", "load_checkpoint", "list_checkpoints", "full_shapes",
-           "read_meta", "size_mismatches", "KINDS", "MODEL_FIELDS"]
+           "read_meta", "size_mismatches", "KINDS", "SHAPE_FIELDS"]
 
 KINDS = ("master", "exp_avg", "exp_avg_sq")
 # Config fields that decide the tensors' shapes.
-MODEL_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+SHAPE_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                 "head_dim", "ffn_hidden_size")
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
@@ -125,14 +125,13 @@ class _SafeReader(FileSystemReader):
 
 
 class _SafePlanner(DefaultLoadPlanner):
+    """Flat state dicts only (keys as stored, e.g. "optim.master/lm_head", "trainer.step")."""
+
+    def __init__(self) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
-        fqn = read_item.dest_index.fqn
-        if self.flatten_state_dict:
-            from torch.distributed.checkpoint._nested_dict import set_element  # noqa: PLC0415
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
-        else:
-            self.state_dict[fqn] = obj
+        self.original_state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
 
 def _read_metadata(path: Path):
@@ -198,7 +197,7 @@ def _tp_local_shapes(cfg: dict[str, Any], tp_rank: int, tp: int) -> dict[str, tu
 
 def full_shapes(cfg: dict[str, Any], tp: int = 1) -> dict[str, tuple[int, ...]]:
     """Whole-tensor shapes of every parameter a config implies (the embedding / LM head padded for TP size tp)."""
-    missing = [k for k in MODEL_FIELDS if k not in cfg]
+    missing = [k for k in SHAPE_FIELDS if k not in cfg]
     if missing:
         raise CheckpointError(f"config lacks the model field(s) {missing}")
     shapes = _tp_local_shapes(cfg, 0, 1)
@@ -298,7 +297,7 @@ def _read_meta(path: Path) -> dict[str, Any]:
     if not (isinstance(layout, dict) and isinstance(layout.get("tp"), int) and isinstance(layout.get("dp"), int)
             and layout["tp"] >= 1 and layout["dp"] >= 1):
         raise CheckpointError(f"checkpoint {path}: meta.json layout {layout!r} lacks positive integers tp and dp")
-    missing = [k for k in MODEL_FIELDS if k not in meta["config"]]
+    missing = [k for k in SHAPE_FIELDS if k not in meta["config"]]
     if missing:
         raise CheckpointError(f"checkpoint {path}: meta.json config lacks {missing}")
     return meta
@@ -329,7 +328,7 @@ def load_checkpoint(path: Path | str, *, kinds: Iterable[str] = KINDS, names: It
     unknown = [n for n in wanted if n not in per_rank_shapes[0]]
     if unknown:
         raise CheckpointError(f"checkpoint {path}: no parameter(s) {unknown} in a model of this config")
-    state: dict[str, Any] = {"optim": {}}
+    state: dict[str, Any] = {}
     for r, shapes in enumerate(per_rank_shapes):
         prefix = f"tp{r}/" if tp > 1 else ""
         for kind in kinds:
@@ -342,14 +341,14 @@ def load_checkpoint(path: Path | str, *, kinds: Iterable[str] = KINDS, names: It
                 if tuple(entry.size) != (numel,):
                     raise CheckpointError(f"checkpoint {path}: optim.{key} has size {tuple(entry.size)}, but the "
                                           f"meta.json config implies {numel} elements ({shapes[name]} on TP rank {r})")
-                state["optim"][key] = torch.empty(numel, dtype=entry.properties.dtype)
+                state[f"optim.{key}"] = torch.empty(numel, dtype=entry.properties.dtype)
     trainer_keys = ("step", "adam_step")
     for k in trainer_keys:
         if not isinstance(md.get(f"trainer.{k}"), BytesStorageMetadata):
             raise CheckpointError(f"checkpoint {path}: trainer.{k} is missing")
-    state["trainer"] = {k: None for k in trainer_keys}
+    state.update({f"trainer.{k}": None for k in trainer_keys})
     _dcp_load(path, state)
-    trainer = state["trainer"]
+    trainer = {k: state[f"trainer.{k}"] for k in trainer_keys}
     if not all(isinstance(trainer[k], int) and not isinstance(trainer[k], bool) for k in trainer_keys):
         raise CheckpointError(f"checkpoint {path}: trainer step / adam_step are not integers ({trainer!r})")
     if trainer["step"] != meta["step"]:
@@ -359,7 +358,7 @@ def load_checkpoint(path: Path | str, *, kinds: Iterable[str] = KINDS, names: It
         by_rank = []
         for r, shapes in enumerate(per_rank_shapes):
             prefix = f"tp{r}/" if tp > 1 else ""
-            by_rank.append({n: state["optim"][f"{prefix}{kind}/{n}"].float().view(shapes[n]) for n in wanted})
+            by_rank.append({n: state[f"optim.{prefix}{kind}/{n}"].float().view(shapes[n]) for n in wanted})
         tensors[kind] = _gather_tp(cfg, by_rank)
     return JudgeCheckpoint(path=path, step=int(trainer["step"]), adam_step=int(trainer["adam_step"]), meta=meta,
                            layout={"tp": tp, "dp": int(meta["layout"]["dp"])}, tensors=tensors)

@@ -55,7 +55,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from harness.judge import reference
-from harness.judge.checkpoint import (MODEL_FIELDS, CheckpointError, JudgeCheckpoint, full_shapes, list_checkpoints,
+from harness.judge.checkpoint import (SHAPE_FIELDS, CheckpointError, JudgeCheckpoint, full_shapes, list_checkpoints,
                                       load_checkpoint, read_meta, size_mismatches)
 
 __all__ = ["Evidence", "TokenStream", "embedded_tokens", "shard_tokens", "verify_train_run", "estimate_lr",
@@ -388,7 +388,7 @@ def _check_schedule(ev: Evidence, steps: list[Any], expected: Mapping[str, Any],
 
 
 def _missing_model_fields(ev: Evidence, expected: Mapping[str, Any]) -> bool:
-    missing = [k for k in MODEL_FIELDS if k not in expected]
+    missing = [k for k in SHAPE_FIELDS if k not in expected]
     if missing:
         ev.violations.append(f"config: the expected config lacks the model field(s) {missing}; the model size cannot be checked")
     return bool(missing)
