@@ -1,0 +1,126 @@
+"""The judge's own fp32 forward pass of the engine's model family (MiniCPM4 / Llama), plain PyTorch.
+
+Part of the judge: nothing here imports the engine. It reads the engine's parameter names and
+fused layouts (as harness/judge/checkpoint.py returns them, whole tensors in the TP = 1 layout):
+
+    embed.weight          [padded vocab, hidden]      rows >= vocab_size are padding (never used)
+    layers.{i}.attn_norm.weight, layers.{i}.mlp_norm.weight, final_norm.weight   [hidden]
+    layers.{i}.attn.qkv   [(H + 2 KV) * d, hidden]    rows [q heads | k heads | v heads]
+    layers.{i}.attn.o     [hidden, H * d]
+    layers.{i}.mlp.fc1    [2 * ffn, hidden]           rows [gate | up]
+    layers.{i}.mlp.fc2    [hidden, ffn]
+    lm_head               [padded vocab, hidden]      untied
+
+and computes, all in fp32 (or fp64 if the caller passes fp64 tensors):
+    x = embed[tokens] * scale_emb
+    per layer:  x += s * Attn(RMSNorm(x)),  x += s * SwiGLU(RMSNorm(x)),  s = scale_depth / sqrt(L)
+    logits = (RMSNorm(x) / (hidden / dim_model_base)) @ lm_head[:vocab].T
+with RMSNorm(x) = x * rsqrt(mean(x^2) + eps) * gain, RoPE in HF's rotate-half layout (base
+rope_theta, positions 0..S-1), GQA with query head j reading KV head j // (H / KV), causal softmax
+attention scaled by 1 / sqrt(d), SwiGLU = silu(gate) * up. With `mup` false every scaling is 1:
+this is HF's LlamaForCausalLM exactly.
+"""
+
+import math
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["REQUIRED_FIELDS", "Scalings", "scalings", "logits", "loss", "loss_sum"]
+
+REQUIRED_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                   "ffn_hidden_size", "rms_norm_eps", "rope_theta", "mup")
+_MUP_FIELDS = ("scale_emb", "scale_depth", "dim_model_base")
+
+
+class Scalings:
+    def __init__(self, emb: float, residual: float, logit_divisor: float):
+        self.emb, self.residual, self.logit_divisor = emb, residual, logit_divisor
+
+
+def _check(config: Mapping[str, Any]) -> None:
+    need = list(REQUIRED_FIELDS) + (list(_MUP_FIELDS) if config.get("mup") else [])
+    missing = [k for k in need if k not in config]
+    if missing:
+        raise KeyError(f"reference forward: config lacks {missing}")
+
+
+def scalings(config: Mapping[str, Any]) -> Scalings:
+    _check(config)
+    if not config["mup"]:
+        return Scalings(1.0, 1.0, 1.0)
+    return Scalings(float(config["scale_emb"]), float(config["scale_depth"]) / math.sqrt(int(config["num_layers"])),
+                    int(config["hidden_size"]) / int(config["dim_model_base"]))
+
+
+def _rmsnorm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * gain
+
+
+def _rope_tables(seq: int, d: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # HF Llama's default rope: fp32 inverse frequencies, outer product with positions, [f, f].
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    pos = torch.arange(seq, device=device, dtype=torch.int64).float()
+    freqs = torch.outer(pos, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, heads, s, d]; cos/sin [s, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor) -> torch.Tensor:
+    sc = scalings(config)
+    h, d = int(config["hidden_size"]), int(config["head_dim"])
+    nh, nkv, L = int(config["num_heads"]), int(config["num_kv_heads"]), int(config["num_layers"])
+    eps = float(config["rms_norm_eps"])
+    emb = params["embed.weight"]
+    dtype = emb.dtype
+    b, s = inputs.shape
+    x = F.embedding(inputs, emb) * sc.emb
+    cos, sin = _rope_tables(s, d, float(config["rope_theta"]), emb.device, dtype)
+    group = nh // nkv
+    for i in range(L):
+        p = f"layers.{i}"
+        y = _rmsnorm(x, params[f"{p}.attn_norm.weight"], eps)
+        q, k, v = (y @ params[f"{p}.attn.qkv"].t()).split([nh * d, nkv * d, nkv * d], dim=-1)
+        q = _rotate(q.view(b, s, nh, d).transpose(1, 2), cos, sin)
+        k = _rotate(k.view(b, s, nkv, d).transpose(1, 2), cos, sin)
+        v = v.view(b, s, nkv, d).transpose(1, 2)
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(d))
+        x = x + sc.residual * (att.transpose(1, 2).reshape(b, s, nh * d) @ params[f"{p}.attn.o"].t())
+        y = _rmsnorm(x, params[f"{p}.mlp_norm.weight"], eps)
+        gate, up = (y @ params[f"{p}.mlp.fc1"].t()).chunk(2, dim=-1)
+        x = x + sc.residual * ((F.silu(gate) * up) @ params[f"{p}.mlp.fc2"].t())
+    assert x.shape[-1] == h
+    return _rmsnorm(x, params["final_norm.weight"], eps) / sc.logit_divisor
+
+
+@torch.no_grad()
+def logits(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor) -> torch.Tensor:
+    """inputs [B, S] token ids -> logits [B, S, vocab_size] (padding columns dropped)."""
+    hidden = _hidden(params, config, inputs)
+    return hidden @ params["lm_head"][: int(config["vocab_size"])].t()
+
+
+@torch.no_grad()
+def loss_sum(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: torch.Tensor) -> tuple[float, int]:
+    """tokens [B, S + 1] -> (summed next-token cross-entropy in nats, number of predicted tokens),
+    accumulated in fp64 so batches can be combined exactly."""
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    out = logits(params, config, inputs)
+    ce = F.cross_entropy(out.reshape(-1, out.shape[-1]), labels.reshape(-1), reduction="none")
+    return float(ce.double().sum()), int(labels.numel())
+
+
+def loss(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: torch.Tensor) -> float:
+    """tokens [B, S + 1] -> mean next-token cross-entropy (nats per token) of the fp32 reference."""
+    total, count = loss_sum(params, config, tokens)
+    return total / count

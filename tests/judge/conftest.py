@@ -1,0 +1,10 @@
+"""One honest tiny CPU run shared by the judge tests (a few seconds; each further run costs as much)."""
+
+import pytest
+
+from tests.judge.runs import train
+
+
+@pytest.fixture(scope="session")
+def honest(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("honest"))
