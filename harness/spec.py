@@ -336,6 +336,10 @@ class JobGate(_GateBase):
     # checks the applied learning rate against the printed one. Off only where no final weights exist
     # (a job the judge kills on purpose).
     verify: bool = True
+    # Also hold every printed lr against the schedule the base engine defines for the job's config. Off for
+    # a milestone whose point is a new schedule (its acceptance test checks the printed lr instead; the lr
+    # actually applied is still fitted from the weights and must match what was printed).
+    verify_schedule: bool = True
     log: str = "log"
     metrics_file: str = "metrics.jsonl"  # relative to the job's folder
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.jobs import JobResult
+from harness.judge.baseconfig import ConfigUnknown, expected_config, flag_values
 from harness.judge.logparse import (
     EvalRecord,
     LogParseError,
@@ -59,6 +60,7 @@ class JobOutcome:
     job_dir: Path  # the job's own (writable, untrusted) folder
     result: JobResult
     argv: tuple[str, ...] = ()  # the argv the judge rendered for it
+    evidence: dict[str, float] | None = None  # what the judge measured from the job's weights (judge_val_loss, ...)
 
 
 @dataclass(frozen=True)
@@ -97,39 +99,18 @@ def load_job_data(outcome: JobOutcome) -> JobData:
     return JobData(steps=steps, evals=evals, config=config, line_times=line_times, source="log", problems=problems)
 
 
-def _flag_values(argv: Sequence[str]) -> dict[str, str]:
-    """`--name value` and `--name=value` pairs of an argv (last one wins, as argparse does)."""
-    out = {}
-    for i, arg in enumerate(argv):
-        if not arg.startswith("--"):
-            continue
-        name, sep, value = arg[2:].partition("=")
-        if sep:
-            out[name] = value
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            out[name] = argv[i + 1]
-    return out
-
-
-def expected_model(argv: Sequence[str], presets: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The model fields the milestone's job asked for: the base commit's preset named by `--preset`,
-    overridden by model flags in the argv. Raises RuleFailure when it cannot be known."""
-    flags = _flag_values(argv)
-    preset = flags.get("preset")
-    expected: dict[str, Any] = {}
-    if preset is not None:
-        if presets is None or preset not in presets:
-            raise RuleFailure(f"preset {preset!r} is not in the base commit's engine/model_spec.toml")
-        expected.update({k: v for k, v in presets[preset].items() if k in MODEL_FIELDS or k in _BATCH_FIELDS})
-        expected["preset"] = preset
-    for name in (*MODEL_FIELDS, *_BATCH_FIELDS):
-        flag = name.replace("_", "-")
-        if flag in flags:
-            try:
-                expected[name] = int(flags[flag])
-            except ValueError:
-                raise RuleFailure(f"--{flag} {flags[flag]!r} in the job's argv is not an integer") from None
-    return expected
+def expected_model(argv: Sequence[str], presets: Mapping[str, Any] | None,
+                   defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The configuration the milestone's job asked for (harness/judge/baseconfig.py: the base commit's
+    defaults < its preset named by `--preset` < the argv's flags). Raises RuleFailure when unknown."""
+    typed = {name: 0 for name in (*MODEL_FIELDS, *_BATCH_FIELDS)} | dict(defaults or {})
+    try:
+        config = expected_config(argv, defaults=typed, presets=presets or {})
+    except ConfigUnknown as err:
+        raise RuleFailure(str(err)) from None
+    stated = set(defaults or {}) | set((presets or {}).get(str(config.get("preset")), {})) | {
+        f.replace("-", "_") for f in flag_values(argv)}
+    return {k: v for k, v in config.items() if k in stated or k == "preset"}
 
 
 def model_mismatches(argv: Sequence[str], config: Mapping[str, Any] | None, presets: Mapping[str, Any] | None) -> list[str]:
@@ -209,6 +190,8 @@ def _value(rule: MetricRule, ctx: _Ctx) -> float:
     outcome, data = ctx.jobs[rule.job], ctx.data[rule.job]
     steps = _window(data.steps, rule)
     metric = rule.metric
+    if metric == "val_loss" and outcome.evidence and "judge_val_loss" in outcome.evidence and rule.to_step is None:
+        return outcome.evidence["judge_val_loss"]  # the judge's own forward pass over its own held-out draw
     if metric in ("val_loss", "val_bpb"):
         evals = _window(data.evals, rule)
         if not evals:

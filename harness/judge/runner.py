@@ -38,7 +38,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harness.jobs import JobSpec, launch
+from harness.jobs import JobSpec, Sandbox, launch, probe
+from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, flag_values, load_base
 from harness.judge.hardware import check_requires
 from harness.judge.metrics import JobOutcome, judge_metrics
 from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch, tree_manifest
@@ -121,6 +122,8 @@ class GateRunner:
         self._dry_runs = max((int(p.name) for p in dry.iterdir() if p.name.isdigit()), default=0) if dry.is_dir() else 0
         self._presets: dict[str, Any] | None = None
         self._pytest_ini: str | None = None
+        self._sandbox_problem: str | None = None  # "" once the sandbox probe passed
+        self._base_config: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -199,9 +202,14 @@ class GateRunner:
     # ------------------------------------------------------------------ setup of a judging
 
     def _check_sandbox(self) -> list[str]:
-        """[] when candidate code will run sandboxed; ["unsandboxed"] when the user allowed running without."""
+        """[] when candidate code will run sandboxed; ["unsandboxed: ..."] when the user allowed running
+        without; GateError (the judge refuses) when no sandbox can start and the user did not."""
         if self.unsandboxed:
             return ["unsandboxed: candidate code ran with the judge's rights (--unsandboxed)"]
+        if self._sandbox_problem is None:
+            self._sandbox_problem = probe() or ""
+        if self._sandbox_problem:
+            raise GateError(f"the judge refuses to run candidate code without its sandbox: {self._sandbox_problem}")
         return []
 
     def _overlay_hidden(self, tree: Path) -> None:
@@ -428,9 +436,17 @@ class GateRunner:
                                       f"{len(failing)} failing, pytest exit {result.exit_code} ({result.state})")
         return None
 
-    def _sandbox_kwargs(self, judging: _Judging, *, writable: tuple[Path, ...]) -> dict[str, Any]:
-        """JobSpec fields that put a candidate process in the sandbox (none when unsandboxed)."""
-        return {}
+    def _sandbox_kwargs(self, judging: _Judging, *, writable: tuple[Path, ...], launcher: str = "local") -> dict[str, Any]:
+        """JobSpec fields that put a candidate process in the sandbox: everything read-only, the judged
+        checkout and the judge's temp folder too (they live under /tmp, which is private inside), only
+        `writable` writable, the judge's records and the home's milestones (hidden material, references)
+        out of sight, no network. None when unsandboxed, and for SLURM jobs (run on other hosts)."""
+        if self.unsandboxed or launcher != "local":
+            return {}
+        hidden = tuple(p for p in (self.record.dir.parent, self.home / "milestones") if p.exists()
+                       and not judging.tree.is_relative_to(p))
+        return {"sandbox": Sandbox(writable=writable, readonly=(judging.holder,), hidden=hidden,
+                                   gpus=judging.device == "cuda")}
 
     # ------------------------------------------------------------------ jobs
 
@@ -443,14 +459,21 @@ class GateRunner:
         job_dir = _neutral(judging.holder)  # the job's own folder: writable by it, so only claims live there
         argv = render_argv(gate.argv, job_dir=job_dir, worktree=judging.tree, seed=judging.seed, device=judging.device,
                            job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
+        verify = self._verifies(gate)
+        if verify:
+            argv = _with_checkpoints(argv, job_dir, every_step=judging.device == "cpu")
         several = gate.nproc > 1 or gate.nodes > 1
         earlier = tuple(o.job_dir for o in judging.jobs.values())
+        # Caches a job writes go to its own folder: nothing compiled by one candidate reaches another judging.
+        caches = {"XDG_CACHE_HOME": str(job_dir / ".cache"), "TEMPER_KERNEL_CACHE": str(job_dir / ".kernels")}
+        kill = {"kill_pattern": rf"\[LOSS\] step={gate.kill_at_step} ", "kill_signal": gate.kill_signal} \
+            if gate.kill_at_step is not None else {}
         spec = JobSpec(
             name=job_id, argv=["-m", "engine", *argv] if several else [sys.executable, "-m", "engine", *argv],
             torchrun=several, launcher=gate.launcher, nproc=gate.nproc, nodes=gate.nodes, timeout_s=gate.timeout_s,
-            env={**gate.env, **judging.env_overrides}, cwd=judging.tree, log_path=record_dir / gate.log,
-            gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0,
-            **self._sandbox_kwargs(judging, writable=(job_dir, *earlier)),
+            env={**gate.env, **caches, **judging.env_overrides}, cwd=judging.tree, log_path=record_dir / gate.log,
+            gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0, **kill,
+            **self._sandbox_kwargs(judging, writable=(job_dir, *earlier), launcher=gate.launcher),
         )
         self.logs[job_id] = spec.log_path
         job = launch(spec)
@@ -461,17 +484,83 @@ class GateRunner:
         scrub_file(spec.log_path)
         self.record.job_finished(job_id, attempt=judging.attempt, exit_code=result.exit_code,
                                  duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout", summary=result.detail)
-        judging.jobs[gate.name] = JobOutcome(gate=gate, job_id=job_id, job_dir=job_dir, result=result, argv=tuple(argv))
+        outcome = JobOutcome(gate=gate, job_id=job_id, job_dir=job_dir, result=result, argv=tuple(argv))
+        judging.jobs[gate.name] = outcome
         tail = _tail(result.read_log())
         if result.state == "timeout":
             return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
                               summary=f"job {job_id} did not finish within {gate.timeout_s:g} s and was killed")
+        if gate.kill_at_step is not None and not result.signal_sent:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
+                              summary=f"job {job_id} never printed step {gate.kill_at_step}, so the judge could not "
+                                      f"interrupt it there ({gate.kill_signal})")
         if result.exit_code != gate.expect_exit or result.state == "cancelled":
             return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
                               summary=f"job {job_id} exited {result.exit_code} (expected {gate.expect_exit})"
                                       + (f": {result.detail}" if result.detail else ""))
-        return GateResult(name=gate.name, kind=gate.kind, passed=True,
-                          summary=f"job {job_id} exited {result.exit_code} after {result.elapsed_s:.1f} s")
+        summary = f"job {job_id} exited {result.exit_code} after {result.elapsed_s:.1f} s"
+        if result.signal_sent:
+            summary += f" ({result.signal_sent} sent by the judge at log line {result.signal_line})"
+        if verify:
+            problems, measured = self._verify_train(outcome, judging)
+            judging.jobs[gate.name] = replace(outcome, evidence=measured)
+            if problems:
+                return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail, metrics=measured,
+                                  violations=tuple(problems),
+                                  summary=f"job {job_id}: {len(problems)} claim(s) its own weights contradict "
+                                          "(checked with the judge's reference forward pass and optimizer state)")
+            summary += "; claims verified against its weights" + (
+                f" (judge val loss {measured['judge_val_loss']:.4f})" if "judge_val_loss" in measured else "")
+            return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=measured, summary=summary)
+        return GateResult(name=gate.name, kind=gate.kind, passed=True, summary=summary)
+
+    def _verifies(self, gate: JobGate) -> bool:
+        """Train jobs that end on their own are verified; one the judge interrupts has no final weights."""
+        return gate.task == "train" and gate.verify and gate.kill_at_step is None
+
+    def _base(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        if self._base_config is None:
+            self._base_config = load_base(self.repo, self.base)
+        return self._base_config
+
+    def _verify_train(self, outcome: JobOutcome, judging: _Judging) -> tuple[list[str], dict[str, float]]:
+        """Hold a finished train job's printed claims against its own final weights (harness/judge/evidence.py):
+        model size, the loss of the weights on held-out data drawn with the judging's seed, the applied lr."""
+        from harness.judge.evidence import embedded_tokens, shard_tokens, verify_train_run
+        from harness.judge.logparse import LogParseError, parse_engine_log, parse_eval_lines
+
+        defaults, presets = self._base()
+        try:
+            expected = expected_config(outcome.argv, defaults=defaults, presets=presets)
+        except ConfigUnknown as err:
+            return [f"the judge cannot state what the job was asked to run: {err}"], {}
+        text = outcome.result.read_log()
+        try:
+            steps, evals = parse_engine_log(text), parse_eval_lines(text)
+        except LogParseError as err:
+            return [str(err)], {}
+        try:
+            if expected.get("data_path"):
+                validation = shard_tokens(Path(str(expected["data_path"])) / "validation")
+            elif not expected.get("hf_dataset") and not expected.get("tokenizer_path"):
+                corpus = base_file(self.repo, self.base, "engine/data/corpus/validation.jsonl")
+                if corpus is None:
+                    return ["the base commit has no engine/data/corpus/validation.jsonl to draw held-out text from"], {}
+                validation = embedded_tokens(corpus, text_field=str(expected.get("hf_text_field", "text")),
+                                             text_template=str(expected.get("hf_text_template", "")))
+            else:
+                return ["the judge can verify runs on the bundled corpus or on `engine prepare` shards (--data-path); "
+                        "this job tokenizes another source on the fly"], {}
+        except (OSError, ValueError, KeyError) as err:
+            return [f"the judge cannot read the job's validation data: {err}"], {}
+        save_dir = Path(str(expected.get("save_dir") or Path(str(expected.get("run_dir"))) / "checkpoints"))
+        evidence = verify_train_run(save_dir, expected_config=expected, printed_steps=steps, printed_evals=evals,
+                                    seed=judging.seed, validation=validation, device=judging.device,
+                                    require_lr_check=judging.device == "cpu",
+                                    check_schedule=outcome.gate.verify_schedule)
+        measured = {k: float(v) for k, v in (("judge_val_loss", evidence.judge_val_loss),
+                                             ("lr_estimate", evidence.lr_estimate)) if v is not None}
+        return list(evidence.violations), measured
 
     # ------------------------------------------------------------------ metrics
 
@@ -492,6 +581,19 @@ class GateRunner:
                                   capture_output=True)
             self._presets = tomllib.loads(proc.stdout.decode("utf-8")) if proc.returncode == 0 else {}
         return self._presets or None
+
+
+def _with_checkpoints(argv: list[str], job_dir: Path, *, every_step: bool) -> list[str]:
+    """The job's argv made to leave what the judge verifies: its final weights (`--save-final`) and, on CPU
+    where it is cheap, the step before them too (`--save-every 1 --keep-last 2`: the applied learning rate
+    is fitted from two consecutive checkpoints). A save dir the milestone chose is kept."""
+    out = [a for a in argv if a != "--no-save-final"]
+    flags = flag_values(out)
+    if "save-dir" not in flags:
+        out += ["--save-dir", str(job_dir / "checkpoints")]
+    if every_step and "save-every" not in flags:
+        out += ["--save-every", "1", "--keep-last", "2"]
+    return out + ["--save-final"]
 
 
 def _has_module(name: str) -> bool:
