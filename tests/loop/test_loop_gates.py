@@ -9,12 +9,13 @@ differences are computed by hand from the numbers in the files.
 import dataclasses
 import json
 import math
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from harness.judge import GateRunner, judge_metrics
+from harness.judge import GateError, GateRunner, judge_metrics
 from harness.judge.metrics import JobOutcome
 from harness.jobs import JobResult
 from harness.records import RunRecord
@@ -285,16 +286,88 @@ def test_gate_subprocesses_never_see_api_keys(runner: GateRunner, home: Path, tm
     environment shows the gate's own variables but no API key, and nothing under the run has it."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-api03-GATESECRET0123456789abcdef")
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-GATESECRET-2")
-    out = tmp_path / "environment.txt"
-
-    def dump_env(tree: Path) -> None:  # the honest change plus a new test of the candidate's that dumps its env
+    def dump_env(tree: Path) -> None:  # the honest change plus a new test of the candidate's that shows its env
         replace_in(tree / "engine/config.py", OLD, NEW)
         (tree / "tests/test_envdump.py").write_text(
-            f"import os\n\ndef test_dump():\n    print(sorted(os.environ.items()), file=open({str(out)!r}, 'a'))\n")
+            "import os\n\ndef test_dump():\n    assert not os.environ, '\\n'.join(sorted(os.environ))\n")
 
     dump = unified_diff(home, tmp_path, dump_env)
-    runner.judge(dump.read_text(), attempt=1)
-    seen = out.read_text()
-    assert "PYTHONPYCACHEPREFIX" in seen and "GATESECRET" not in seen  # the dump happened, without the keys
+    verdict = runner.judge(dump.read_text(), attempt=1)
+    # The sandbox keeps the test from writing anywhere the test could read; its failure message carries the
+    # names of its environment into the judge's log instead.
+    pytest_gate = verdict.gates[2]
+    assert not verdict.accepted and "new test file(s) fail on their own" in pytest_gate.summary
+    seen = (runner.record.attempt_dir(1) / "gates" / "pytest-new-tests.log").read_text()
+    assert "PYTHONPYCACHEPREFIX" in seen and "TEMPER_JUDGE_SEED" in seen  # the dump happened
+    assert "ANTHROPIC_API_KEY" not in seen and "MY_SERVICE_TOKEN" not in seen
     found = subprocess.run(["grep", "-r", "GATESECRET", str(runner.record.dir)], capture_output=True, text=True)
     assert found.returncode == 1 and found.stdout == ""
+
+
+def test_no_sandbox_no_judging_unless_asked_and_then_the_verdict_says_so(home: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    milestone = load_milestone(home / "milestones/loop-tiny.toml", root=home)
+    base = git(home, "rev-parse", "HEAD").strip()
+
+    def runner(unsandboxed: bool) -> GateRunner:
+        record = RunRecord.create(milestone_id=milestone.id, spec_hash=milestone.spec_hash, agent={"spec": "none"},
+                                  base_commit=base, branch="", worktree="", runs_root=tmp_path / "runs")
+        return GateRunner(milestone=milestone, repo=home, base=base, record=record, unsandboxed=unsandboxed)
+
+    # What the sandbox probe answers on a machine where bwrap cannot start (a real answer of probe()).
+    monkeypatch.setattr("harness.judge.runner.probe", lambda: "sandbox unavailable: bwrap failed (No permissions); "
+                                                             "or judge unsandboxed on purpose (--unsandboxed)")
+    with pytest.raises(GateError, match="refuses to run candidate code without its sandbox.*--unsandboxed"):
+        runner(False).judge("", attempt=1)
+    verdict = runner(True).judge(unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW)).read_text(),
+                                 attempt=1)
+    assert verdict.accepted and any(f.startswith("unsandboxed") for f in verdict.flags)
+
+
+def test_a_candidate_job_cannot_write_outside_its_own_folder(home: Path, tmp_path: Path) -> None:
+    """Inside the sandbox a job writes its {job_dir} and nothing else: not the judged checkout, not the
+    judge's records, not the home's milestones."""
+    records = tmp_path / "runs"
+    # Outside /tmp, which is private inside the sandbox (a write there never reaches the host either).
+    probe_file = Path("/var/tmp") / f"temper-sandbox-{tmp_path.name}-{os.getpid()}.txt"
+    (home / "milestones/writes.toml").write_text("""
+id = "writes"
+title = "A job that tries to write everywhere"
+goal = "x"
+editable = ["engine/**"]
+[[gates]]
+kind = "protected"
+[[gates]]
+kind = "job"
+name = "train"
+task = "train"
+timeout_s = 120
+verify = false
+argv = ["pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", "--seq-length", "32",
+        "--micro-batch-size", "2", "--eval-steps", "0", "--no-save-final", "--run-dir", "{job_dir}"]
+[budget]
+max_turns = 1
+max_tokens = 1
+max_wall_s = 60
+max_attempts = 1
+""")
+    git(home, "add", "-A")
+    git(home, "commit", "-qm", "writes milestone")
+    milestone = load_milestone(home / "milestones/writes.toml", root=home)
+    record = RunRecord.create(milestone_id="writes", spec_hash=milestone.spec_hash, agent={"spec": "none"},
+                              base_commit="0" * 40, branch="", worktree="", runs_root=records)
+    targets = {"checkout": "engine/config.py", "records": str(record.dir / "planted"), "home": str(home / "milestones/x"),
+               "outside": str(probe_file)}
+    attempt = "\n".join(
+        f"try:\n    open({t!r}, 'a').write('x')\n    print('WROTE {k}')\nexcept OSError:\n    print('DENIED {k}')"
+        for k, t in targets.items())
+    patch = unified_diff(home, tmp_path, lambda t: (t / "engine/__main__.py").write_text(
+        attempt + "\n" + (t / "engine/__main__.py").read_text()))
+    base = git(home, "rev-parse", "HEAD").strip()
+    verdict = GateRunner(milestone=milestone, repo=home, base=base, record=record).judge(patch.read_text(), attempt=1)
+    log = (record.dir / "jobs/a1-train/log").read_text()
+    assert all(f"DENIED {k}" in log for k in targets), log[:2000]
+    written = probe_file.exists()
+    probe_file.unlink(missing_ok=True)
+    assert not written and not (record.dir / "planted").exists() and not (home / "milestones/x").exists()
+    assert verdict.gates[1].passed, verdict.gates[1].summary  # the job itself ran and wrote its own folder
