@@ -14,16 +14,14 @@ refused unless a `binary` glob of the milestone allows it; symlinks are refused 
 make an editable path alias a protected one).
 """
 
-import os
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.judge.protected import SKIPPED_DIRS, blob_id
 from harness.spec import Milestone
 
-__all__ = ["PatchView", "PolicyResult", "read_patch", "tree_manifest", "changed_files", "check_policy"]
+__all__ = ["PatchView", "PolicyResult", "read_patch", "changed_files", "check_policy"]
 
 
 @dataclass(frozen=True)
@@ -70,29 +68,6 @@ def read_patch(tree: Path, patch: Path) -> PatchView:
         i += 1
     modes = tuple(line.strip() for line in summary.stdout.splitlines() if line.strip())
     return PatchView(paths=tuple(dict.fromkeys(paths)), binary=tuple(binary), modes=modes)
-
-
-def tree_manifest(root: Path) -> dict[str, str]:
-    """{path: blob id} of every file under `root` (symlinks as links, never followed), skipping only the
-    caches the gates neutralise (`__pycache__`, `.pytest_cache`) and `.git`."""
-    manifest = {}
-    for folder, dirs, files in os.walk(root):
-        rel_folder = Path(folder).relative_to(root)
-        keep = []
-        for name in dirs:
-            full = Path(folder) / name
-            if name in SKIPPED_DIRS:
-                continue
-            if full.is_symlink():
-                files.append(name)
-            else:
-                keep.append(name)
-        dirs[:] = keep
-        for name in files:
-            if name == ".git" and rel_folder == Path("."):
-                continue
-            manifest[(rel_folder / name).as_posix()] = blob_id(Path(folder) / name)
-    return manifest
 
 
 def changed_files(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, str]:

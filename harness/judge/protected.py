@@ -21,6 +21,7 @@ __all__ = [
     "blob_id",
     "base_manifest",
     "disk_manifest",
+    "tree_manifest",
     "manifest_changes",
     "python_env",
 ]
@@ -50,8 +51,9 @@ def base_manifest(repo: Path, commit: str, is_protected: Callable[[str], bool]) 
     return manifest
 
 
-def disk_manifest(root: Path, is_protected: Callable[[str], bool]) -> dict[str, str]:
-    """{path: blob id} of every protected file on disk under `root`, found by walking it (never git)."""
+def tree_manifest(root: Path) -> dict[str, str]:
+    """{path: blob id} of every file under `root` found by walking it (never git): symlinks as links, never
+    followed; only `.git` and the caches the gates neutralise (SKIPPED_DIRS) are left out."""
     manifest = {}
     for folder, dirs, files in os.walk(root):
         rel_folder = Path(folder).relative_to(root)
@@ -68,10 +70,13 @@ def disk_manifest(root: Path, is_protected: Callable[[str], bool]) -> dict[str, 
         for name in files:
             if name == ".git":  # a worktree's .git is a file pointing at the repository
                 continue
-            rel = (rel_folder / name).as_posix()
-            if is_protected(rel):
-                manifest[rel] = blob_id(Path(folder) / name)
+            manifest[(rel_folder / name).as_posix()] = blob_id(Path(folder) / name)
     return manifest
+
+
+def disk_manifest(root: Path, is_protected: Callable[[str], bool]) -> dict[str, str]:
+    """{path: blob id} of every protected file on disk under `root`."""
+    return {path: digest for path, digest in tree_manifest(root).items() if is_protected(path)}
 
 
 def manifest_changes(base: Mapping[str, str], disk: Mapping[str, str]) -> list[str]:

@@ -42,8 +42,8 @@ from harness.jobs import JobSpec, Sandbox, launch, probe
 from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, flag_values, load_base
 from harness.judge.hardware import check_requires
 from harness.judge.metrics import JobOutcome, judge_metrics
-from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch, tree_manifest
-from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env
+from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch
+from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env, tree_manifest
 from harness.records import RunRecord, scrub_file, scrub_text, write_atomic
 from harness.settings import child_env
 from harness.spec import GuardsGate, JobGate, glob_match, MetricsGate, Milestone, ProtectedGate, PytestGate, render_argv
