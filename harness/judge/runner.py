@@ -25,6 +25,7 @@ of it, and gets `settings.child_env()`: no API keys. Each judging draws a seed (
 TEMPER_JUDGE_SEED for tests) so acceptance inputs cannot be special-cased.
 """
 
+import os
 import re
 import secrets
 import shutil
@@ -426,7 +427,7 @@ class GateRunner:
         record_dir = self.record.job_dir(job_id)
         job_dir = _neutral(judging.holder)  # the job's own folder: writable by it, so only claims live there
         argv = render_argv(gate.argv, job_dir=job_dir, worktree=judging.tree, seed=judging.seed, device=judging.device,
-                           job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
+                           data=data_dir(self.home), job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
         several = gate.nproc > 1 or gate.nodes > 1
         earlier = tuple(o.job_dir for o in judging.jobs.values())
         spec = JobSpec(
@@ -476,6 +477,13 @@ class GateRunner:
                                   capture_output=True)
             self._presets = tomllib.loads(proc.stdout.decode("utf-8")) if proc.returncode == 0 else {}
         return self._presets or None
+
+
+def data_dir(home: Path) -> Path:
+    """The shared data folder jobs read (`{data}` in a job's argv): TEMPER_DATA, else ../shared/data beside
+    the judge's home. The judge resolves it, so candidate code never chooses what data it is judged on."""
+    override = os.environ.get("TEMPER_DATA", "")
+    return Path(override).resolve() if override else (Path(home).resolve().parent / "shared" / "data")
 
 
 def new_suppressions(paths: list[str], diff: str) -> list[str]:
