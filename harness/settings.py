@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["temper_home", "runs_dir", "api_key", "base_url", "no_color", "child_env"]
+__all__ = ["temper_home", "runs_dir", "data_dir", "api_key", "base_url", "no_color", "child_env"]
 
 _KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 _URLS = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
@@ -23,6 +23,13 @@ def temper_home() -> Path:
 def runs_dir() -> Path:
     override = os.environ.get("TEMPER_RUNS_DIR", "")
     return Path(override).resolve() if override else temper_home() / "runs"
+
+
+def data_dir(home: Path) -> Path:
+    """The shared data folder jobs read (`{data}` in a job's argv): TEMPER_DATA, else ../shared/data beside
+    the judge's home. The judge resolves it, so candidate code never chooses what data it is judged on."""
+    override = os.environ.get("TEMPER_DATA", "")
+    return Path(override).resolve() if override else (Path(home).resolve().parent / "shared" / "data")
 
 
 def api_key(provider: str) -> str:

@@ -99,7 +99,7 @@ GATE_KINDS = ("protected", "guards", "pytest", "job", "metrics")
 # Rule names of `temper guards check` (guards/): the engine's red lines.
 GUARD_RULES = ("ssot", "dag", "public-surface", "fail-fast")
 # Engine subcommand each job task runs (`python -m engine <argv[0]> ...`).
-_TASK_COMMAND = {"train": "pretrain", "stress": "stress", "bench": "bench"}
+_TASK_COMMAND = {"train": "pretrain", "prepare": "prepare", "stress": "stress", "bench": "bench"}
 
 OPS: dict[str, str] = {"<": "less than", "<=": "at most", ">": "more than", ">=": "at least", "==": "exactly"}
 
@@ -198,7 +198,7 @@ _Selector = Annotated[str, AfterValidator(_check_selector)]
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 _NAME = r"[a-z0-9][a-z0-9_-]*"
-_FIXED_PLACEHOLDERS = ("job_dir", "worktree", "seed", "device")
+_FIXED_PLACEHOLDERS = ("job_dir", "worktree", "seed", "device", "data")
 
 
 def _placeholders(arg: str) -> list[str]:
@@ -206,10 +206,11 @@ def _placeholders(arg: str) -> list[str]:
 
 
 def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, job_dirs: Mapping[str, str | Path],
-                seed: int = 0, device: str = "cpu") -> list[str]:
+                seed: int = 0, device: str = "cpu", data: str | Path = "") -> list[str]:
     """Fill a job's argv placeholders: {job_dir}, {worktree}, {job_dir:NAME} (an earlier job's folder),
     {seed} (drawn by the judge for each judging, so acceptance inputs cannot be special-cased) and
-    {device} ("cuda" or "cpu": what the judge runs the milestone on).
+    {device} ("cuda" or "cpu": what the judge runs the milestone on) and {data} (the shared data folder:
+    TEMPER_DATA, else ../shared/data beside the judge's home; see harness.settings.data_dir).
 
     `{{` and `}}` are literal braces. The spec loader has already checked every name.
     """
@@ -218,7 +219,7 @@ def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, j
         if token in ("{{", "}}"):
             return token[0]
         name = match.group(1)
-        fixed = {"job_dir": job_dir, "worktree": worktree, "seed": seed, "device": device}
+        fixed = {"job_dir": job_dir, "worktree": worktree, "seed": seed, "device": device, "data": data}
         if name in fixed:
             return str(fixed[name])
         if name.startswith("job_dir:") and name[len("job_dir:"):] in job_dirs:
@@ -316,7 +317,7 @@ class JobGate(_GateBase):
 
     kind: Literal["job"]
     name: str = Field(min_length=1)
-    task: Literal["train", "stress", "bench"]
+    task: Literal["train", "prepare", "stress", "bench"]
     launcher: Literal["local", "slurm"] = "local"
     nodes: int = Field(default=1, gt=0)
     nproc: int = Field(default=1, gt=0)  # processes per node
@@ -668,7 +669,7 @@ def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate]) -> list[
                 continue
             if name.startswith("job_dir:") and name[len("job_dir:"):] in earlier:
                 continue
-            problems.append((f"{where}.argv[{k}]", f"unknown placeholder {{{name}}}: use {{job_dir}}, {{worktree}}, {{seed}}, {{device}} or {{job_dir:NAME}} of an earlier job ({', '.join(earlier) or 'none'})"))
+            problems.append((f"{where}.argv[{k}]", f"unknown placeholder {{{name}}}: use {{job_dir}}, {{worktree}}, {{seed}}, {{device}}, {{data}} or {{job_dir:NAME}} of an earlier job ({', '.join(earlier) or 'none'})"))
     return problems
 
 

@@ -45,7 +45,7 @@ from harness.judge.metrics import JobOutcome, judge_metrics
 from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch
 from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env, tree_manifest
 from harness.records import RunRecord, scrub_file, scrub_text, write_atomic
-from harness.settings import child_env
+from harness.settings import child_env, data_dir
 from harness.spec import GuardsGate, JobGate, glob_match, MetricsGate, Milestone, ProtectedGate, PytestGate, render_argv
 from harness.verdict import GateResult, Verdict
 from harness.workspace import Workspace, WorkspaceError
@@ -458,7 +458,7 @@ class GateRunner:
         record_dir = self.record.job_dir(job_id)
         job_dir = _neutral(judging.holder)  # the job's own folder: writable by it, so only claims live there
         argv = render_argv(gate.argv, job_dir=job_dir, worktree=judging.tree, seed=judging.seed, device=judging.device,
-                           job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
+                           data=data_dir(self.home), job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
         verify = self._verifies(gate)
         if verify:
             argv = _with_checkpoints(argv, job_dir, every_step=judging.device == "cpu")
