@@ -341,7 +341,7 @@ class Loop:
             verdict = self.gates.judge(diff, attempt=n, live_tree=self.ws.worktree)
         except GateError as err:
             failed = GateResult(name="apply", kind="patch", passed=False, summary=str(err))
-            verdict = Verdict(attempt=n, accepted=False, gates=(failed,), reason=f"the diff does not apply: {err}")
+            verdict = Verdict(attempt=n, accepted=False, gates=(failed,), reason=f"the attempt cannot be judged: {err}")
         mfu = next((v for g in verdict.gates for k, v in g.metrics.items() if k.endswith(".mfu")), None)
         sha = self.ws.commit_attempt(n, milestone=self.milestone.id, run_id=self.record.id,
                                      verdict="accepted" if verdict.accepted else "rejected", mfu=mfu,

@@ -72,7 +72,9 @@ EVENT_TYPES = (
     "job_finished",
     "attempt",
     "run_finished",
-    "note",
+    "workspace",  # where the run's worktree, repository and judge base are (resume reads it)
+    "resumed",  # the run was reopened after a stop
+    "note",  # free text for people; nothing reads it back
 )
 REDACTED = "[redacted]"
 
@@ -559,6 +561,10 @@ class RunRecord:
         self._save_totals()
         return folder
 
+    def workspace_ready(self, **data: Any) -> dict[str, Any]:
+        """The typed event `temper resume` rebuilds a run from: repository, judge base, budget, options."""
+        return self._log.append("workspace", data)
+
     def note(self, text: str, **data: Any) -> dict[str, Any]:
         return self._log.append("note", {"text": text, **data})
 
@@ -577,7 +583,7 @@ class RunRecord:
         if self.status in FINAL_STATUSES:
             raise RecordError(f"run {self.id} already ended as {self.status}; start a new run instead")
         previous = self.status
-        event = self.note("resumed", previous_status=previous)
+        event = self._log.append("resumed", {"previous_status": previous})
         self._meta.update(status="running", ended=None, reason="")
         self._write_meta()
         return event

@@ -7,7 +7,7 @@ drive the agent loop and write the report. The user's checkout is never touched,
 `merge=True` after an accepted verdict.
 
 Everything `resume_run` needs is in the records: the milestone file and its hash, the agent spec, and
-a `workspace ready` note (repository, judge base, budget overrides). A replay agent skips the turns
+a `workspace` event (repository, judge base, budget overrides). A replay agent skips the turns
 the records already hold, so a killed replay run finishes as it would have.
 """
 
@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 BUDGET_FIELDS = ("max_turns", "max_tokens", "max_cost_usd", "max_wall_s", "max_attempts")
-_READY = "workspace ready"
 
 
 class UsageError(ValueError):
@@ -146,7 +145,7 @@ def active_seconds(events: list[dict[str, Any]]) -> float:
             ts = datetime.fromisoformat(str(event.get("ts", "")).replace("Z", "+00:00"))
         except ValueError:
             continue
-        if event.get("type") == "note" and event.get("text") == "resumed" and first is not None and last is not None:
+        if event.get("type") == "resumed" and first is not None and last is not None:
             total += (last - first).total_seconds()
             first = None
         first = first or ts
@@ -227,7 +226,7 @@ def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None,
     except (WorkspaceError, UsageError) as err:
         record.finish("error", f"workspace: {err}")
         raise UsageError(str(err)) from None
-    record.note(_READY, repo=str(ws.repo), judge_base=judge_base, budget=milestone.budget.model_dump(),
+    record.workspace_ready(repo=str(ws.repo), judge_base=judge_base, budget=milestone.budget.model_dump(),
                 max_output_tokens=options.max_output_tokens, shell_timeout_s=options.shell_timeout_s, unsandboxed=unsandboxed)
     progress("run", f"worktree {ws.worktree} on {ws.branch}, base {head[:12]}" +
              (f", judge base {judge_base[:12]} (setup {milestone.setup})" if judge_base != head else ""))
@@ -249,7 +248,7 @@ def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, 
     if record.meta["agent"].get("backend") == "gate":
         raise UsageError(f"run {record.id} is a `temper gate` judgement, not an agent run; run temper gate again")
     events = read_events(record.dir / "events.jsonl").events
-    ready = next((e for e in events if e["type"] == "note" and e.get("text") == _READY), None)
+    ready = next((e for e in events if e["type"] == "workspace"), None)
     if ready is None:
         raise UsageError(f"run {record.id} stopped before its workspace was ready; start a new run instead")
     meta = record.meta
@@ -315,7 +314,7 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
     try:
         with Workspace.scratch(home, base_sha) as scratch:
             judge_base = setup_base(scratch, milestone, home, run_id)
-        record.note(_READY, repo=str(home), judge_base=judge_base, source=source)
+        record.workspace_ready(repo=str(home), judge_base=judge_base, source=source)
         verdict = GateRunner(milestone=milestone, repo=home, base=judge_base, record=record, progress=progress, home=home,
                              unsandboxed=unsandboxed).judge(diff, attempt=1)
     except NeedsHardware as err:

@@ -151,7 +151,7 @@ def test_open_rebuilds_conversation_and_totals_and_continues_seq(tmp_path):
     again.note("after resume")
     events = read_events(record.dir / "events.jsonl").events
     assert [e["seq"] for e in events] == list(range(len(events)))
-    assert events[-2]["text"] == "resumed" and events[-2]["previous_status"] == "running"
+    assert events[-2]["type"] == "resumed" and events[-2]["previous_status"] == "running"
     again.finish("accepted")
     with pytest.raises(RecordError, match="already ended as accepted"):
         RunRecord.open(record.dir).resume()

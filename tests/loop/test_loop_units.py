@@ -71,7 +71,7 @@ def test_count_submissions() -> None:
 
 def test_active_seconds_leave_out_the_pause_before_a_resume() -> None:
     events = [{"type": "run_started", "ts": "2026-01-01T10:00:00.000Z"}, {"type": "llm_call", "ts": "2026-01-01T10:00:30.000Z"},
-              {"type": "note", "text": "resumed", "ts": "2026-01-02T09:00:00.000Z"},  # a day later
+              {"type": "resumed", "ts": "2026-01-02T09:00:00.000Z"},  # a day later
               {"type": "llm_call", "ts": "2026-01-02T09:00:12.500Z"}]
     assert active_seconds(events) == 42.5  # 30 s before the crash + 12.5 s after the resume
 
