@@ -136,7 +136,7 @@ def test_gate_failure_needs_a_failed_gate():
 
 def full_variables() -> dict[str, dict]:
     """Variables that take every branch of every template, as the helpers build them."""
-    demo = load_milestone(REPO / "milestones" / "perf-mfu-8b.toml", root=REPO)
+    demo = load_milestone(REPO / "milestones" / "production.toml", root=REPO)
     verdict = failing_verdict()
     gate = verdict.failed_gate
     return {

@@ -65,3 +65,23 @@ def test_temper_demo_fails_a_guard_then_passes_every_gate(tmp_path: Path) -> Non
     assert len(re.findall(r"^\[LOSS\] step=\d+ .*lr=", log, re.MULTILINE)) == 20
     assert (run_dir / "report.html").is_file()
     assert tree_fingerprint(home) == before
+
+
+def test_a_replayed_agent_repairs_the_data_order_and_passes_a_programme_milestone(tmp_path: Path) -> None:
+    """A growth milestone other than the demo, end to end: the setup patch plants a process id in the data
+    order, the recorded agent finds and removes it, and bitwise-single's gates (two jobs with the judge's
+    seed, claims checked against their weights) accept attempt 1. The checkout is unchanged."""
+    home = checkout_copy(tmp_path / "checkout")
+    before = tree_fingerprint(home)
+    trajectory = home / "milestones/repair-data-order/trajectory.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "repair-data-order", "--agent", f"replay:{trajectory}"],
+                          cwd=REPO, env=temper_env(home), capture_output=True, text=True, timeout=1200,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [run_dir] = run_dirs(home)
+    attempts = [e for e in events(run_dir) if e["type"] == "attempt"]
+    assert [(a["attempt"], a["accepted"]) for a in attempts] == [(1, True)]
+    verdict = json.loads((run_dir / "attempts/1/verdict.json").read_text())
+    assert [g["name"] for g in verdict["gates"] if g["passed"]] == ["protected", "guards", "first", "second", "metrics"]
+    assert "getpid" in (run_dir / "attempts/1/diff.patch").read_text()  # the fix removes the planted line
+    assert tree_fingerprint(home) == before
