@@ -32,6 +32,9 @@ from tests.adversarial.cases import CASES, HONEST, Case, build_patch, git
 
 __all__: list[str] = []
 
+# One judging can outlast pyproject's per-test timeout (600 s) on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(1800)
+
 REPO = Path(__file__).resolve().parents[2]
 UNSANDBOXED = not (REPO / "harness" / "jobs" / "sandbox.py").is_file()
 TIMEOUT_S = 1500
