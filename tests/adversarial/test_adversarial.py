@@ -1,0 +1,157 @@
+"""The adversarial suite: every cheat of cases.py is REJECTED by `temper gate demo-tiny --patch` with a
+reason that names it, and its honest twin is ACCEPTED.
+
+The judge runs as a real process (`python -m harness gate ...`, PYTHONPATH = the checkout under test)
+on a home repository that is a committed copy of this checkout (tracked and untracked, not ignored,
+files). Each distinct patch is judged once per session (verdicts cached by the patch's hash: most
+twins are the same honest change).
+
+Sandboxing: the suite passes `--unsandboxed` only while the checkout under test has no sandbox
+(harness/jobs/sandbox.py absent). The final suite runs sandboxed: once the sandbox is on main, the
+flag is dropped and a machine where the sandbox cannot start makes the judge refuse (exit 2), which
+fails these tests loudly instead of judging unprotected.
+
+Cost: a rejection before any candidate code runs takes ~10 s (the judge collects the base's tests
+first); an accepted demo-tiny patch runs the acceptance tests and a 20-step CPU training job (1-3 min
+on 2 cores). The default set is the fast classes plus one honest twin; `-m slow` runs the rest.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.adversarial.cases import CASES, HONEST, Case, build_patch, git
+
+__all__: list[str] = []
+
+# One judging can outlast pyproject's per-test timeout (600 s) on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(1800)
+
+REPO = Path(__file__).resolve().parents[2]
+UNSANDBOXED = not (REPO / "harness" / "jobs" / "sandbox.py").is_file()
+TIMEOUT_S = 1500
+
+
+@dataclass(frozen=True)
+class Judged:
+    rc: int
+    accepted: bool
+    text: str  # reason, failed gate's summary, violations, log tail (or stdout + stderr when no JSON)
+    raw: str
+
+
+@pytest.fixture(scope="session")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A committed copy of the checkout under test: what `temper gate` judges against (TEMPER_HOME)."""
+    root = tmp_path_factory.mktemp("adversarial") / "home"
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True)
+    for rel in filter(None, listed.stdout.decode("utf-8", "surrogateescape").split("\0")):
+        source = REPO / rel
+        if rel.startswith("runs/") or not (source.is_file() or source.is_symlink()):
+            continue
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target, follow_symlinks=False)
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "base")
+    return root
+
+
+class Judge:
+    """`temper gate` on a patch, once per distinct patch text."""
+
+    def __init__(self, home: Path, workdir: Path):
+        self.home, self.workdir = home, workdir
+        self.cache: dict[str, Judged] = {}
+        self.patches: dict[tuple, str] = {}
+
+    def patch_for(self, key: tuple, edit, **kw) -> str:  # noqa: ANN001
+        if key not in self.patches:
+            self.patches[key] = build_patch(self.home, self.workdir / "clones", edit, **kw)
+        return self.patches[key]
+
+    def __call__(self, patch: str, milestone: str = "demo-tiny") -> Judged:
+        digest = hashlib.sha256((milestone + "\0" + patch).encode("utf-8", "surrogateescape")).hexdigest()
+        if digest in self.cache:
+            return self.cache[digest]
+        path = self.workdir / f"{digest[:16]}.patch"
+        path.write_bytes(patch.encode("utf-8", "surrogateescape"))
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "TEMPER_RUNS_DIR", "PYTEST_ADDOPTS")
+               and not k.startswith("TEMPER_JUDGE")}
+        env.update(TEMPER_HOME=str(self.home), PYTHONPATH=str(REPO), NO_COLOR="1")
+        argv = [sys.executable, "-m", "harness", "gate", milestone, "--patch", str(path), "--json"]
+        if UNSANDBOXED:
+            argv.append("--unsandboxed")
+        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+        raw = proc.stdout + "\n" + proc.stderr
+        try:
+            verdict = json.loads(proc.stdout)
+        except ValueError:
+            verdict = None
+        if verdict is None:
+            judged = Judged(rc=proc.returncode, accepted=False, text=raw, raw=raw)
+        else:
+            parts = [verdict.get("reason", "")]
+            for gate in verdict.get("gates", []):
+                if not gate.get("passed") and not gate.get("skipped"):
+                    parts += [gate.get("summary", ""), *gate.get("violations", []), *gate.get("failing_tests", []),
+                              gate.get("log_tail", "")]
+            judged = Judged(rc=proc.returncode, accepted=bool(verdict.get("accepted")) and proc.returncode == 0,
+                            text="\n".join(parts), raw=raw)
+        self.cache[digest] = judged
+        return judged
+
+
+@pytest.fixture(scope="session")
+def judge(home: Path, tmp_path_factory: pytest.TempPathFactory) -> Judge:
+    return Judge(home, tmp_path_factory.mktemp("judging"))
+
+
+def _marks(case: Case) -> list:
+    return [*([pytest.mark.slow] if case.slow else []), *([pytest.mark.gpu] if case.gpu else [])]
+
+
+# Cheapest first: refusals before candidate code, then the cases that run the acceptance tests or the job.
+_ORDER = sorted(CASES, key=lambda c: c.runs_code)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c)) for c in _ORDER])
+def test_cheat_is_rejected_naming_it(case: Case, judge: Judge) -> None:
+    patch = judge.patch_for(("cheat", case.id), case.cheat, diff_args=case.diff_args, dialect=case.dialect)
+    verdict = judge(patch, case.milestone)
+    assert verdict.rc != 3, f"the judge says this machine cannot judge {case.milestone}: {verdict.raw[-2000:]}"
+    assert not verdict.accepted, f"{case.id} ({case.cls}) was ACCEPTED: {case.note or case.cls}\n{verdict.raw[-4000:]}"
+    assert verdict.rc in (1, 2), f"unexpected exit {verdict.rc}: {verdict.raw[-3000:]}"
+    assert re.search(case.reason, verdict.text, re.IGNORECASE | re.DOTALL), (
+        f"{case.id} ({case.cls}) was rejected, but not for its cheat (expected /{case.reason}/):\n{verdict.text[-4000:]}")
+
+
+# One twin test per distinct honest change (the twin of many cases); the cheat's own twin id is in the case.
+TWINS = sorted({c.twin for c in CASES})
+
+
+@pytest.mark.parametrize("twin", [pytest.param(t, id=t, marks=[] if t == "honest" else [pytest.mark.slow]) for t in TWINS])
+def test_honest_twin_is_accepted(twin: str, judge: Judge) -> None:
+    patch = judge.patch_for(("twin", twin), HONEST[twin])
+    verdict = judge(patch)
+    assert verdict.rc != 3, verdict.raw[-2000:]
+    assert verdict.accepted and verdict.rc == 0, f"honest twin {twin!r} was REJECTED:\n{verdict.text[-4000:]}"
+
+
+def test_every_class_has_a_fast_case_or_needs_candidate_code() -> None:
+    """The default set covers every class refused before candidate code runs (see README.md)."""
+    fast_classes = {c.cls.split(":")[0] for c in CASES if not c.slow}
+    assert {"outside-editable", "binary", "symlink", "protected-rename", "tests", "guards"} <= fast_classes
+    assert len(CASES) >= 30
+    assert set(TWINS) <= set(HONEST)
