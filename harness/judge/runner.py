@@ -141,15 +141,15 @@ class GateRunner:
             label, log_dir = f"a{attempt}", self.record.attempt_dir(attempt) / "gates"
         log_dir.mkdir(parents=True, exist_ok=True)
         seed = secrets.randbelow(2**31 - 2) + 1
+        self._collect_base_ids(log_dir)
         with Workspace.scratch(self.repo, self.base) as scratch:
             tree = scratch.worktree
             holder = tree.parent
-            # No plugin loads unless the judge names it (-p), and nobody's PYTEST_ADDOPTS reaches pytest.
-            env = {**python_env(tree, _neutral(holder)), "TEMPER_JUDGE_SEED": str(seed),
-                   "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": ""}
+            env = self._pytest_env(tree, holder, seed)
             patch = holder / f"{secrets.token_hex(6)}.patch"
             patch.write_text(diff, encoding="utf-8", errors="surrogateescape")
-            view = None
+            view = PatchView(paths=(), binary=(), modes=())
+            before = tree_manifest(tree)
             if diff.strip():
                 check = subprocess.run(["git", "-C", str(tree), "apply", "--check", "--whitespace=nowarn", str(patch)],
                                        capture_output=True, text=True)
@@ -157,22 +157,17 @@ class GateRunner:
                     raise GateError(f"the patch does not apply to {self.base[:12]}: {check.stderr.strip()}")
                 try:
                     view = read_patch(tree, patch)
-                except ValueError as err:
-                    raise GateError(f"the patch cannot be read: {err}") from None
-            self._overlay_hidden(tree)
-            before = tree_manifest(tree)
-            self._collect_base_ids(tree, holder, env, log_dir)
-            if view is not None:
-                try:
                     scratch.apply_patch_file(patch)
-                except WorkspaceError as err:
-                    raise GateError(str(err)) from None
-            after = tree_manifest(tree)
-            policy = check_policy(self.milestone, view or PatchView(paths=(), binary=(), modes=()),
-                                  changed_files(before, after), tree)
+                except (ValueError, WorkspaceError) as err:
+                    raise GateError(f"the patch cannot be applied: {err}") from None
+            # The policy sees the candidate's changes to the base alone; the held-out material goes in after
+            # (over anything the patch put at its paths, which the policy has already named).
+            policy = check_policy(self.milestone, view, changed_files(before, tree_manifest(tree)), tree)
+            if not policy.violations:  # (a refused patch runs nothing, and may have planted links on those paths)
+                self._overlay_hidden(tree)
             judging = _Judging(attempt=attempt, label=label, tree=tree, holder=holder, live_tree=live_tree, diff=diff,
-                               log_dir=log_dir, env_overrides=env, policy=policy, expected=after, seed=seed,
-                               device=device, flags=list(sandbox_flags))
+                               log_dir=log_dir, env_overrides=env, policy=policy, expected=tree_manifest(tree),
+                               seed=seed, device=device, flags=list(sandbox_flags))
             results = self._run_all(judging)
         failed = next((g for g in results if not g.passed and not g.skipped), None)
         reason = f"gate {failed.name} failed: {failed.summary}" if failed else ""
@@ -222,24 +217,37 @@ class GateRunner:
         for file in sorted(p for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
             target = tree / file.relative_to(source)
             target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)  # never write through whatever stood there
             shutil.copyfile(file, target)
 
-    def _collect_base_ids(self, tree: Path, holder: Path, env: dict[str, str], log_dir: Path) -> None:
-        """Test IDs each pytest gate collects on the base (+ hidden material), before the candidate lands."""
-        for gate in self.milestone.gates:
-            if not isinstance(gate, PytestGate) or gate.name in self.base_ids:
-                continue
-            self.progress("gate", f"collecting the base's tests for {gate.name} ...")
-            argv = [*self._pytest_argv(tree, holder), "--collect-only", "-q", *gate.selectors, *gate.args]
-            proc = subprocess.run(argv, cwd=tree, env=child_env(env), capture_output=True, text=True,
-                                  timeout=gate.timeout_s, stdin=subprocess.DEVNULL)
-            write_atomic(log_dir / f"{gate.name}-base-collect.log", scrub_text(proc.stdout + proc.stderr))
-            ids = frozenset(m.group(1) for line in proc.stdout.splitlines() if (m := _COLLECTED_ID.match(line.strip())))
-            if proc.returncode not in (0, 5):
-                raise GateError(f"the base's tests for gate {gate.name} do not collect (pytest exit {proc.returncode}); "
-                                f"see {log_dir / (gate.name + '-base-collect.log')}")
-            self.base_ids[gate.name] = ids
-            self.record.note("base test ids", gate=gate.name, count=len(ids))
+    def _pytest_env(self, tree: Path, holder: Path, seed: int) -> dict[str, str]:
+        """Environment overrides of candidate processes: the checkout's code first, bytecode elsewhere, no
+        pytest plugin unless the judge names it (-p) and nobody's PYTEST_ADDOPTS; the judge's seed for tests."""
+        return {**python_env(tree, _neutral(holder)), "TEMPER_JUDGE_SEED": str(seed),
+                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": ""}
+
+    def _collect_base_ids(self, log_dir: Path) -> None:
+        """Test IDs each pytest gate collects on the base (+ hidden material), in a checkout of its own that
+        no candidate touches; once per runner."""
+        gates = [g for g in self.milestone.gates if isinstance(g, PytestGate) and g.name not in self.base_ids]
+        if not gates:
+            return
+        with Workspace.scratch(self.repo, self.base) as scratch:
+            tree = scratch.worktree
+            self._overlay_hidden(tree)
+            env = self._pytest_env(tree, tree.parent, 0)
+            for gate in gates:
+                self.progress("gate", f"collecting the base's tests for {gate.name} ...")
+                argv = [*self._pytest_argv(tree, tree.parent), "--collect-only", "-q", *gate.selectors, *gate.args]
+                proc = subprocess.run(argv, cwd=tree, env=child_env(env), capture_output=True, text=True,
+                                      timeout=gate.timeout_s, stdin=subprocess.DEVNULL)
+                write_atomic(log_dir / f"{gate.name}-base-collect.log", scrub_text(proc.stdout + proc.stderr))
+                ids = frozenset(m.group(1) for line in proc.stdout.splitlines() if (m := _COLLECTED_ID.match(line.strip())))
+                if proc.returncode not in (0, 5):
+                    raise GateError(f"the base's tests for gate {gate.name} do not collect (pytest exit {proc.returncode}); "
+                                    f"see {log_dir / (gate.name + '-base-collect.log')}")
+                self.base_ids[gate.name] = ids
+                self.record.note("base test ids", gate=gate.name, count=len(ids))
 
     def _pytest_argv(self, tree: Path, holder: Path) -> list[str]:
         """pytest as the judge configures it: its own ini (from the base's markers), no plugin but the
@@ -471,7 +479,7 @@ class GateRunner:
         spec = JobSpec(
             name=job_id, argv=["-m", "engine", *argv] if several else [sys.executable, "-m", "engine", *argv],
             torchrun=several, launcher=gate.launcher, nproc=gate.nproc, nodes=gate.nodes, timeout_s=gate.timeout_s,
-            env={**gate.env, **caches, **judging.env_overrides}, cwd=judging.tree, log_path=record_dir / gate.log,
+            env={**gate.env, **caches, **_job_env(judging.env_overrides)}, cwd=judging.tree, log_path=record_dir / gate.log,
             gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0, **kill,
             **self._sandbox_kwargs(judging, writable=(job_dir, *earlier), launcher=gate.launcher),
         )
@@ -584,6 +592,11 @@ class GateRunner:
                                   capture_output=True)
             self._presets = tomllib.loads(proc.stdout.decode("utf-8")) if proc.returncode == 0 else {}
         return self._presets or None
+
+
+def _job_env(overrides: dict[str, str]) -> dict[str, str]:
+    """A job gets the checkout's code and no pytest or seed variables: its seed, if any, is in its argv."""
+    return {k: v for k, v in overrides.items() if not k.startswith(("PYTEST_", "TEMPER_JUDGE_"))}
 
 
 def _with_checkpoints(argv: list[str], job_dir: Path, *, every_step: bool) -> list[str]:
