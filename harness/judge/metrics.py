@@ -117,12 +117,13 @@ def expected_model(argv: Sequence[str], presets: Mapping[str, Any] | None,
     return {k: v for k, v in config.items() if k in stated or k == "preset"}
 
 
-def model_mismatches(argv: Sequence[str], config: Mapping[str, Any] | None, presets: Mapping[str, Any] | None) -> list[str]:
+def model_mismatches(argv: Sequence[str], config: Mapping[str, Any] | None, presets: Mapping[str, Any] | None,
+                     defaults: Mapping[str, Any] | None = None) -> list[str]:
     """Violations where the model the job says it trained (config.json) is not the one its argv asked for."""
     if config is None:
         return ["the job wrote no readable config.json in its run folder; the judge cannot tell what model it trained"]
     try:
-        expected = expected_model(argv, presets)
+        expected = expected_model(argv, presets, defaults)
     except RuleFailure as err:
         return [str(err)]
     if "preset" in expected and config.get("preset") != expected["preset"]:
@@ -183,6 +184,7 @@ def _diff(ours: Mapping[int, Mapping[str, float]], ref: Mapping[int, Mapping[str
 @dataclass
 class _Ctx:
     presets: Mapping[str, Any] | None
+    defaults: Mapping[str, Any]
     tree: Path
     jobs: Mapping[str, JobOutcome]
     data: dict[str, JobData]
@@ -254,7 +256,7 @@ def _mfu(rule: MetricRule, outcome: JobOutcome, data: JobData, steps: list[StepR
     gpus = outcome.gate.gpus * outcome.gate.nodes
     if gpus == 0:
         raise RuleFailure(f"mfu needs a GPU job; job {rule.job} runs on CPU (gpus = 0)")
-    expected = expected_model(outcome.argv or outcome.gate.argv, ctx.presets)
+    expected = expected_model(outcome.argv or outcome.gate.argv, ctx.presets, ctx.defaults)
     try:
         shape = ModelShape.from_config(expected)
         tokens = int(expected["global_batch_size"]) * int(expected["seq_length"])
@@ -279,10 +281,11 @@ def _mfu(rule: MetricRule, outcome: JobOutcome, data: JobData, steps: list[StepR
     return summary.clock_mfu
 
 
-def judge_metrics(gate: MetricsGate, jobs: Mapping[str, JobOutcome], *, tree: Path,
-                  presets: Mapping[str, Any] | None) -> tuple[list[str], dict[str, float], list[str]]:
-    """(violations, computed metrics, implausibility flags) of one metrics gate."""
-    ctx = _Ctx(presets=presets, tree=tree, jobs=jobs, data={}, flags=[], metrics={})
+def judge_metrics(gate: MetricsGate, jobs: Mapping[str, JobOutcome], *, tree: Path, presets: Mapping[str, Any] | None,
+                  defaults: Mapping[str, Any] | None = None) -> tuple[list[str], dict[str, float], list[str]]:
+    """(violations, computed metrics, implausibility flags) of one metrics gate. `presets` and `defaults` are
+    the base commit's (harness/judge/baseconfig.py): what a job was asked to run is derived from them."""
+    ctx = _Ctx(presets=presets, defaults=defaults or {}, tree=tree, jobs=jobs, data={}, flags=[], metrics={})
     violations: list[str] = []
     needed = {r.job for r in gate.rules} | {r.ref_job for r in gate.rules if r.ref_job}
     for name in sorted(needed):
@@ -293,7 +296,7 @@ def judge_metrics(gate: MetricsGate, jobs: Mapping[str, JobOutcome], *, tree: Pa
         violations += ctx.data[name].problems
         if jobs[name].gate.task == "train":
             violations += [f"job {name}: {v}" for v in model_mismatches(jobs[name].argv or jobs[name].gate.argv,
-                                                                         ctx.data[name].config, presets)]
+                                                                         ctx.data[name].config, presets, ctx.defaults)]
     if violations:
         return violations, ctx.metrics, ctx.flags
     for rule in gate.rules:

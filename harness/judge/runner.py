@@ -120,7 +120,6 @@ class GateRunner:
         self.base_ids: dict[str, frozenset[str]] = {}  # pytest gate -> test IDs the base collects
         dry = record.dir / "dry"
         self._dry_runs = max((int(p.name) for p in dry.iterdir() if p.name.isdigit()), default=0) if dry.is_dir() else 0
-        self._presets: dict[str, Any] | None = None
         self._pytest_ini: str | None = None
         self._sandbox_problem: str | None = None  # "" once the sandbox probe passed
         self._base_config: tuple[dict[str, Any], dict[str, Any]] | None = None
@@ -359,11 +358,7 @@ class GateRunner:
         in_scope = [p for p, kind in judging.policy.changed.items() if kind != "deleted" and p.endswith(".py")
                     and any(p == s or p.startswith(s.rstrip("/") + "/") for s in gate.paths)]
         candidate = {p: (judging.tree / p).read_bytes().decode("utf-8", "replace") for p in in_scope}
-        base = {}
-        for path in in_scope:
-            proc = subprocess.run(["git", "-C", str(self.repo), "show", f"{self.base}:{path}"], capture_output=True)
-            if proc.returncode == 0:
-                base[path] = proc.stdout.decode("utf-8", "replace")
+        base = {p: raw.decode("utf-8", "replace") for p in in_scope if (raw := base_file(self.repo, self.base, p)) is not None}
         return new_suppressions(base, candidate)
 
     # ------------------------------------------------------------------ pytest
@@ -576,7 +571,9 @@ class GateRunner:
     # ------------------------------------------------------------------ metrics
 
     def _metrics(self, gate: MetricsGate, judging: _Judging) -> GateResult:
-        violations, metrics, flags = judge_metrics(gate, judging.jobs, tree=judging.tree, presets=self._base_presets())
+        defaults, presets = self._base()
+        violations, metrics, flags = judge_metrics(gate, judging.jobs, tree=judging.tree, presets=presets or None,
+                                                   defaults=defaults)
         judging.flags += flags
         tails = [_tail(o.result.read_log(), 20) for o in judging.jobs.values()] if violations else []
         if violations:
@@ -585,13 +582,6 @@ class GateRunner:
         return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=metrics,
                           summary=f"{len(gate.rules)} rule(s) hold")
 
-    def _base_presets(self) -> dict[str, Any] | None:
-        """engine/model_spec.toml as the base commit has it (the agent cannot move the goalposts)."""
-        if self._presets is None:
-            proc = subprocess.run(["git", "-C", str(self.repo), "show", f"{self.base}:engine/model_spec.toml"],
-                                  capture_output=True)
-            self._presets = tomllib.loads(proc.stdout.decode("utf-8")) if proc.returncode == 0 else {}
-        return self._presets or None
 
 
 def _job_env(overrides: dict[str, str]) -> dict[str, str]:
@@ -621,11 +611,11 @@ def _has_module(name: str) -> bool:
 def _judge_ini(repo: Path, base: str) -> str:
     """The judge's pytest ini: the markers (and per-test timeout) the base commit's pyproject.toml declares,
     nothing else. The candidate's pytest configuration files are never read (-c names this one)."""
-    proc = subprocess.run(["git", "-C", str(repo), "show", f"{base}:pyproject.toml"], capture_output=True)
+    raw = base_file(repo, base, "pyproject.toml")
     options: dict[str, Any] = {}
-    if proc.returncode == 0:
+    if raw is not None:
         try:
-            options = tomllib.loads(proc.stdout.decode("utf-8")).get("tool", {}).get("pytest", {}).get("ini_options", {})
+            options = tomllib.loads(raw.decode("utf-8")).get("tool", {}).get("pytest", {}).get("ini_options", {})
         except (tomllib.TOMLDecodeError, UnicodeDecodeError):
             options = {}
     lines = ["[pytest]"]
