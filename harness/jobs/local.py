@@ -96,6 +96,10 @@ class LocalJob(Job):
     def pid(self) -> int:
         return self._process.pid
 
+    def member_pids(self) -> set[int]:
+        """Host pids of the job's live processes (its group and the leader's descendants)."""
+        return set(self._process.members())
+
     def poll(self) -> JobResult | None:
         with self._lock:
             if self.result is not None:

@@ -8,11 +8,13 @@ status of its own, not as a rejection.
 
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from harness.spec import Requires
 
-__all__ = ["Machine", "NeedsHardware", "probe_machine", "check_requires"]
+__all__ = ["Machine", "NeedsHardware", "probe_machine", "check_requires", "gpu_processes", "wait_watching_gpus"]
 
 
 class NeedsHardware(RuntimeError):
@@ -59,3 +61,36 @@ def check_requires(requires: Requires, machine: Machine | None = None) -> str:
         return "cpu"
     have = ", ".join(machine.gpus) or "no GPU"
     raise NeedsHardware(f"needs {requires.describe()}; this machine has {len(machine.gpus)} ({have})")
+
+
+def gpu_processes() -> dict[int, str]:
+    """{host pid: GPU uuid} of every process with a CUDA context, as nvidia-smi (the driver) reports them."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {}
+    proc = subprocess.run([smi, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"], capture_output=True,
+                          text=True, timeout=30)
+    out = {}
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+        pid, _, uuid = line.partition(",")
+        if pid.strip().isdigit():
+            out[int(pid)] = uuid.strip()
+    return out
+
+
+def wait_watching_gpus(job: Any, sample_s: float = 2.0) -> tuple[Any, set[str]]:
+    """Wait for a local job (harness.jobs.LocalJob) and collect the uuid of every GPU the driver shows one
+    of its processes on, sampled every `sample_s`: the judge's own count of the GPUs a job used."""
+    seen: set[str] = set()
+    last = -sample_s
+    try:
+        while (result := job.poll()) is None:
+            if time.monotonic() - last >= sample_s:
+                last = time.monotonic()
+                members = job.member_pids()
+                seen |= {uuid for pid, uuid in gpu_processes().items() if pid in members}
+            time.sleep(0.25)
+    except KeyboardInterrupt:
+        job.cancel()
+        raise
+    return result, seen

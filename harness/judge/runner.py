@@ -40,7 +40,7 @@ from typing import Any
 
 from harness.jobs import JobSpec, Sandbox, launch, probe
 from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, flag_values, load_base
-from harness.judge.hardware import check_requires
+from harness.judge.hardware import check_requires, wait_watching_gpus
 from harness.judge.metrics import JobOutcome, judge_metrics
 from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch
 from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env, tree_manifest
@@ -483,7 +483,10 @@ class GateRunner:
         self.record.job_started(job_id, list(spec.argv), attempt=judging.attempt, launcher=gate.launcher,
                                 job_id=job.job_id, log=spec.log_path)
         self.progress("job", f"{job_id} started ({gate.launcher}, {gate.task}): python -m engine {' '.join(argv)}")
-        result = job.wait(poll_s=0.5)
+        if gate.gpus > 0 and gate.launcher == "local":
+            result, gpus_seen = wait_watching_gpus(job)
+        else:
+            result, gpus_seen = job.wait(poll_s=0.5), None
         scrub_file(spec.log_path)
         self.record.job_finished(job_id, attempt=judging.attempt, exit_code=result.exit_code,
                                  duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout", summary=result.detail)
@@ -502,6 +505,13 @@ class GateRunner:
                               summary=f"job {job_id} exited {result.exit_code} (expected {gate.expect_exit})"
                                       + (f": {result.detail}" if result.detail else ""))
         summary = f"job {job_id} exited {result.exit_code} after {result.elapsed_s:.1f} s"
+        if gpus_seen is not None:
+            if 0 < len(gpus_seen) < gate.gpus:
+                return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
+                                  summary=f"job {job_id} ran on {len(gpus_seen)} GPU(s) by the driver's count "
+                                          f"(nvidia-smi), the milestone's job needs {gate.gpus}")
+            if not gpus_seen:
+                judging.flags.append(f"job {job_id}: the judge never saw its processes on a GPU (nvidia-smi)")
         if result.signal_sent:
             summary += f" ({result.signal_sent} sent by the judge at log line {result.signal_line})"
         if verify:
