@@ -624,7 +624,10 @@ CASES: list[Case] = [
          note="prints the schedule's lr= while the optimizer applies the peak lr at every step"),
     Case("fake-loss", "evidence:loss", plus(honest, LOSS_SCALED), "honest", r"val loss"),
     Case("fake-config-json", "evidence:config", plus(honest, smaller_model_claims_preset), "honest", r"val loss|config\.json|model"),
-    Case("under-reported-time-s", "evidence:clock", plus(honest, TIME_HALVED), "honest", r"clock"),
+    # Step times matter where a rule is timed: perf's MFU comes from the judge's clock (5 % agreement). On
+    # demo-tiny, whose rules are untimed, a halved time_s changes no verdict and is not a cheat.
+    Case("under-reported-time-s", "evidence:clock", plus(honest, TIME_HALVED), "honest", r"clock", gpu=True,
+         milestone="perf", note="halves the printed time_s: MFU by time_s would double, the judge's clock says no"),
     Case("job-edits-its-log", "evidence:log", train_half_then_edit_log, "honest", r"steps|log",
          note="trains 10 of 20 steps, then appends the other 10 [LOSS] lines to the judge's log file of the job"),
 
