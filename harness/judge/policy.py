@@ -98,14 +98,20 @@ def _is_binary(path: Path) -> bool:
     return False
 
 
-def check_policy(milestone: Milestone, view: PatchView, changed: Mapping[str, str], tree: Path) -> PolicyResult:
-    """Every violation of the diff policy, each naming the path and the rule it breaks."""
+def check_policy(milestone: Milestone, view: PatchView, changed: Mapping[str, str], tree: Path,
+                 held_out: frozenset[str] = frozenset()) -> PolicyResult:
+    """Every violation of the diff policy, each naming the path and the rule it breaks. `held_out`: the
+    paths the milestone's hidden material takes in the judged checkout (never the candidate's)."""
     editable = ", ".join(milestone.editable)
     violations: list[str] = []
     new_tests: list[str] = []
     for path in sorted(set(view.paths) | set(changed)):
         kind = changed.get(path, "named by the patch")
         full = tree / path
+        if path in held_out:
+            violations.append(f"{path}: {kind}, the path of the milestone's held-out (hidden) material: "
+                              f"outside the editable globs ({editable})")
+            continue
         if full.is_symlink():
             violations.append(f"{path}: a symlink ({kind}); symlinks are refused (a link can alias a protected file)")
             continue

@@ -53,6 +53,7 @@ from harness.workspace import Workspace, WorkspaceError
 __all__ = ["GateRunner", "GateError", "verdict_text", "LOG_TAIL_LINES"]
 
 LOG_TAIL_LINES = 60
+_CHECKPOINT_BUDGET = 256 * 2**20  # bytes of per-step checkpoints a CPU job keeps for the judge
 _MAX_VIOLATIONS = 200
 _JOB_ID = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _COLLECTED_ID = re.compile(r"^(\S+\.py::\S.*)$")
@@ -161,7 +162,8 @@ class GateRunner:
                     raise GateError(f"the patch cannot be applied: {err}") from None
             # The policy sees the candidate's changes to the base alone; the held-out material goes in after
             # (over anything the patch put at its paths, which the policy has already named).
-            policy = check_policy(self.milestone, view, changed_files(before, tree_manifest(tree)), tree)
+            policy = check_policy(self.milestone, view, changed_files(before, tree_manifest(tree)), tree,
+                                  held_out=frozenset(self._hidden_files()))
             if not policy.violations:  # (a refused patch runs nothing, and may have planted links on those paths)
                 self._overlay_hidden(tree)
             judging = _Judging(attempt=attempt, label=label, tree=tree, holder=holder, live_tree=live_tree, diff=diff,
@@ -206,15 +208,20 @@ class GateRunner:
             raise GateError(f"the judge refuses to run candidate code without its sandbox: {self._sandbox_problem}")
         return []
 
-    def _overlay_hidden(self, tree: Path) -> None:
-        """Copy the milestone's hidden material (held-out tests, reference data) over the checkout."""
+    def _hidden_files(self) -> dict[str, Path]:
+        """The milestone's hidden material: {path in the judged checkout: source file}."""
         if self.milestone.hidden is None:
-            return
+            return {}
         source = self.home / self.milestone.hidden
         if not source.is_dir():
             raise GateError(f"the milestone's hidden folder {source} does not exist")
-        for file in sorted(p for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-            target = tree / file.relative_to(source)
+        return {f.relative_to(source).as_posix(): f for f in sorted(source.rglob("*"))
+                if f.is_file() and "__pycache__" not in f.parts}
+
+    def _overlay_hidden(self, tree: Path) -> None:
+        """Copy the milestone's hidden material (held-out tests, reference data) over the checkout."""
+        for rel, file in self._hidden_files().items():
+            target = tree / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.unlink(missing_ok=True)  # never write through whatever stood there
             shutil.copyfile(file, target)
@@ -464,7 +471,7 @@ class GateRunner:
                            data=data_dir(self.home), job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
         verify = self._verifies(gate)
         if verify:
-            argv = _with_checkpoints(argv, job_dir, every_step=judging.device == "cpu")
+            argv = _with_checkpoints(argv, job_dir, keep=self._checkpoints_to_keep(argv) if judging.device == "cpu" else 0)
         several = gate.nproc > 1 or gate.nodes > 1
         earlier = tuple(o.job_dir for o in judging.jobs.values())
         # Caches a job writes go to its own folder: nothing compiled by one candidate reaches another judging.
@@ -526,6 +533,20 @@ class GateRunner:
                 f" (judge val loss {measured['judge_val_loss']:.4f})" if "judge_val_loss" in measured else "")
             return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=measured, summary=summary)
         return GateResult(name=gate.name, kind=gate.kind, passed=True, summary=summary)
+
+    def _checkpoints_to_keep(self, argv: list[str]) -> int:
+        """How many per-step checkpoints a CPU job keeps for the judge: every step where they fit in
+        _CHECKPOINT_BUDGET bytes (fp32 masters + two Adam moments: 12 bytes a parameter), at least 2."""
+        defaults, presets = self._base()
+        try:
+            cfg = expected_config(argv, defaults=defaults, presets=presets)
+            h, layers, ffn = int(cfg["hidden_size"]), int(cfg["num_layers"]), int(cfg["ffn_hidden_size"])
+            attn = h * (int(cfg["num_heads"]) + 2 * int(cfg["num_kv_heads"])) * int(cfg["head_dim"]) \
+                + int(cfg["num_heads"]) * int(cfg["head_dim"]) * h
+            params = 2 * int(cfg["vocab_size"]) * h + layers * (attn + 3 * h * ffn)
+            return max(2, min(int(cfg["num_steps"]) + 1, _CHECKPOINT_BUDGET // (12 * params)))
+        except (ConfigUnknown, KeyError, ValueError, ZeroDivisionError):
+            return 2
 
     def _verifies(self, gate: JobGate) -> bool:
         """Train jobs that end on their own are verified; one the judge interrupts has no final weights."""
@@ -599,16 +620,17 @@ def _job_env(overrides: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in overrides.items() if not k.startswith(("PYTEST_", "TEMPER_JUDGE_"))}
 
 
-def _with_checkpoints(argv: list[str], job_dir: Path, *, every_step: bool) -> list[str]:
-    """The job's argv made to leave what the judge verifies: its final weights (`--save-final`) and, on CPU
-    where it is cheap, the step before them too (`--save-every 1 --keep-last 2`: the applied learning rate
-    is fitted from two consecutive checkpoints). A save dir the milestone chose is kept."""
+def _with_checkpoints(argv: list[str], job_dir: Path, *, keep: int) -> list[str]:
+    """The job's argv made to leave what the judge verifies: its final weights (`--save-final`) and, where
+    `keep` > 0 (CPU, where it is cheap), a checkpoint every step, the last `keep` of them kept: the applied
+    learning rate is fitted from two consecutive ones, and each printed loss is held against the weights
+    before it. A save dir or cadence the milestone chose is kept."""
     out = [a for a in argv if a != "--no-save-final"]
     flags = flag_values(out)
     if "save-dir" not in flags:
         out += ["--save-dir", str(job_dir / "checkpoints")]
-    if every_step and "save-every" not in flags:
-        out += ["--save-every", "1", "--keep-last", "2"]
+    if keep and "save-every" not in flags:
+        out += ["--save-every", "1", "--keep-last", str(keep)]
     return out + ["--save-final"]
 
 
