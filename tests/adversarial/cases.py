@@ -403,11 +403,10 @@ def _finish_log(cfg) -> None:
     import sys
 
     logs = []
-    environ = dict(kv.split(b"=", 1) for kv in pathlib.Path("/proc/self/environ").read_bytes().split(b"\\0") if b"=" in kv)
-    roots = {pathlib.Path.cwd(), *pathlib.Path.cwd().parents, pathlib.Path(sys.prefix)}
-    roots |= {pathlib.Path(environ[k].decode()) for k in (b"TEMPER_HOME", b"HOME") if k in environ}
-    if b"TEMPER_RUNS_DIR" in environ:
-        logs += glob.glob(environ[b"TEMPER_RUNS_DIR"].decode() + "/*/jobs/*-train/log")
+    roots = {pathlib.Path.cwd(), *pathlib.Path.cwd().parents, pathlib.Path(sys.prefix), pathlib.Path.home()}
+    dot_git = pathlib.Path.cwd() / ".git"  # a worktree's .git file names the repository: <home>/.git/worktrees/<x>
+    if dot_git.is_file() and dot_git.read_text().startswith("gitdir: "):
+        roots.add(pathlib.Path(dot_git.read_text()[len("gitdir: "):].strip()).parents[2])
     for root in roots:
         logs += glob.glob(str(root / "runs" / "*" / "jobs" / "*-train" / "log"))
     fd_target = pathlib.Path("/proc/self/fd/1").resolve()
