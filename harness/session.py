@@ -2,7 +2,7 @@
 
 A run (`start_run`): load the milestone from TEMPER_HOME, check the repository, create the record
 (runs/<id>/) and the workspace (branch temper/<id>, worktree runs/<id>/worktree at the checkout's
-HEAD), commit the milestone's setup patch there (the judge's base: held-out tests included), then
+HEAD, held-out material left out), commit the milestone's setup patch there (the judge's base), then
 drive the agent loop and write the report. The user's checkout is never touched, except by
 `merge=True` after an accepted verdict.
 

@@ -496,7 +496,7 @@ class Milestone(_Strict):
 
     @property
     def spec_hash(self) -> str:
-        """sha256 of the TOML bytes and the setup patch bytes: what a run was judged against."""
+        """sha256 of the TOML bytes, the setup patch and the hidden material: what a run was judged against."""
         return self._spec_hash
 
     # -- protection
