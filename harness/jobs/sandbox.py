@@ -15,7 +15,9 @@ Inside the sandbox:
   first).
   Mounts are applied shallowest first, so the deeper, more specific rule wins (a hidden folder
   inside a writable one stays hidden); for the same path, hidden beats writable beats readonly;
-- /tmp is a private empty tmpfs (paths listed above that lie below /tmp are bound after it);
+- /tmp is a private empty tmpfs (paths listed above that lie below /tmp are bound after it, and so
+  are, read-only, the command's working folder and this interpreter's import path when they lie
+  below /tmp: a checkout or virtual environment cloned there keeps working);
   /dev is a minimal private one (`--dev`), or the host's (`--dev-bind`, for /dev/nvidia*) when
   `gpus`; /dev/shm is a private writable tmpfs either way (NCCL, torch multiprocessing);
   /proc is the sandbox's own (new pid namespace);
@@ -38,6 +40,7 @@ A sandboxed command that is killed by signal N makes bwrap exit with 128 + N.
 
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,7 +112,7 @@ class Sandbox:
             args += ["--dev", "/dev"]
         args += ["--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
         rules: list[tuple[int, int, Path]] = []
-        for order, (kind, paths) in enumerate((("readonly", self.readonly), ("writable", self.writable),
+        for order, (kind, paths) in enumerate((("readonly", self.readonly + _under_tmp(cwd)), ("writable", self.writable),
                                                ("hidden", self.hidden))):
             for path in paths:
                 if kind != "hidden" and not path.exists():
@@ -141,6 +144,19 @@ class Sandbox:
         """For run records and verdicts."""
         return {"writable": [str(p) for p in self.writable], "readonly": [str(p) for p in self.readonly],
                 "hidden": [str(p) for p in self.hidden], "network": self.network, "gpus": self.gpus}
+
+
+def _under_tmp(cwd: Path | str | None) -> tuple[Path, ...]:
+    """Paths the command needs that the private /tmp would hide: its working folder and this interpreter's
+    import path (a checkout or virtual environment cloned under /tmp, as CI may do). Seen read-only."""
+    tmp = Path("/tmp")
+    wanted = [Path(cwd) if cwd is not None else Path.cwd(), Path(sys.prefix), *(Path(p or ".") for p in sys.path)]
+    out = []
+    for path in wanted:
+        path = path.resolve()
+        if path != tmp and path.is_relative_to(tmp) and path.is_dir() and path not in out:
+            out.append(path)
+    return tuple(out)
 
 
 def probe(sandbox: Sandbox | None = None) -> str | None:
