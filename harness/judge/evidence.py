@@ -99,7 +99,8 @@ class Evidence:
     lr_estimate: float | None = None  # on embed.weight
     wd_estimate: float | None = None  # (lr * wd) / lr on embed.weight
     lr_by_tensor: dict[str, float] = field(default_factory=dict)
-    trajectory: dict[int, float] = field(default_factory=dict)  # step -> judge's loss of the weights before it
+    trajectory: dict[int, float] = field(default_factory=dict)
+    judge_train_loss: float | None = None  # step N - 1's weights on training-split windows  # step -> judge's loss of the weights before it
     moment_residual: float | None = None
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -260,7 +261,8 @@ def _by_step(records: Iterable[Any], step: int) -> Any | None:
 
 
 def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any], printed_steps: Sequence[Any],
-                     printed_evals: Sequence[Any] = (), seed: int, validation: TokenStream, num_samples: int = 32,
+                     printed_evals: Sequence[Any] = (), seed: int, validation: TokenStream,
+                     training: TokenStream | None = None, num_samples: int = 32,
                      batch_size: int = 8, device: str = "cpu", require_lr_check: bool = True,
                      check_schedule: bool = True, lr_tensors: Sequence[str] | None = None,
                      val_rtol: float = VAL_RTOL, train_rtol: float = TRAIN_RTOL, lr_rtol: float = LR_RTOL,
@@ -351,8 +353,12 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
             ev.violations.append(f"val loss: the run claims val_loss {claimed_eval.val_loss:.6g} at step {final.step}; "
                                  f"the judge measures {ev.judge_val_loss:.6g} on {ev.judge_tokens} held-out tokens "
                                  f"(relative difference {rel:.3g} > {val_rtol})")
+    if ev.claimed_train_loss is not None and training is not None:
+        weights = prev.masters if prev is not None else final.masters
+        ev.judge_train_loss, _ = _judge_loss(weights, cfg, _draw_windows(training, seq, num_samples, seed), batch_size, device)
     if ev.claimed_train_loss is not None:
-        ref = ev.judge_val_loss_prev if ev.judge_val_loss_prev is not None else ev.judge_val_loss
+        ref = ev.judge_train_loss if ev.judge_train_loss is not None else (
+            ev.judge_val_loss_prev if ev.judge_val_loss_prev is not None else ev.judge_val_loss)
         which = f"step {prev.step}'s weights" if prev is not None else "the final weights"
         rel = _rel(ev.claimed_train_loss, ref)
         if not rel <= train_rtol:
@@ -361,7 +367,10 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
                                  f"(relative difference {rel:.3g} > {train_rtol})")
 
     # b'. every other printed loss the judge kept weights for (step k's checkpoint -> [LOSS] of step k + 1)
-    _check_trajectory(ev, found[:-1], prev, steps, cfg, windows, batch_size, device)
+    # Printed training losses are losses on training batches: held against training-split windows when the
+    # judge has them (the validation split can sit a few percent away from it on a small corpus).
+    train_windows = _draw_windows(training, seq, num_samples, seed) if training is not None else windows
+    _check_trajectory(ev, found[:-1], prev, steps, cfg, train_windows, batch_size, device)
 
     # c. learning rate
     _check_lr(ev, final, prev, expected_config, last, require_lr_check, lr_rtol, moment_rtol)

@@ -576,20 +576,23 @@ class GateRunner:
         try:
             if expected.get("data_path"):
                 validation = shard_tokens(Path(str(expected["data_path"])) / "validation")
+                training = shard_tokens(Path(str(expected["data_path"])) / "train")
             elif not expected.get("hf_dataset") and not expected.get("tokenizer_path"):
-                corpus = base_file(self.repo, self.base, "engine/data/corpus/validation.jsonl")
-                if corpus is None:
-                    return ["the base commit has no engine/data/corpus/validation.jsonl to draw held-out text from"], {}
-                validation = embedded_tokens(corpus, text_field=str(expected.get("hf_text_field", "text")),
-                                             text_template=str(expected.get("hf_text_template", "")))
+                split = {name: base_file(self.repo, self.base, f"engine/data/corpus/{name}.jsonl") for name in ("train", "validation")}
+                if None in split.values():
+                    return ["the base commit lacks engine/data/corpus/{train,validation}.jsonl to draw text from"], {}
+                fields = {"text_field": str(expected.get("hf_text_field", "text")),
+                          "text_template": str(expected.get("hf_text_template", ""))}
+                validation = embedded_tokens(split["validation"], **fields)
+                training = embedded_tokens(split["train"], **fields)
             else:
                 return ["the judge can verify runs on the bundled corpus or on `engine prepare` shards (--data-path); "
                         "this job tokenizes another source on the fly"], {}
         except (OSError, ValueError, KeyError) as err:
-            return [f"the judge cannot read the job's validation data: {err}"], {}
+            return [f"the judge cannot read the job's data: {err}"], {}
         save_dir = Path(str(expected.get("save_dir") or Path(str(expected.get("run_dir"))) / "checkpoints"))
         evidence = verify_train_run(save_dir, expected_config=expected, printed_steps=steps, printed_evals=evals,
-                                    seed=judging.seed, validation=validation, device=judging.device,
+                                    seed=judging.seed, validation=validation, training=training, device=judging.device,
                                     # The applied lr is fitted from steps N-1 and N: required where the judge made the
                                     # job save every step (CPU); a milestone's own cadence is kept and then only
                                     # the weights' loss and size are checked.
