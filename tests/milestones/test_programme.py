@@ -102,9 +102,9 @@ def _needs_data(milestone: str) -> None:
 PASS = [
     pytest.param("alignment"),
     pytest.param("bitwise-single"),
-    pytest.param("resume", marks=pytest.mark.slow),
-    pytest.param("bitwise-dptp", marks=pytest.mark.slow),
-    pytest.param("long-horizon", marks=pytest.mark.slow),
+    pytest.param("resume"),
+    pytest.param("bitwise-dptp"),
+    pytest.param("long-horizon"),
 ]
 
 
@@ -119,8 +119,8 @@ REGRESSIONS = [
     pytest.param("alignment"),
     pytest.param("bitwise-single"),
     pytest.param("resume"),
-    pytest.param("bitwise-dptp", marks=pytest.mark.slow),
-    pytest.param("long-horizon", marks=pytest.mark.slow),
+    pytest.param("bitwise-dptp"),
+    pytest.param("long-horizon"),
 ]
 
 
