@@ -68,7 +68,7 @@ VAL_RTOL = 0.05
 # Claimed final [LOSS] (one training batch, weights of step N - 1) vs the judge's validation loss
 # of those weights: adds the train/validation text gap and one batch's noise.
 TRAIN_RTOL = 0.10
-TRAJECTORY_RTOL = 0.05  # see _check_trajectory
+TRAJECTORY_RTOL = 0.10  # see _check_trajectory
 # lr fitted from two checkpoints vs the printed lr: the fit is exact up to fp32 rounding of the
 # update (~1e-5 relative on tiny runs); the printed lr has 7 significant digits.
 LR_RTOL = 0.01
@@ -385,9 +385,10 @@ def _check_trajectory(ev: Evidence, earlier: Sequence[Path], prev: JudgeCheckpoi
     checkpoint the run left besides the last two (which the final-step check covers). A made-up curve
     with honest final weights is caught here; a run that keeps no other checkpoint is not checked.
 
-    Tolerance: one training batch against the judge's held-out windows. Measured on the tiny preset
-    (2048 tokens a step, 20 steps): at most 1.9 % apart, typically 0.5 %. The noise of a batch mean
-    shrinks as 1/sqrt(tokens), so the bound is max(5 %, 2 / sqrt(tokens of the step))."""
+    Tolerance: one training batch against the judge's training-split windows. Measured: tiny preset
+    (2048 tokens a step) at most 1.9 % apart; llama-tiny with 512 tokens a step up to 9 %. The noise of a
+    batch mean shrinks as 1/sqrt(tokens), so the bound is max(10 %, 3 / sqrt(tokens of the step)): a
+    made-up curve has to stay within batch noise of the real one at every kept step."""
     for path in earlier:
         step = int(path.name.removeprefix("step_"))
         if prev is not None and step == prev.step:
@@ -403,7 +404,7 @@ def _check_trajectory(ev: Evidence, earlier: Sequence[Path], prev: JudgeCheckpoi
         judged, _ = _judge_loss(masters, cfg, windows, batch_size, device)
         ev.trajectory[step + 1] = judged
         rel = _rel(printed.loss, judged)
-        rtol = max(TRAJECTORY_RTOL, 2.0 / math.sqrt(printed.tokens)) if printed.tokens else TRAIN_RTOL
+        rtol = max(TRAJECTORY_RTOL, 3.0 / math.sqrt(printed.tokens)) if printed.tokens else TRAIN_RTOL
         if not rel <= rtol:
             ev.violations.append(f"val loss: the run claims training loss {printed.loss:.6g} at step {step + 1}; the judge "
                                  f"measures {judged:.6g} with step {step}'s weights (relative difference {rel:.3g} > {rtol})")

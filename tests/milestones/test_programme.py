@@ -27,8 +27,11 @@ HERE = Path(__file__).resolve().parent
 CPU_MILESTONES = ("demo-tiny", "alignment", "bitwise-single", "resume", "bitwise-dptp", "long-horizon")
 GPU_MILESTONES = {"perf": "1 x H100/H200 GPU", "production": "8 x H100/H200 GPUs"}
 # The gate that defends each milestone's property: the planted regression must fail there.
+# Long-horizon's regression (labels not shifted) is caught at its train job already: the losses it prints
+# are not what its weights give under the judge's own forward pass (the next-token objective).
 DEFENDING_GATE = {"alignment": "pytest", "bitwise-single": "metrics", "resume": "restart-metrics",
-                  "bitwise-dptp": "metrics", "long-horizon": "metrics"}
+                  "bitwise-dptp": "metrics", "long-horizon": "train"}
+
 def temper(*args: str, tmp_path: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TEMPER_RUNS_DIR": str(tmp_path / "runs")}
     env.pop("TEMPER_HOME", None)
