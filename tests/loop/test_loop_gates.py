@@ -6,7 +6,6 @@ counts are written out by hand from the model shape (see the arithmetic in the t
 differences are computed by hand from the numbers in the files.
 """
 
-import dataclasses
 import json
 import math
 import os
@@ -20,7 +19,7 @@ from harness.judge.metrics import JobOutcome
 from harness.jobs import JobResult
 from harness.records import RunRecord
 from harness.spec import JobGate, MetricsGate, load_milestone
-from tests.loop.loop_helpers import ENV_PATCH, GOOD_PATCH, events, git, temper, tree_fingerprint
+from tests.loop.loop_helpers import events, git, temper, tree_fingerprint
 
 __all__: list[str] = []
 
@@ -127,10 +126,11 @@ def test_runner_catches_new_suppressions_and_a_broken_collection(runner: GateRun
     assert {e["attempt"] for e in events(runner.record.dir) if e["type"] == "gate_result"} == {1, 2, 3}
 
 
-def test_a_hanging_job_is_killed_at_its_timeout(home: Path, tmp_path: Path) -> None:
-    (home / "milestones/hang.toml").write_text("""
-id = "hang"
-title = "A job that cannot finish in time"
+def one_job_milestone(home: Path, mid: str, title: str, *, timeout_s: int, argv: str, verify: bool = True) -> None:
+    """milestones/<mid>.toml: the protected gate, then one train job with `argv` (TOML array items)."""
+    (home / f"milestones/{mid}.toml").write_text(f"""
+id = "{mid}"
+title = "{title}"
 goal = "x"
 editable = ["engine/**"]
 [[gates]]
@@ -139,15 +139,21 @@ kind = "protected"
 kind = "job"
 name = "train"
 task = "train"
-timeout_s = 3
-argv = ["pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "100000", "--eval-steps", "0",
-        "--no-save-final", "--run-dir", "{job_dir}"]
+timeout_s = {timeout_s}
+verify = {str(verify).lower()}
+argv = [{argv}]
 [budget]
 max_turns = 1
 max_tokens = 1
 max_wall_s = 60
 max_attempts = 1
 """)
+
+
+def test_a_hanging_job_is_killed_at_its_timeout(home: Path, tmp_path: Path) -> None:
+    one_job_milestone(home, "hang", "A job that cannot finish in time", timeout_s=3, argv=(
+        '"pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "100000", "--eval-steps", "0", '
+        '"--no-save-final", "--run-dir", "{job_dir}"'))
     milestone = load_milestone(home / "milestones/hang.toml", root=home)
     record = RunRecord.create(milestone_id="hang", spec_hash=milestone.spec_hash, agent={"spec": "none"},
                               base_commit="0" * 40, branch="", worktree="", runs_root=tmp_path / "runs")
@@ -330,27 +336,9 @@ def test_a_candidate_job_cannot_write_outside_its_own_folder(home: Path, tmp_pat
     records = tmp_path / "runs"
     # Outside /tmp, which is private inside the sandbox (a write there never reaches the host either).
     probe_file = Path("/var/tmp") / f"temper-sandbox-{tmp_path.name}-{os.getpid()}.txt"
-    (home / "milestones/writes.toml").write_text("""
-id = "writes"
-title = "A job that tries to write everywhere"
-goal = "x"
-editable = ["engine/**"]
-[[gates]]
-kind = "protected"
-[[gates]]
-kind = "job"
-name = "train"
-task = "train"
-timeout_s = 120
-verify = false
-argv = ["pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", "--seq-length", "32",
-        "--micro-batch-size", "2", "--eval-steps", "0", "--no-save-final", "--run-dir", "{job_dir}"]
-[budget]
-max_turns = 1
-max_tokens = 1
-max_wall_s = 60
-max_attempts = 1
-""")
+    one_job_milestone(home, "writes", "A job that tries to write everywhere", timeout_s=120, verify=False, argv=(
+        '"pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", '
+        '"--seq-length", "32", "--micro-batch-size", "2", "--eval-steps", "0", "--no-save-final", "--run-dir", "{job_dir}"'))
     git(home, "add", "-A")
     git(home, "commit", "-qm", "writes milestone")
     milestone = load_milestone(home / "milestones/writes.toml", root=home)
