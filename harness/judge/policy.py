@@ -84,15 +84,15 @@ def changed_files(before: Mapping[str, str], after: Mapping[str, str]) -> dict[s
 
 
 def _is_binary(path: Path) -> bool:
+    """NUL bytes or text that is not UTF-8: what git would show as a binary hunk."""
     try:
-        with path.open("rb") as fh:
-            chunk = fh.read(1 << 16)
+        data = path.read_bytes()
     except OSError:
         return False
-    if b"\0" in chunk:
+    if b"\0" in data:
         return True
     try:
-        path.read_bytes().decode("utf-8")
+        data.decode("utf-8")
     except UnicodeDecodeError:
         return True
     return False

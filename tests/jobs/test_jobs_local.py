@@ -13,6 +13,7 @@ import pytest
 
 from harness.jobs import JobSpec, launch
 from harness.jobs.local import live_group_members
+from tests.proc_helpers import alive
 
 __all__: list[str] = []
 
@@ -20,13 +21,6 @@ WORKER = Path(__file__).with_name("fixtures") / "rank_worker.py"
 PY = sys.executable
 
 
-def _alive(pid: int) -> bool:
-    """True when `pid` runs and is not a zombie (orphans here may never be reaped by pid 1)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 def _until(predicate, what: str, limit_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -91,11 +85,11 @@ def test_timeout_kills_the_whole_group_including_a_grandchild(tmp_path: Path) ->
     _until(lambda: "ready" in spec.log_path.read_text() or job.poll() is not None, "the job to start its grandchild")
     assert job.result is None, f"the job ended before it was ready: {job.result}"
     grandchild = int(pid_file.read_text())
-    assert _alive(grandchild)
+    assert alive(grandchild)
     result = job.wait(poll_s=0.1)
     assert result.state == "timeout"
     assert result.signal == 9 and result.exit_code == 137, "SIGTERM was ignored, so SIGKILL must have ended it"
-    assert not _alive(grandchild), "the grandchild must die with its group"
+    assert not alive(grandchild), "the grandchild must die with its group"
     assert live_group_members(job.pid) == []  # type: ignore[attr-defined]
 
 
@@ -106,7 +100,7 @@ def test_leftover_group_members_are_stopped_after_a_normal_exit(tmp_path: Path) 
     result = launch(_spec(tmp_path, "orphan", [PY, "-c", code], kill_grace_s=2)).wait(poll_s=0.05)
     assert result.state == "completed" and result.exit_code == 0
     assert "stopped 1 process" in result.detail
-    assert not _alive(int(pid_file.read_text()))
+    assert not alive(int(pid_file.read_text()))
 
 
 def test_env_overrides_reach_the_child_and_api_keys_do_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,7 +128,7 @@ def test_cancel_stops_the_job(tmp_path: Path) -> None:
     result = job.cancel()
     assert result.state == "cancelled" and result.signal == 15  # python dies of the default SIGTERM action
     assert job.cancel() is result and job.wait() is result  # idempotent
-    assert not _alive(job.pid)  # type: ignore[attr-defined]
+    assert not alive(job.pid)  # type: ignore[attr-defined]
 
 
 def test_ctrl_c_in_wait_cancels_the_job_and_propagates(tmp_path: Path) -> None:
@@ -147,7 +141,7 @@ def test_ctrl_c_in_wait_cancels_the_job_and_propagates(tmp_path: Path) -> None:
         job.wait(poll_s=0.05)
     timer.join()
     assert job.result is not None and job.result.state == "cancelled"
-    assert not _alive(job.pid)  # type: ignore[attr-defined]
+    assert not alive(job.pid)  # type: ignore[attr-defined]
 
 
 def test_missing_executable_is_a_clear_error(tmp_path: Path) -> None:

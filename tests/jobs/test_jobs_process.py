@@ -10,6 +10,7 @@ import pytest
 
 from harness.jobs import JobSpec, launch
 from harness.jobs.process import LineLog, Lines, Process, group_members, parse_signal
+from tests.proc_helpers import alive
 
 __all__: list[str] = []
 
@@ -17,12 +18,6 @@ PY = sys.executable
 STEPPER = Path(__file__).with_name("fixtures") / "stepper.py"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 GRANDCHILDREN = """
@@ -42,10 +37,10 @@ def test_timeout_kills_children_and_grandchildren(tmp_path: Path) -> None:
     while len(out.lines) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     pids = [int(line) for line in out.lines[:2]]
-    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    assert len(pids) == 2 and all(alive(p) for p in pids)
     result = proc.wait()
     assert result is not None and result.timed_out and result.reason == "timeout"
-    assert not any(_alive(p) for p in pids), "the child ignored SIGTERM, so SIGKILL must have reached the group"
+    assert not any(alive(p) for p in pids), "the child ignored SIGTERM, so SIGKILL must have reached the group"
     assert group_members(proc.pgid) == []
 
 
@@ -54,7 +49,7 @@ def test_leftovers_after_a_normal_exit_are_stopped_and_reported(tmp_path: Path) 
     code = "import subprocess; p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True)"
     result = Process([PY, "-c", code], cwd=tmp_path, stdout=out, grace_s=2).wait()
     assert result is not None and result.returncode == 0 and result.reason == "exited"
-    assert list(result.leftovers) == [int(out.lines[0])] and not _alive(int(out.lines[0]))
+    assert list(result.leftovers) == [int(out.lines[0])] and not alive(int(out.lines[0]))
 
 
 def test_stderr_apart_stdin_fed_and_lines_timed(tmp_path: Path) -> None:
@@ -167,4 +162,4 @@ def test_timeout_kills_torchrun_workers_outside_the_group(tmp_path: Path) -> Non
     assert len(workers) == 2, workers
     result = job.wait(poll_s=0.1)
     assert result.state == "timeout"
-    assert not any(_alive(pid) for pid in workers), "torchrun's workers must not outlive the job"
+    assert not any(alive(pid) for pid in workers), "torchrun's workers must not outlive the job"

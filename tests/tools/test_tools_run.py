@@ -7,21 +7,15 @@ from pathlib import Path
 from harness.tools import ToolContext
 from harness.tools.shell import group_members, run_shell
 from tests.tools.tools_helpers import call
+from tests.proc_helpers import alive
 
 
-def _alive(pid: int) -> bool:
-    """Running (not a zombie waiting for init to reap it)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 def _wait_dead(pid: int, within_s: float = 5.0) -> bool:
     end = time.monotonic() + within_s
     while time.monotonic() < end:
-        if not _alive(pid):
+        if not alive(pid):
             return True
         time.sleep(0.05)
     return False
