@@ -36,6 +36,8 @@ __all__ = [
     "GuardsGate",
     "PytestGate",
     "JobGate",
+    "OpBench",
+    "OP_TASKS",
     "MetricsGate",
     "MetricRule",
     "Gate",
@@ -98,8 +100,10 @@ NEW_TEST_GLOB = "tests/**/test_*.py"
 GATE_KINDS = ("protected", "guards", "pytest", "job", "metrics")
 # Rule names of `temper guards check` (guards/): the engine's red lines.
 GUARD_RULES = ("ssot", "dag", "public-surface", "fail-fast")
-# Engine subcommand each job task runs (`python -m engine <argv[0]> ...`).
-_TASK_COMMAND = {"train": "pretrain", "prepare": "prepare", "stress": "stress", "bench": "bench"}
+# Engine subcommand each engine job task runs (`python -m engine <argv[0]> ...`). The op tasks (bench,
+# stress) run the judge's own harness/opbench.py instead, configured by the gate's `bench` table.
+_TASK_COMMAND = {"train": "pretrain", "prepare": "prepare"}
+OP_TASKS = ("bench", "stress")
 
 OPS: dict[str, str] = {"<": "less than", "<=": "at most", ">": "more than", ">=": "at least", "==": "exactly"}
 
@@ -141,7 +145,8 @@ METRICS: dict[str, MetricInfo] = {
     ),
     "val_loss": MetricInfo("validation loss of the final evaluation", ("train",)),
     "val_bpb": MetricInfo("validation bits per byte of the final evaluation", ("train",), unit="bits/byte"),
-    "speedup": MetricInfo("bench: median baseline time / median candidate time", ("bench",), unit="x"),
+    "speedup": MetricInfo("bench: the base commit's baseline time per call / the candidate version's, medians over "
+                          "the rounds, by the judge's clock (harness/judge/opjudge.py)", ("bench",), unit="x"),
 }
 
 
@@ -307,6 +312,35 @@ class PytestGate(_GateBase):
     timeout_s: float = Field(default=600, gt=0)
 
 
+class OpBench(_Strict):
+    """What a bench or stress job measures (harness/opbench.py, judged by harness/judge/opjudge.py).
+
+    The judge runs the op `version` (a name in engine/ops/<op>/register.toml; "default": its CUDA default,
+    baseline on CPU) of the judged checkout against the base commit's `baseline`, `rounds` times each,
+    alternately. Correctness: `cases` shapes drawn from the judging's seed (`case_scale` shrinks them for
+    a CPU-sized programme). Timing: `segments` x `reps` calls at `shape`. Stress: `seconds` under load.
+    """
+
+    op: Literal["attention", "rmsnorm", "gemm_fc1", "gemm_output"]
+    version: str = Field(default="default", min_length=1)
+    shape: dict[str, int]
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    cases: int = Field(default=6, ge=1, le=64)
+    case_scale: float = Field(default=1.0, gt=0, le=1)
+    reps: int = Field(default=30, ge=1)
+    segments: int = Field(default=2, ge=1)
+    rounds: int = Field(default=2, ge=1, le=8)
+    seconds: float = Field(default=20.0, ge=0)
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, value: dict[str, int]) -> dict[str, int]:
+        for key, n in value.items():
+            if n <= 0:
+                raise ValueError(f"shape.{key} = {n}: dimensions are positive")
+        return value
+
+
 class JobGate(_GateBase):
     """Runs the engine (`python -m engine <argv>`, or torchrun / srun for several processes).
 
@@ -324,7 +358,8 @@ class JobGate(_GateBase):
     gpus: int = Field(default=0, ge=0)  # GPUs per node; 0: CPU job
     partition: str = ""  # slurm only; empty: the cluster's default
     timeout_s: float = Field(gt=0)
-    argv: list[str] = Field(min_length=1)
+    argv: list[str] = Field(default_factory=list)  # engine tasks: the subcommand and its flags
+    bench: OpBench | None = None  # bench / stress tasks: what the judge's op bench measures
     env: dict[str, str] = Field(default_factory=dict)  # e.g. {TEMPER_OP_ATTENTION = "fa4"}
     expect_exit: int = 0
     # Interrupt the job when it prints `[LOSS] step=<kill_at_step>`: the judge sends kill_signal to its
@@ -649,9 +684,23 @@ def _hardware_checks(requires: Requires, gate: JobGate, where: str) -> list[tupl
 
 def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate]) -> list[tuple[str, str]]:
     problems = []
+    if gate.task in OP_TASKS:
+        if gate.bench is None:
+            problems.append((f"{where}.bench", f"a {gate.task} job needs a bench table: op, shape (and version, reps, ...)"))
+        elif missing := [k for k in _op_shape_keys(gate.bench.op) if k not in gate.bench.shape]:
+            problems.append((f"{where}.bench.shape", f"a {gate.bench.op} shape needs {', '.join(missing)}"))
+        if gate.argv:
+            problems.append((f"{where}.argv", f"a {gate.task} job runs the judge's own op bench (harness/opbench.py): "
+                                              "leave argv out and describe the work in its bench table"))
+        if gate.nproc != 1 or gate.nodes != 1 or gate.launcher != "local" or gate.gpus > 1:
+            problems.append((f"{where}.nproc", f"a {gate.task} job is one local process on at most one GPU"))
+        return problems
+    if gate.bench is not None:
+        problems.append((f"{where}.bench", f"only bench and stress jobs take a bench table (this is a {gate.task} job)"))
     expected = _TASK_COMMAND[gate.task]
-    if gate.argv[0] != expected:
-        problems.append((f"{where}.argv[0]", f"a {gate.task} job runs `engine {expected}`: argv must start with {expected!r} (got {gate.argv[0]!r})"))
+    if not gate.argv or gate.argv[0] != expected:
+        got = repr(gate.argv[0]) if gate.argv else "nothing"
+        problems.append((f"{where}.argv[0]", f"a {gate.task} job runs `engine {expected}`: argv must start with {expected!r} (got {got})"))
     if gate.gpus and gate.nproc != gate.gpus:
         problems.append((f"{where}.nproc", f"one process per GPU: nproc {gate.nproc} != gpus {gate.gpus}"))
     if gate.partition and gate.launcher != "slurm":
@@ -671,6 +720,12 @@ def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate]) -> list[
                 continue
             problems.append((f"{where}.argv[{k}]", f"unknown placeholder {{{name}}}: use {{job_dir}}, {{worktree}}, {{seed}}, {{device}}, {{data}} or {{job_dir:NAME}} of an earlier job ({', '.join(earlier) or 'none'})"))
     return problems
+
+
+def _op_shape_keys(op: str) -> tuple[str, ...]:
+    from harness.judge.opcases import SHAPE_KEYS
+
+    return SHAPE_KEYS[op]
 
 
 def _rule_checks(m: Milestone, rule: MetricRule, where: str, jobs: dict[str, JobGate]) -> list[tuple[str, str]]:

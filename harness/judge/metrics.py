@@ -35,7 +35,7 @@ from harness.judge.logparse import (
     read_line_times,
 )
 from harness.judge.mfu import CLOCK_TOLERANCE, H100_PEAK_TFLOPS, ModelShape, clock_step_times, mfu
-from harness.spec import JobGate, MetricRule, MetricsGate, compare
+from harness.spec import OP_TASKS, JobGate, MetricRule, MetricsGate, compare
 
 __all__ = ["JobOutcome", "JobData", "MODEL_FIELDS", "load_job_data", "expected_model", "model_mismatches", "judge_metrics",
            "RuleFailure"]
@@ -204,7 +204,9 @@ def _value(rule: MetricRule, ctx: _Ctx) -> float:
             raise RuleFailure(f"job {rule.job} printed no [EVAL] line in the window")
         return getattr(evals[-1], metric)
     if metric == "speedup":
-        raise RuleFailure("speedup needs a bench job's output, which the engine does not produce yet")
+        if not outcome.evidence or "speedup" not in outcome.evidence:
+            raise RuleFailure(f"job {rule.job} has no speedup: the judge could not time both roles")
+        return outcome.evidence["speedup"]
     if not steps:
         raise RuleFailure(f"job {rule.job} logged no [LOSS] step in the window ({data.source})")
     if metric == "steps":
@@ -291,6 +293,9 @@ def judge_metrics(gate: MetricsGate, jobs: Mapping[str, JobOutcome], *, tree: Pa
     for name in sorted(needed):
         if name not in jobs:
             violations.append(f"job {name} did not run in this attempt")
+            continue
+        if jobs[name].gate.task in OP_TASKS:  # judged from its files and clock by the job gate (opjudge.py)
+            ctx.data[name] = JobData(steps=[], evals=[], config=None, line_times=None, source="bench", problems=[])
             continue
         ctx.data[name] = load_job_data(jobs[name])
         violations += ctx.data[name].problems

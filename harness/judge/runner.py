@@ -25,6 +25,7 @@ of it, and gets `settings.child_env()`: no API keys. Each judging draws a seed (
 TEMPER_JUDGE_SEED for tests) so acceptance inputs cannot be special-cased.
 """
 
+import os
 import re
 import secrets
 import shutil
@@ -46,13 +47,14 @@ from harness.judge.policy import PatchView, PolicyResult, changed_files, check_p
 from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env, tree_manifest
 from harness.records import RunRecord, scrub_file, scrub_text, write_atomic
 from harness.settings import child_env, data_dir
-from harness.spec import GuardsGate, JobGate, glob_match, MetricsGate, Milestone, ProtectedGate, PytestGate, render_argv
+from harness.spec import OP_TASKS, GuardsGate, JobGate, glob_match, MetricsGate, Milestone, ProtectedGate, PytestGate, render_argv
 from harness.verdict import GateResult, Verdict
 from harness.workspace import Workspace, WorkspaceError
 
 __all__ = ["GateRunner", "GateError", "verdict_text", "LOG_TAIL_LINES"]
 
 LOG_TAIL_LINES = 60
+_JUDGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding this judge's `harness` package
 _CHECKPOINT_BUDGET = 256 * 2**20  # bytes of per-step checkpoints a CPU job keeps for the judge
 _MAX_VIOLATIONS = 200
 _JOB_ID = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -446,7 +448,8 @@ class GateRunner:
                                       f"{len(failing)} failing, pytest exit {result.exit_code} ({result.state})")
         return None
 
-    def _sandbox_kwargs(self, judging: _Judging, *, writable: tuple[Path, ...], launcher: str = "local") -> dict[str, Any]:
+    def _sandbox_kwargs(self, judging: _Judging, *, writable: tuple[Path, ...], launcher: str = "local",
+                        readonly: tuple[Path, ...] = ()) -> dict[str, Any]:
         """JobSpec fields that put a candidate process in the sandbox: everything read-only, the judged
         checkout and the judge's temp folder too (they live under /tmp, which is private inside), only
         `writable` writable, the judge's records and the home's milestones (hidden material, references)
@@ -455,12 +458,14 @@ class GateRunner:
             return {}
         hidden = tuple(p for p in (self.record.dir.parent, self.home / "milestones") if p.exists()
                        and not judging.tree.is_relative_to(p))
-        return {"sandbox": Sandbox(writable=writable, readonly=(judging.holder,), hidden=hidden,
+        return {"sandbox": Sandbox(writable=writable, readonly=(judging.holder, *readonly), hidden=hidden,
                                    gpus=judging.device == "cuda")}
 
     # ------------------------------------------------------------------ jobs
 
     def _job(self, gate: JobGate, judging: _Judging) -> GateResult:
+        if gate.task in OP_TASKS:
+            return self._op_job(gate, judging)
         job_id = f"{judging.label}-{gate.name}"
         record_dir = self.record.dir / "jobs" / job_id
         if record_dir.is_dir():  # left by a judging a crash cut short: its files must not mix with this run's
@@ -533,6 +538,85 @@ class GateRunner:
                 f" (judge val loss {measured['judge_val_loss']:.4f})" if "judge_val_loss" in measured else "")
             return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=measured, summary=summary)
         return GateResult(name=gate.name, kind=gate.kind, passed=True, summary=summary)
+
+    def _op_job(self, gate: JobGate, judging: _Judging) -> GateResult:
+        """A bench or stress gate: the judge's op bench (harness/opbench.py) in a checkout of the base (role
+        `reference`, the base's baseline) and in the judged checkout (role `candidate`), alternately, each
+        sandboxed, then judged by harness/judge/opjudge.py from their files and the judge's clock."""
+        from harness.judge.opcases import result_names, timing_case
+        from harness.judge.opjudge import OpRun, judge_bench, judge_stress
+
+        bench = gate.bench
+        assert bench is not None  # the spec loader requires it for op tasks
+        job_id = f"{judging.label}-{gate.name}"
+        record_dir = self.record.dir / "jobs" / job_id
+        if record_dir.is_dir():
+            shutil.rmtree(record_dir)
+        record_dir = self.record.job_dir(job_id)
+        job_dir = _neutral(judging.holder)
+        shape = ",".join(f"{k}={v}" for k, v in bench.shape.items())
+        common = ["--op", bench.op, "--device", judging.device, "--dtype", bench.dtype, "--seed", str(judging.seed),
+                  "--shape", shape, "--cases", str(bench.cases), "--case-scale", str(bench.case_scale),
+                  "--reps", str(bench.reps), "--segments", str(bench.segments)]
+        runs: list[OpRun] = []
+        started = time.monotonic()
+        with Workspace.scratch(self.repo, self.base) as base_checkout:
+            trees = {"reference": base_checkout.worktree, "candidate": judging.tree}
+            for round_no in range(1, bench.rounds + 1):
+                for role in ("reference", "candidate"):
+                    out = _neutral(job_dir)
+                    seconds = bench.seconds if role == "candidate" else 0.0  # the reference gives the quiet call only
+                    version = "baseline" if role == "reference" else bench.version
+                    argv = [sys.executable, "-m", "harness.opbench", gate.task, *common, "--version", version,
+                            "--seconds", str(seconds), "--out", str(out)]
+                    tree = trees[role]
+                    paths = python_env(tree, _neutral(judging.holder))
+                    # The checkout's engine first; the judge's own harness after it (a checkout without one).
+                    paths["PYTHONPATH"] += os.pathsep + str(_JUDGE_ROOT)
+                    env = {**gate.env, "XDG_CACHE_HOME": str(out / ".cache"), "TEMPER_KERNEL_CACHE": str(out / ".kernels"),
+                           **_job_env({**judging.env_overrides, **paths})}
+                    name = f"{role}-{round_no}"
+                    spec = JobSpec(name=f"{job_id}-{name}", argv=argv, timeout_s=gate.timeout_s, env=env, cwd=tree,
+                                   log_path=record_dir / f"{name}.log", gpus_per_node=gate.gpus, kill_grace_s=10.0,
+                                   **self._sandbox_kwargs(judging, writable=(out,), readonly=(tree.parent,)))
+                    self.logs[f"{job_id}-{name}"] = spec.log_path
+                    job = launch(spec)
+                    self.record.job_started(f"{job_id}-{name}", list(spec.argv), attempt=judging.attempt,
+                                            launcher="local", job_id=job.job_id, log=spec.log_path)
+                    self.progress("job", f"{job_id} {name} started ({gate.task} {bench.op} {version})")
+                    result, gpus_seen = wait_watching_gpus(job) if gate.gpus else (job.wait(poll_s=0.5), None)
+                    scrub_file(spec.log_path)
+                    self.record.job_finished(f"{job_id}-{name}", attempt=judging.attempt, exit_code=result.exit_code,
+                                             duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout",
+                                             summary=result.detail)
+                    judging.jobs[gate.name] = JobOutcome(gate=gate, job_id=job_id, job_dir=job_dir, result=result,
+                                                         argv=tuple(argv))
+                    tail = _tail(result.read_log())
+                    if result.state == "timeout" or result.exit_code != 0:
+                        ended = f"did not finish within {gate.timeout_s:g} s" if result.state == "timeout" \
+                            else f"exited {result.exit_code}"
+                        return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
+                                          summary=f"job {job_id}: the {role} process (round {round_no}, {bench.op} "
+                                                  f"{version}) {ended}" + (f": {result.detail}" if result.detail else ""))
+                    if gpus_seen is not None and not gpus_seen:
+                        judging.flags.append(f"job {job_id} {name}: the judge never saw its process on a GPU (nvidia-smi)")
+                    runs.append(OpRun(role=role, round=round_no, out_dir=out, log_path=spec.log_path,
+                                      line_times_path=result.line_times_path))
+        names = result_names(timing_case(bench.op, bench.shape, judging.seed))
+        if gate.task == "bench":
+            problems, measured = judge_bench(op=bench.op, seed=judging.seed, cases=bench.cases, case_scale=bench.case_scale,
+                                             dtype=bench.dtype, timing_names=names, runs=runs)
+        else:
+            problems, measured = judge_stress(timing_names=names, runs=runs, min_iterations=1 if bench.seconds > 0 else 0)
+        judging.jobs[gate.name] = replace(judging.jobs[gate.name], evidence=measured)
+        elapsed = time.monotonic() - started
+        if problems:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, metrics=measured, violations=tuple(problems),
+                              summary=f"job {job_id}: {len(problems)} problem(s) with {bench.op} {bench.version} found by "
+                                      "the judge (its fp32 math, the reference process, its clock)")
+        said = ", ".join(f"{k} {v:.4g}" for k, v in measured.items())
+        return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=measured,
+                          summary=f"job {job_id}: {bench.rounds} round(s) of reference and candidate in {elapsed:.1f} s; {said}")
 
     def _checkpoints_to_keep(self, argv: list[str]) -> int:
         """How many per-step checkpoints a CPU job keeps for the judge: every step where they fit in

@@ -1,0 +1,79 @@
+"""Tensors passed from a sandboxed job to the judge without pickle.
+
+A bench job writes its outputs here and the judge reads them back: a JSON header line (name, dtype,
+shape, byte range), then the raw little-endian bytes. Reading never executes anything the file holds
+(torch.load would unpickle), checks every range against the file's size, and refuses files over a size
+limit, so a candidate's file can be wrong but never harmful.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from harness.atomic import write_atomic
+
+__all__ = ["DTYPES", "TensorFileError", "read_tensors", "write_tensors"]
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                                  "int64": torch.int64}
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+class TensorFileError(ValueError):
+    """A tensor file the judge cannot read (truncated, malformed, too large, an unknown dtype)."""
+
+
+def write_tensors(path: Path | str, tensors: dict[str, torch.Tensor]) -> None:
+    """Write `tensors` (moved to CPU, made contiguous) to `path` atomically."""
+    entries, blobs, offset = {}, [], 0
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _NAMES:
+            raise TypeError(f"tensor {name!r}: dtype {tensor.dtype} is not one of {', '.join(DTYPES)}")
+        flat = tensor.detach().to("cpu").reshape(-1).clone()  # a storage of its own: a view's is its base's
+        blob = bytes(flat.view(torch.uint8).untyped_storage()) if flat.numel() else b""
+        entries[name] = {"dtype": _NAMES[tensor.dtype], "shape": list(tensor.shape), "offset": offset, "nbytes": len(blob)}
+        blobs.append(blob)
+        offset += len(blob)
+    header = json.dumps(entries, separators=(",", ":")).encode() + b"\n"
+    write_atomic(path, header + b"".join(blobs))
+
+
+def read_tensors(path: Path | str, *, max_bytes: int = 1 << 31) -> dict[str, torch.Tensor]:
+    """The tensors of a file written by write_tensors. Raises TensorFileError naming what is wrong."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        raise TensorFileError(f"{path.name}: cannot read ({err.strerror})") from None
+    if size > max_bytes:
+        raise TensorFileError(f"{path.name}: {size} bytes, more than the {max_bytes} the judge reads")
+    data = path.read_bytes()
+    head, _, body = data.partition(b"\n")
+    try:
+        entries = json.loads(head)
+    except ValueError:
+        raise TensorFileError(f"{path.name}: the header is not JSON") from None
+    if not isinstance(entries, dict):
+        raise TensorFileError(f"{path.name}: the header is not a table of tensors")
+    out = {}
+    for name, entry in entries.items():
+        try:
+            dtype = DTYPES[entry["dtype"]]
+            shape = [int(n) for n in entry["shape"]]
+            offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
+        except (KeyError, TypeError, ValueError):
+            raise TensorFileError(f"{path.name}: tensor {name!r} has a malformed entry {entry!r}") from None
+        count = 1
+        for n in shape:
+            if n < 0:
+                raise TensorFileError(f"{path.name}: tensor {name!r} has a negative dimension")
+            count *= n
+        if nbytes != count * dtype.itemsize or offset < 0 or offset + nbytes > len(body):
+            raise TensorFileError(f"{path.name}: tensor {name!r} does not fit its byte range")
+        raw = bytearray(body[offset:offset + nbytes])
+        flat = torch.frombuffer(raw, dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
+        out[str(name)] = flat.reshape(shape)
+    return out
