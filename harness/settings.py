@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["temper_home", "runs_dir", "data_dir", "api_key", "base_url", "no_color", "child_env"]
+__all__ = ["temper_home", "runs_dir", "data_dir", "api_key", "base_url", "no_color", "child_env", "python_path"]
 
 _KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 _URLS = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
@@ -56,6 +56,12 @@ def no_color() -> bool:
 def _is_secret(name: str) -> bool:
     upper = name.upper()
     return name in _KEYS.values() or upper.endswith(("_API_KEY", "_TOKEN")) or "SECRET" in upper
+
+
+def python_path() -> list[str]:
+    """This process's PYTHONPATH entries: libraries the user put there (e.g. kernel wheels unpacked outside
+    site-packages) must reach the jobs the judge starts, after the judged checkout."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
 def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:

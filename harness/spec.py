@@ -496,8 +496,8 @@ class Milestone(_Strict):
     @field_validator("id")
     @classmethod
     def _id(cls, value: str) -> str:
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", value):
-            raise ValueError(f"id {value!r} must be lower case letters, digits and '-'")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", value):
+            raise ValueError(f"id {value!r} must be lower case letters, digits, '-' and '_' (op names: op-gemm_fc1)")
         return value
 
     @field_validator("context", mode="before")

@@ -16,6 +16,8 @@ import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from harness.settings import python_path
+
 __all__ = [
     "SKIPPED_DIRS",
     "blob_id",
@@ -93,6 +95,8 @@ def manifest_changes(base: Mapping[str, str], disk: Mapping[str, str]) -> list[s
 
 
 def python_env(tree: Path, cache: Path) -> dict[str, str]:
-    """Overrides for every Python process a gate starts in `tree`: import the tree's code first, and keep
-    bytecode out of it (a .pyc planted in a __pycache__ folder must never be loaded)."""
-    return {"PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
+    """Overrides for every Python process a gate starts in `tree`: import the tree's code first (then the
+    judge's own PYTHONPATH entries, libraries the user put there), and keep bytecode out of it (a .pyc
+    planted in a __pycache__ folder must never be loaded)."""
+    path = os.pathsep.join(dict.fromkeys([str(tree), *python_path()]))
+    return {"PYTHONPATH": path, "PYTHONPYCACHEPREFIX": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}

@@ -558,6 +558,8 @@ class GateRunner:
         common = ["--op", bench.op, "--device", judging.device, "--dtype", bench.dtype, "--seed", str(judging.seed),
                   "--shape", shape, "--cases", str(bench.cases), "--case-scale", str(bench.case_scale),
                   "--reps", str(bench.reps), "--segments", str(bench.segments)]
+        # One compiled-kernel cache per role for the gate's rounds: a version compiles once per judging.
+        kernels = {role: _neutral(job_dir) for role in ("reference", "candidate")}
         runs: list[OpRun] = []
         started = time.monotonic()
         with Workspace.scratch(self.repo, self.base) as base_checkout:
@@ -573,12 +575,12 @@ class GateRunner:
                     paths = python_env(tree, _neutral(judging.holder))
                     # The checkout's engine first; the judge's own harness after it (a checkout without one).
                     paths["PYTHONPATH"] += os.pathsep + str(_JUDGE_ROOT)
-                    env = {**gate.env, "XDG_CACHE_HOME": str(out / ".cache"), "TEMPER_KERNEL_CACHE": str(out / ".kernels"),
+                    env = {**gate.env, "XDG_CACHE_HOME": str(kernels[role]), "TEMPER_KERNEL_CACHE": str(kernels[role]),
                            **_job_env({**judging.env_overrides, **paths})}
                     name = f"{role}-{round_no}"
                     spec = JobSpec(name=f"{job_id}-{name}", argv=argv, timeout_s=gate.timeout_s, env=env, cwd=tree,
                                    log_path=record_dir / f"{name}.log", gpus_per_node=gate.gpus, kill_grace_s=10.0,
-                                   **self._sandbox_kwargs(judging, writable=(out,), readonly=(tree.parent,)))
+                                   **self._sandbox_kwargs(judging, writable=(out, kernels[role]), readonly=(tree.parent,)))
                     self.logs[f"{job_id}-{name}"] = spec.log_path
                     job = launch(spec)
                     self.record.job_started(f"{job_id}-{name}", list(spec.argv), attempt=judging.attempt,

@@ -25,7 +25,8 @@ from harness.spec import load_milestones
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 CPU_MILESTONES = ("demo-tiny", "alignment", "bitwise-single", "resume", "bitwise-dptp", "long-horizon")
-GPU_MILESTONES = {"perf": "1 x H100/H200 GPU", "production": "8 x H100/H200 GPUs"}
+GPU_MILESTONES = {"perf": "1 x H100/H200 GPU", "production": "8 x H100/H200 GPUs",
+                  **{f"op-{op}": "1 x H100/H200 GPU" for op in ("gemm_fc1", "gemm_output", "attention", "rmsnorm")}}
 # The gate that defends each milestone's property: the planted regression must fail there.
 # Long-horizon's regression (labels not shifted) is caught at its train job already: the losses it prints
 # are not what its weights give under the judge's own forward pass (the next-token objective).
@@ -73,6 +74,12 @@ def test_every_milestone_validates_and_the_programme_is_complete():
         assert DEFENDING_GATE[mid] in [g.name for g in ids[mid].gates]
     for mid in GPU_MILESTONES:
         assert ids[mid].requires.device == "cuda" and set(ids[mid].requires.gpu_types) == {"H100", "H200"}
+    for op in ("gemm_fc1", "gemm_output", "attention", "rmsnorm"):  # stage 2: only the op's folder is editable
+        stage2 = ids[f"op-{op}"]
+        assert stage2.editable == [f"engine/ops/{op}/**"]
+        benches = [g for g in stage2.gates if getattr(g, "task", "") in ("bench", "stress")]
+        assert {g.task for g in benches} == {"bench", "stress"} and all(g.bench.op == op for g in benches)
+        assert any(r.metric == "speedup" for g in stage2.gates if g.kind == "metrics" for r in g.rules)
 
 
 def test_temper_milestones_lists_each_with_its_hardware(tmp_path):
