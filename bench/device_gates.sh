@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Judge milestones on the device machine: `temper gate ID --json` for each ID, verdicts and run records
+# to $OUT, a table last.
+#   bash bench/device_gates.sh op-gemm_fc1 resume perf
+# Expects the kernel wheels and the harness's dependencies on PYTHONPATH (../shared/gpu: fetch-wheels with
+# the harness pins, then `source .gpu/b/env.sh`). The device gets a copy of the working tree without .git,
+# so the copy is committed into a repository of its own first: the judge's base is that commit.
+# The judge refuses to run without its sandbox; where bubblewrap cannot start here the script says so and
+# judges with --unsandboxed (every verdict then carries the flag).
+set -u
+OUT="${OUT:-$PWD/device-gates}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TEMPER_RUNS_DIR="$OUT/runs"
+if [ ! -d .git ]; then
+  git init -q -b main . && git add -A . >/dev/null && \
+    git -c user.name=device -c user.email=device@localhost commit -q -m "device copy" || exit 2
+fi
+echo "=== $(date +%T) device"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+flags=()
+why=$(python3 -c "from harness.jobs.sandbox import probe; print(probe() or '')")
+if [ -n "$why" ]; then
+  echo "sandbox: $why -> judging with --unsandboxed"
+  flags+=(--unsandboxed)
+else
+  echo "sandbox: bubblewrap starts here"
+fi
+for id in "$@"; do
+  echo "=== $(date +%T) temper gate $id"
+  python3 -m harness gate "$id" --json "${flags[@]}" > "$OUT/$id.json" 2> "$OUT/$id.err"
+  echo "rc=$?"
+  tail -3 "$OUT/$id.err"
+done
+echo "=== $(date +%T) verdicts"
+python3 - "$OUT" "$@" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+print(f"{'milestone':16} {'verdict':9} gate results")
+for mid in sys.argv[2:]:
+    try:
+        v = json.loads((out / f"{mid}.json").read_text())
+    except (OSError, ValueError):
+        print(f"{mid:16} {'(none)':9} see {mid}.err")
+        continue
+    verdict = "ACCEPTED" if v.get("accepted") else "REJECTED"
+    print(f"{mid:16} {verdict:9} {v.get('reason', '')}")
+    for g in v.get("gates", []):
+        mark = "skip" if g.get("skipped") else "pass" if g.get("passed") else "FAIL"
+        metrics = ", ".join(f"{k}={x:.4g}" for k, x in (g.get("metrics") or {}).items() if isinstance(x, (int, float)))
+        print(f"    [{mark}] {g['name']}: {g.get('summary', '')[:160]}" + (f" | {metrics}" if metrics else ""))
+        for violation in (g.get("violations") or [])[:4]:
+            print(f"        - {violation[:200]}")
+    for flag in v.get("flags", []):
+        print(f"    flag: {flag}")
+EOF
