@@ -3,18 +3,25 @@
 # to $OUT, a table last.
 #   bash bench/device_gates.sh op-gemm_fc1 resume perf
 # Expects the kernel wheels and the harness's dependencies on PYTHONPATH (../shared/gpu: fetch-wheels with
-# the harness pins, then `source .gpu/b/env.sh`). The device gets a copy of the working tree without .git,
-# so the copy is committed into a repository of its own first: the judge's base is that commit.
+# the harness pins, then `source .gpu/b/env.sh`). The judge's home is a snapshot of this working tree
+# (tracked and untracked, not ignored, files) committed into a repository of its own: the judge's base is
+# exactly what is here, whatever the state of a .git that came along.
 # The judge refuses to run without its sandbox; where bubblewrap cannot start here the script says so and
 # judges with --unsandboxed (every verdict then carries the flag).
 set -u
 OUT="${OUT:-$PWD/device-gates}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TEMPER_RUNS_DIR="$OUT/runs"
-if [ ! -d .git ]; then
-  git init -q -b main . && git add -A . >/dev/null && \
-    git -c user.name=device -c user.email=device@localhost commit -q -m "device copy" || exit 2
+home="$(mktemp -d)/home"
+mkdir -p "$home"
+if [ -d .git ]; then
+  git ls-files -co --exclude-standard -z | grep -zv -e '^runs/' -e '^\.gpu/' | xargs -0 cp --parents -t "$home"
+else
+  tar --exclude=./runs --exclude=./.gpu --exclude="./$(basename "$OUT")" -cf - . | tar -xf - -C "$home"
 fi
+(cd "$home" && git init -q -b main && git add -A && \
+  git -c user.name=device -c user.email=device@localhost commit -q -m "device snapshot") || exit 2
+export TEMPER_HOME="$home"
 echo "=== $(date +%T) device"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
