@@ -381,7 +381,8 @@ class GateRunner:
         argv = [*self._pytest_argv(judging.tree, judging.holder), *targets, *args, "-q", "-rfE", f"--junitxml={xml}",
                 *(f"--ignore={judging.tree / p}" for p in ignore)]
         spec = JobSpec(name=f"{judging.label}-{name}", argv=argv, cwd=judging.tree, log_path=log, timeout_s=timeout_s,
-                       env=judging.env_overrides, kill_grace_s=5.0, **self._sandbox_kwargs(judging, writable=(scratch,)))
+                       env={**judging.env_overrides, **_cache_env(scratch)}, kill_grace_s=5.0,
+                       **self._sandbox_kwargs(judging, writable=(scratch,)))
         self.logs[spec.name] = log
         result = launch(spec).wait(poll_s=0.2)
         scrub_file(log)
@@ -480,7 +481,7 @@ class GateRunner:
         several = gate.nproc > 1 or gate.nodes > 1
         earlier = tuple(o.job_dir for o in judging.jobs.values())
         # Caches a job writes go to its own folder: nothing compiled by one candidate reaches another judging.
-        caches = {"XDG_CACHE_HOME": str(job_dir / ".cache"), "TEMPER_KERNEL_CACHE": str(job_dir / ".kernels")}
+        caches = _cache_env(job_dir)
         kill = {"kill_pattern": rf"\[LOSS\] step={gate.kill_at_step} ", "kill_signal": gate.kill_signal} \
             if gate.kill_at_step is not None else {}
         spec = JobSpec(
@@ -575,7 +576,7 @@ class GateRunner:
                     paths = python_env(tree, _neutral(judging.holder))
                     # The checkout's engine first; the judge's own harness after it (a checkout without one).
                     paths["PYTHONPATH"] += os.pathsep + str(_JUDGE_ROOT)
-                    env = {**gate.env, "XDG_CACHE_HOME": str(kernels[role]), "TEMPER_KERNEL_CACHE": str(kernels[role]),
+                    env = {**gate.env, **_cache_env(kernels[role]),
                            **_job_env({**judging.env_overrides, **paths})}
                     name = f"{role}-{round_no}"
                     spec = JobSpec(name=f"{job_id}-{name}", argv=argv, timeout_s=gate.timeout_s, env=env, cwd=tree,
@@ -702,6 +703,13 @@ class GateRunner:
         return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=metrics,
                           summary=f"{len(gate.rules)} rule(s) hold")
 
+
+
+def _cache_env(folder: Path) -> dict[str, str]:
+    """Where a candidate process's caches go (compiled kernels, Triton, anything under XDG): its own writable
+    folder, so the sandbox's read-only home is never needed and nothing compiled reaches another judging."""
+    return {"XDG_CACHE_HOME": str(folder / ".cache"), "TEMPER_KERNEL_CACHE": str(folder / ".kernels"),
+            "TRITON_CACHE_DIR": str(folder / ".triton")}
 
 
 def _job_env(overrides: dict[str, str]) -> dict[str, str]:
