@@ -39,6 +39,11 @@ for id in "$@"; do
   echo "rc=$?"
   tail -3 "$OUT/$id.err"
 done
+# Job and pytest logs, flattened: the device tool brings back only shallow folders.
+mkdir -p "$OUT/logs"
+find "$OUT/runs" -type f \( -name '*.log' -o -name '*.times' \) | while read -r f; do
+  cp "$f" "$OUT/logs/$(echo "${f#"$OUT"/runs/}" | tr '/' '_')"
+done
 echo "=== $(date +%T) verdicts"
 python3 - "$OUT" "$@" <<'EOF'
 import json, sys

@@ -8,6 +8,7 @@ limit, so a candidate's file can be wrong but never harmful.
 
 from __future__ import annotations
 
+import ctypes
 import json
 from pathlib import Path
 
@@ -32,8 +33,8 @@ def write_tensors(path: Path | str, tensors: dict[str, torch.Tensor]) -> None:
     for name, tensor in tensors.items():
         if tensor.dtype not in _NAMES:
             raise TypeError(f"tensor {name!r}: dtype {tensor.dtype} is not one of {', '.join(DTYPES)}")
-        flat = tensor.detach().to("cpu").reshape(-1).clone()  # a storage of its own: a view's is its base's
-        blob = bytes(flat.view(torch.uint8).untyped_storage()) if flat.numel() else b""
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        blob = ctypes.string_at(flat.data_ptr(), flat.numel() * flat.element_size()) if flat.numel() else b""
         entries[name] = {"dtype": _NAMES[tensor.dtype], "shape": list(tensor.shape), "offset": offset, "nbytes": len(blob)}
         blobs.append(blob)
         offset += len(blob)
