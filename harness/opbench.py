@@ -203,12 +203,12 @@ def stress(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtyp
                     consumer.wait_stream(producer)
                     with torch.cuda.stream(consumer):
                         checks.record(iterations + 1, _run(fn, case, inputs))
-                    torch.cuda.current_stream(device).wait_stream(consumer)
+                    # One iteration in flight: the host may not run ahead of the consumer stream, whose freed
+                    # blocks the allocator can hand out again only once it has passed them (no OOM by queueing).
+                    consumer.synchronize()
                 else:
                     checks.record(iterations + 1, _run(fn, case, inputs))
                 iterations += 1
-                if iterations % 50 == 0:
-                    _sync(device)
             _sync(device)
         finally:
             stop.set()
