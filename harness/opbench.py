@@ -16,9 +16,10 @@ bench
      random projection and the norm of every output and gradient) in `checks.tensors`, which the judge
      holds against the reference process's rows: a skipped or cached call cannot match.
 stress
-  The op at the milestone's shape on a side stream while another thread keeps the GPU busy with GEMMs,
-  1 GiB copies and allocation churn, inputs produced on a third stream (the op must wait on an event),
-  for `--seconds`. Every iteration's checksum row goes to `checks.tensors` beside the unloaded one; the
+  The op at the milestone's shape while another thread keeps the GPU busy with GEMMs, 1 GiB copies and
+  allocation churn on a stream of its own, its inputs rewritten before every call on a producer stream
+  (the op's stream waits on that event: a kernel that ignores the current stream reads half-written
+  inputs), for `--seconds`. Every iteration's checksum row goes to `checks.tensors` beside the unloaded one; the
   judge requires them to agree. On CPU, the load is a thread of matmuls.
 """
 
@@ -192,22 +193,20 @@ def stress(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtyp
         loader = threading.Thread(target=_load_thread, args=(device, stop, loads), daemon=True)
         loader.start()
         producer = torch.cuda.Stream(device) if device.type == "cuda" else None
-        consumer = torch.cuda.Stream(device) if device.type == "cuda" else None
         deadline = time.monotonic() + args.seconds
         try:
             while time.monotonic() < deadline and iterations < args.max_iterations:
                 if producer is not None:
+                    # The inputs are rewritten on another stream; the op's stream must wait for that event.
                     with torch.cuda.stream(producer), torch.no_grad():
-                        for k, v in pristine.items():  # inputs rewritten on one stream, consumed on another
+                        for k, v in pristine.items():
                             inputs[k].copy_(v)
-                    consumer.wait_stream(producer)
-                    with torch.cuda.stream(consumer):
-                        checks.record(iterations + 1, _run(fn, case, inputs))
-                    # One iteration in flight: the host may not run ahead of the consumer stream, whose freed
-                    # blocks the allocator can hand out again only once it has passed them (no OOM by queueing).
-                    consumer.synchronize()
-                else:
-                    checks.record(iterations + 1, _run(fn, case, inputs))
+                        ready = torch.cuda.Event()
+                        ready.record(producer)
+                    torch.cuda.current_stream(device).wait_event(ready)
+                checks.record(iterations + 1, _run(fn, case, inputs))
+                # One iteration in flight: the host never queues work far ahead of the GPU.
+                _sync(device)
                 iterations += 1
             _sync(device)
         finally:
