@@ -92,10 +92,11 @@ class _Checksums:
     def record(self, row: int, results: dict[str, torch.Tensor], *, into: torch.Tensor | None = None) -> None:
         """Row `row` of `into` (default: the rows kept for the judge) from `results`, on the device."""
         rows = self.rows if into is None else into
-        for j, name in enumerate(self.names):
-            flat = results[name].reshape(-1).float()
-            rows[row, j, 0] = torch.dot(flat, self.proj[name])
-            rows[row, j, 1] = torch.linalg.vector_norm(flat)
+        with torch.no_grad():  # outputs carry autograd history: a row written from them would keep every graph
+            for j, name in enumerate(self.names):
+                flat = results[name].detach().reshape(-1).float()
+                rows[row, j, 0] = torch.dot(flat, self.proj[name])
+                rows[row, j, 1] = torch.linalg.vector_norm(flat)
 
 
 def _fresh(case, inputs: dict[str, torch.Tensor], g: torch.Generator, seed: int, rep: int) -> None:

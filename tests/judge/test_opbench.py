@@ -228,3 +228,17 @@ def test_wrong_math_is_rejected_and_a_slowed_baseline_does_not_buy_speed(op_home
     bench = _gate(verdict, "bench")["metrics"]
     assert bench["speedup"] < 3, f"a slowed baseline.py in the patch raised the speedup: {bench}"
     assert math.isfinite(bench["reference_ms"])
+
+
+def test_checksum_rows_keep_no_autograd_history() -> None:
+    """A row written from outputs that carry autograd history would chain every call's graph to the rows
+    (memory grows by the outputs' size per call: the stress job ran a GPU out of memory this way)."""
+    from harness.opbench import _Checksums
+
+    case = draw_cases("gemm_fc1", 1, 1, scale=0.05)[0]
+    inputs = make_inputs(case, dtype=torch.float32)
+    out = call_op(lambda x, w: torch.nn.functional.linear(x, w)[:, : w.shape[0] // 2], case, inputs)[0]
+    results = {"out.0": out, "grad.x": inputs["x"] * 1.0, "grad.w": inputs["w"] * 1.0}
+    checks = _Checksums(case, {k: v.shape for k, v in results.items()}, torch.device("cpu"), 3, rows=2)
+    checks.record(0, results)
+    assert not checks.rows.requires_grad and checks.rows.grad_fn is None
