@@ -204,7 +204,8 @@ def test_an_honest_version_is_accepted_and_a_cached_one_rejected(op_home: Path, 
     rc, verdict = _judge(op_home, _patch(op_home, tmp_path, _version(HONEST)))
     assert rc == 0 and verdict["accepted"], json.dumps(verdict, indent=1)[-4000:]
     bench = _gate(verdict, "bench")["metrics"]
-    assert bench["max_rel_err"] < 1e-2 and 0.3 < bench["speedup"] < 3, bench
+    # The same math both sides; timings on a shared 2-core machine are noisy, hence the wide band.
+    assert bench["max_rel_err"] < 1e-2 and 0.1 < bench["speedup"] < 10, bench
     assert _gate(verdict, "stress")["metrics"]["iterations"] >= 1
 
     rc, verdict = _judge(op_home, _patch(op_home, tmp_path, _version(CACHED)))
@@ -222,11 +223,12 @@ def test_wrong_math_is_rejected_and_a_slowed_baseline_does_not_buy_speed(op_home
 
     baseline = (op_home / "engine/ops/rmsnorm/baseline.py").read_text()
     slowed = baseline.replace("    if residual is None:\n        return _norm(x, weight, eps)",
-                              "    import time\n    time.sleep(0.05)\n    if residual is None:\n        return _norm(x, weight, eps)")
+                              "    import time\n    time.sleep(0.2)\n    if residual is None:\n        return _norm(x, weight, eps)")
     assert slowed != baseline
     rc, verdict = _judge(op_home, _patch(op_home, tmp_path, {**_version(HONEST), "engine/ops/rmsnorm/baseline.py": slowed}))
     bench = _gate(verdict, "bench")["metrics"]
-    assert bench["speedup"] < 3, f"a slowed baseline.py in the patch raised the speedup: {bench}"
+    # Had the patched baseline.py been the reference, each reference call would take >= 200 ms: a speedup of 20+.
+    assert bench["speedup"] < 10, f"a slowed baseline.py in the patch raised the speedup: {bench}"
     assert math.isfinite(bench["reference_ms"])
 
 
