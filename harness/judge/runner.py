@@ -25,16 +25,18 @@ of it, and gets `settings.child_env()`: no API keys. Each judging draws a seed (
 TEMPER_JUDGE_SEED for tests) so acceptance inputs cannot be special-cased.
 """
 
+import contextlib
 import os
 import re
 import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -450,14 +452,14 @@ class GateRunner:
         return None
 
     def _sandbox_kwargs(self, judging: _Judging, *, writable: tuple[Path, ...], launcher: str = "local",
-                        readonly: tuple[Path, ...] = ()) -> dict[str, Any]:
+                        readonly: tuple[Path, ...] = (), hidden: tuple[Path, ...] = ()) -> dict[str, Any]:
         """JobSpec fields that put a candidate process in the sandbox: everything read-only, the judged
         checkout and the judge's temp folder too (they live under /tmp, which is private inside), only
         `writable` writable, the judge's records and the home's milestones (hidden material, references)
         out of sight, no network. None when unsandboxed, and for SLURM jobs (run on other hosts)."""
         if self.unsandboxed or launcher != "local":
             return {}
-        hidden = tuple(p for p in (self.record.dir.parent, self.home / "milestones") if p.exists()
+        hidden = tuple(p for p in (self.record.dir.parent, self.home / "milestones", *hidden) if p.exists()
                        and not judging.tree.is_relative_to(p))
         return {"sandbox": Sandbox(writable=writable, readonly=(judging.holder, *readonly), hidden=hidden,
                                    gpus=judging.device == "cuda")}
@@ -559,15 +561,19 @@ class GateRunner:
         common = ["--op", bench.op, "--device", judging.device, "--dtype", bench.dtype, "--seed", str(judging.seed),
                   "--shape", shape, "--cases", str(bench.cases), "--case-scale", str(bench.case_scale),
                   "--reps", str(bench.reps), "--segments", str(bench.segments)]
+        # Each role's files live in a folder of its own outside the judged checkout's holder and are hidden from
+        # the other role: a candidate that could read the reference's outputs could hand them in as its own.
         # One compiled-kernel cache per role for the gate's rounds: a version compiles once per judging.
-        kernels = {role: _neutral(job_dir) for role in ("reference", "candidate")}
+        places = {role: Path(tempfile.mkdtemp()) for role in ("reference", "candidate")}
+        kernels = {role: _neutral(place) for role, place in places.items()}
         runs: list[OpRun] = []
         started = time.monotonic()
-        with Workspace.scratch(self.repo, self.base) as base_checkout:
+        with _removed_after(*places.values()), Workspace.scratch(self.repo, self.base) as base_checkout:
             trees = {"reference": base_checkout.worktree, "candidate": judging.tree}
             for round_no in range(1, bench.rounds + 1):
                 for role in ("reference", "candidate"):
-                    out = _neutral(job_dir)
+                    out = _neutral(places[role])
+                    other = places["candidate" if role == "reference" else "reference"]
                     seconds = bench.seconds if role == "candidate" else 0.0  # the reference gives the quiet call only
                     version = "baseline" if role == "reference" else bench.version
                     argv = [sys.executable, "-m", "harness.opbench", gate.task, *common, "--version", version,
@@ -581,7 +587,8 @@ class GateRunner:
                     name = f"{role}-{round_no}"
                     spec = JobSpec(name=f"{job_id}-{name}", argv=argv, timeout_s=gate.timeout_s, env=env, cwd=tree,
                                    log_path=record_dir / f"{name}.log", gpus_per_node=gate.gpus, kill_grace_s=10.0,
-                                   **self._sandbox_kwargs(judging, writable=(out, kernels[role]), readonly=(tree.parent,)))
+                                   **self._sandbox_kwargs(judging, writable=(out, kernels[role]), readonly=(tree.parent,),
+                                                          hidden=(other,)))
                     self.logs[f"{job_id}-{name}"] = spec.log_path
                     job = launch(spec)
                     self.record.job_started(f"{job_id}-{name}", list(spec.argv), attempt=judging.attempt,
@@ -605,21 +612,21 @@ class GateRunner:
                         judging.flags.append(f"job {job_id} {name}: the judge never saw its process on a GPU (nvidia-smi)")
                     runs.append(OpRun(role=role, round=round_no, out_dir=out, log_path=spec.log_path,
                                       line_times_path=result.line_times_path))
-        names = result_names(timing_case(bench.op, bench.shape, judging.seed))
-        if gate.task == "bench":
-            problems, measured = judge_bench(op=bench.op, seed=judging.seed, cases=bench.cases, case_scale=bench.case_scale,
-                                             dtype=bench.dtype, timing_names=names, runs=runs)
-        else:
-            problems, measured = judge_stress(timing_names=names, runs=runs, min_iterations=1 if bench.seconds > 0 else 0)
-        judging.jobs[gate.name] = replace(judging.jobs[gate.name], evidence=measured)
-        elapsed = time.monotonic() - started
-        if problems:
-            return GateResult(name=gate.name, kind=gate.kind, passed=False, metrics=measured, violations=tuple(problems),
-                              summary=f"job {job_id}: {len(problems)} problem(s) with {bench.op} {bench.version} found by "
-                                      "the judge (its fp32 math, the reference process, its clock)")
-        said = ", ".join(f"{k} {v:.4g}" for k, v in measured.items())
-        return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=measured,
-                          summary=f"job {job_id}: {bench.rounds} round(s) of reference and candidate in {elapsed:.1f} s; {said}")
+            names = result_names(timing_case(bench.op, bench.shape, judging.seed))
+            if gate.task == "bench":
+                problems, measured = judge_bench(op=bench.op, seed=judging.seed, cases=bench.cases, case_scale=bench.case_scale,
+                                                 dtype=bench.dtype, timing_names=names, runs=runs)
+            else:
+                problems, measured = judge_stress(timing_names=names, runs=runs, min_iterations=1 if bench.seconds > 0 else 0)
+            judging.jobs[gate.name] = replace(judging.jobs[gate.name], evidence=measured)
+            elapsed = time.monotonic() - started
+            if problems:
+                return GateResult(name=gate.name, kind=gate.kind, passed=False, metrics=measured, violations=tuple(problems),
+                                  summary=f"job {job_id}: {len(problems)} problem(s) with {bench.op} {bench.version} found by "
+                                          "the judge (its fp32 math, the reference process, its clock)")
+            said = ", ".join(f"{k} {v:.4g}" for k, v in measured.items())
+            return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=measured,
+                              summary=f"job {job_id}: {bench.rounds} round(s) of reference and candidate in {elapsed:.1f} s; {said}")
 
     def _checkpoints_to_keep(self, argv: list[str]) -> int:
         """How many per-step checkpoints a CPU job keeps for the judge: every step where they fit in
@@ -703,6 +710,16 @@ class GateRunner:
         return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=metrics,
                           summary=f"{len(gate.rules)} rule(s) hold")
 
+
+
+@contextlib.contextmanager
+def _removed_after(*folders: Path) -> Iterator[None]:
+    """Remove `folders` when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _cache_env(folder: Path) -> dict[str, str]:

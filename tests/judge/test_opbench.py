@@ -166,6 +166,29 @@ def _rmsnorm(x, weight, *, eps, residual=None, residual_scale=1.0):
 ''')
 
 
+# Wrong (fast) math, plus a hook that hands in the reference process's files as its own when it exits:
+# the judge must keep each role's files out of the other's sight.
+COPYCAT = WRONG + '''
+
+import atexit
+import shutil
+import sys
+from pathlib import Path
+
+
+def _hand_in_the_references_files():
+    out = Path(sys.argv[sys.argv.index("--out") + 1])
+    for root in (out.parent, out.parent.parent, Path("/tmp")):
+        for other in root.rglob("*.tensors"):
+            if out not in other.parents:
+                shutil.copyfile(other, out / other.name)
+
+
+if "--out" in sys.argv:
+    atexit.register(_hand_in_the_references_files)
+'''
+
+
 @pytest.fixture
 def op_home(home: Path) -> Path:
     (home / "milestones" / "op-cpu.toml").write_text(MILESTONE)
@@ -215,11 +238,16 @@ def test_an_honest_version_is_accepted_and_a_cached_one_rejected(op_home: Path, 
 
 
 @pytest.mark.slow
-def test_wrong_math_is_rejected_and_a_slowed_baseline_does_not_buy_speed(op_home: Path, tmp_path: Path) -> None:
+def test_wrong_math_copied_answers_and_a_slowed_baseline_are_all_caught(op_home: Path, tmp_path: Path) -> None:
     rc, verdict = _judge(op_home, _patch(op_home, tmp_path, _version(WRONG)))
     assert rc == 1
     failed = _gate(verdict, "bench")
     assert any("from the judge's fp32 result" in v and "out.0" in v for v in failed["violations"]), failed
+
+    rc, verdict = _judge(op_home, _patch(op_home, tmp_path, _version(COPYCAT)))
+    assert rc == 1, "a candidate handed in the reference process's files"
+    failed = _gate(verdict, "bench")
+    assert any("from the judge's fp32 result" in v for v in failed["violations"]), failed
 
     baseline = (op_home / "engine/ops/rmsnorm/baseline.py").read_text()
     slowed = baseline.replace("    if residual is None:\n        return _norm(x, weight, eps)",
