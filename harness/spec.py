@@ -53,6 +53,7 @@ __all__ = [
     "compare",
     "glob_match",
     "render_argv",
+    "referenced_jobs",
     "load_milestone",
     "load_milestones",
     "find_milestone",
@@ -208,6 +209,11 @@ _FIXED_PLACEHOLDERS = ("job_dir", "worktree", "seed", "device", "data")
 
 def _placeholders(arg: str) -> list[str]:
     return [m.group(1) for m in _PLACEHOLDER.finditer(arg) if m.group(1) is not None]
+
+
+def referenced_jobs(argv: list[str]) -> set[str]:
+    """The earlier jobs whose folders an argv names ({job_dir:NAME})."""
+    return {name[len("job_dir:"):] for arg in argv for name in _placeholders(arg) if name.startswith("job_dir:")}
 
 
 def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, job_dirs: Mapping[str, str | Path],

@@ -49,7 +49,7 @@ from harness.judge.policy import PatchView, PolicyResult, changed_files, check_p
 from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env, tree_manifest
 from harness.records import RunRecord, scrub_file, scrub_text, write_atomic
 from harness.settings import child_env, data_dir
-from harness.spec import OP_TASKS, GuardsGate, JobGate, glob_match, MetricsGate, Milestone, ProtectedGate, PytestGate, render_argv
+from harness.spec import OP_TASKS, GuardsGate, JobGate, glob_match, MetricsGate, Milestone, ProtectedGate, PytestGate, referenced_jobs, render_argv
 from harness.verdict import GateResult, Verdict
 from harness.workspace import Workspace, WorkspaceError
 
@@ -481,7 +481,11 @@ class GateRunner:
         if verify:
             argv = _with_checkpoints(argv, job_dir, keep=self._checkpoints_to_keep(argv) if judging.device == "cpu" else 0)
         several = gate.nproc > 1 or gate.nodes > 1
-        earlier = tuple(o.job_dir for o in judging.jobs.values())
+        # A job sees only the earlier jobs' folders its argv names ({job_dir:NAME}, e.g. a checkpoint to resume):
+        # the others are hidden, so a run cannot replay another run's files as its own.
+        named = referenced_jobs(gate.argv)
+        earlier = tuple(o.job_dir for name, o in judging.jobs.items() if name in named)
+        unnamed = tuple(o.job_dir for name, o in judging.jobs.items() if name not in named and o.job_dir.exists())
         # Caches a job writes go to its own folder: nothing compiled by one candidate reaches another judging.
         caches = _cache_env(job_dir)
         kill = {"kill_pattern": rf"\[LOSS\] step={gate.kill_at_step} ", "kill_signal": gate.kill_signal} \
@@ -491,7 +495,7 @@ class GateRunner:
             torchrun=several, launcher=gate.launcher, nproc=gate.nproc, nodes=gate.nodes, timeout_s=gate.timeout_s,
             env={**gate.env, **caches, **_job_env(judging.env_overrides)}, cwd=judging.tree, log_path=record_dir / gate.log,
             gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0, **kill,
-            **self._sandbox_kwargs(judging, writable=(job_dir, *earlier), launcher=gate.launcher),
+            **self._sandbox_kwargs(judging, writable=(job_dir, *earlier), launcher=gate.launcher, hidden=unnamed),
         )
         self.logs[job_id] = spec.log_path
         job = launch(spec)

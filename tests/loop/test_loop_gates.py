@@ -170,6 +170,75 @@ def test_a_hanging_job_is_killed_at_its_timeout(home: Path, tmp_path: Path) -> N
     assert (record.dir / "jobs/a1-train/log").is_file()
 
 
+PEEK = '''
+def _peek_at_other_runs() -> None:  # a job that looks for other runs' files beside its own folder
+    import sys
+    from pathlib import Path
+
+    if "--run-dir" in sys.argv:
+        own = Path(sys.argv[sys.argv.index("--run-dir") + 1])
+        seen = [str(p) for p in own.parent.rglob("metrics.jsonl") if own not in p.parents]
+        print(f"[PEEK] {len(seen)} {seen}", flush=True)
+
+
+_peek_at_other_runs()
+'''
+
+
+def test_a_job_sees_only_the_earlier_job_folders_it_names(home: Path, tmp_path: Path) -> None:
+    """Two runs of one seed must not be able to replay each other's files: the second job sees the first's
+    folder only when its argv names it ({job_dir:first})."""
+    train = ('"pretrain", "--preset", "tiny", "--device", "cpu", "--seq-length", "32", "--micro-batch-size", "1", '
+             '"--num-steps", "2", "--warmup-steps", "1", "--eval-steps", "0", "--no-save-final", "--run-dir", "{job_dir}"')
+    (home / "milestones/peek.toml").write_text(f"""
+id = "peek"
+title = "x"
+goal = "x"
+editable = ["engine/**"]
+[[gates]]
+kind = "protected"
+[[gates]]
+kind = "job"
+name = "first"
+task = "train"
+timeout_s = 300
+verify = false
+argv = [{train}]
+[[gates]]
+kind = "job"
+name = "second"
+task = "train"
+timeout_s = 300
+verify = false
+argv = [{train}]
+[[gates]]
+kind = "job"
+name = "third"
+task = "train"
+timeout_s = 300
+verify = false
+argv = [{train}, "--save-dir", "{{job_dir:first}}/unused"]
+[budget]
+max_turns = 1
+max_tokens = 1
+max_wall_s = 60
+max_attempts = 1
+""")
+    git(home, "add", "-A")
+    git(home, "commit", "-q", "-m", "peek")
+    patch = unified_diff(home, tmp_path, lambda t: (t / "engine/__main__.py").write_text(
+        PEEK + (t / "engine/__main__.py").read_text()))
+    milestone = load_milestone(home / "milestones/peek.toml", root=home)
+    record = RunRecord.create(milestone_id="peek", spec_hash=milestone.spec_hash, agent={"spec": "none"},
+                              base_commit="0" * 40, branch="", worktree="", runs_root=tmp_path / "runs")
+    runner = GateRunner(milestone=milestone, repo=home, base=git(home, "rev-parse", "HEAD").strip(), record=record)
+    runner.judge(patch.read_text(), attempt=1)
+    peeks = {job: next(line for line in (record.dir / f"jobs/a1-{job}/log").read_text().splitlines()
+                       if line.startswith("[PEEK]")) for job in ("first", "second", "third")}
+    assert peeks["first"].startswith("[PEEK] 0 ") and peeks["second"].startswith("[PEEK] 0 "), peeks
+    assert peeks["third"].startswith("[PEEK] 1 "), peeks  # it named the first job's folder
+
+
 # ---------------------------------------------------------------- metrics from hand-written job folders
 
 TINY = {"vocab_size": 258, "hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32,
