@@ -580,29 +580,12 @@ class GateRunner:
                     other = places["candidate" if role == "reference" else "reference"]
                     seconds = bench.seconds if role == "candidate" else 0.0  # the reference gives the quiet call only
                     version = "baseline" if role == "reference" else bench.version
+                    name = f"{role}-{round_no}"
                     argv = [sys.executable, "-m", "harness.opbench", gate.task, *common, "--version", version,
                             "--seconds", str(seconds), "--out", str(out)]
-                    tree = trees[role]
-                    paths = python_env(tree, _neutral(judging.holder))
-                    # The checkout's engine first; the judge's own harness after it (a checkout without one).
-                    paths["PYTHONPATH"] += os.pathsep + str(_JUDGE_ROOT)
-                    env = {**gate.env, **_cache_env(kernels[role]),
-                           **_job_env({**judging.env_overrides, **paths})}
-                    name = f"{role}-{round_no}"
-                    spec = JobSpec(name=f"{job_id}-{name}", argv=argv, timeout_s=gate.timeout_s, env=env, cwd=tree,
-                                   log_path=record_dir / f"{name}.log", gpus_per_node=gate.gpus, kill_grace_s=10.0,
-                                   **self._sandbox_kwargs(judging, writable=(out, kernels[role]), readonly=(tree.parent,),
-                                                          hidden=(other,)))
-                    self.logs[f"{job_id}-{name}"] = spec.log_path
-                    job = launch(spec)
-                    self.record.job_started(f"{job_id}-{name}", list(spec.argv), attempt=judging.attempt,
-                                            launcher="local", job_id=job.job_id, log=spec.log_path)
-                    self.progress("job", f"{job_id} {name} started ({gate.task} {bench.op} {version})")
-                    result, gpus_seen = wait_watching_gpus(job) if gate.gpus else (job.wait(poll_s=0.5), None)
-                    scrub_file(spec.log_path)
-                    self.record.job_finished(f"{job_id}-{name}", attempt=judging.attempt, exit_code=result.exit_code,
-                                             duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout",
-                                             summary=result.detail)
+                    result, gpus_seen = self._op_process(
+                        gate, judging, name=f"{job_id}-{name}", argv=argv, tree=trees[role], log_path=record_dir / f"{name}.log",
+                        writable=(out, kernels[role]), hidden=(other,), caches=kernels[role])
                     judging.jobs[gate.name] = JobOutcome(gate=gate, job_id=job_id, job_dir=job_dir, result=result,
                                                          argv=tuple(argv))
                     tail = _tail(result.read_log())
@@ -614,7 +597,7 @@ class GateRunner:
                                                   f"{version}) {ended}" + (f": {result.detail}" if result.detail else ""))
                     if gpus_seen is not None and not gpus_seen:
                         judging.flags.append(f"job {job_id} {name}: the judge never saw its process on a GPU (nvidia-smi)")
-                    runs.append(OpRun(role=role, round=round_no, out_dir=out, log_path=spec.log_path,
+                    runs.append(OpRun(role=role, round=round_no, out_dir=out, log_path=record_dir / f"{name}.log",
                                       line_times_path=result.line_times_path))
             names = result_names(timing_case(bench.op, bench.shape, judging.seed))
             if gate.task == "bench":
@@ -631,6 +614,27 @@ class GateRunner:
             said = ", ".join(f"{k} {v:.4g}" for k, v in measured.items())
             return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=measured,
                               summary=f"job {job_id}: {bench.rounds} round(s) of reference and candidate in {elapsed:.1f} s; {said}")
+
+    def _op_process(self, gate: JobGate, judging: _Judging, *, name: str, argv: list[str], tree: Path, log_path: Path,
+                    writable: tuple[Path, ...], hidden: tuple[Path, ...], caches: Path) -> tuple[Any, set[str] | None]:
+        """One sandboxed op-bench process in `tree`, recorded like any job: (its JobResult, GPUs seen or None)."""
+        paths = python_env(tree, _neutral(judging.holder))
+        paths["PYTHONPATH"] += os.pathsep + str(_JUDGE_ROOT)  # the checkout's engine first, then the judge's harness
+        env = {**gate.env, **_cache_env(caches), **_job_env({**judging.env_overrides, **paths})}
+        spec = JobSpec(name=name, argv=argv, timeout_s=gate.timeout_s, env=env, cwd=tree, log_path=log_path,
+                       gpus_per_node=gate.gpus, kill_grace_s=10.0,
+                       **self._sandbox_kwargs(judging, writable=writable, readonly=(tree.parent,), hidden=hidden))
+        self.logs[name] = log_path
+        job = launch(spec)
+        self.record.job_started(name, list(spec.argv), attempt=judging.attempt, launcher="local", job_id=job.job_id,
+                                log=log_path)
+        self.progress("job", f"{name} started: {' '.join(argv[2:5])} ...")
+        result, gpus_seen = wait_watching_gpus(job) if gate.gpus else (job.wait(poll_s=0.5), None)
+        scrub_file(log_path)
+        self.record.job_finished(name, attempt=judging.attempt, exit_code=result.exit_code,
+                                 duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout",
+                                 summary=result.detail)
+        return result, gpus_seen
 
     def _checkpoints_to_keep(self, argv: list[str]) -> int:
         """How many per-step checkpoints a CPU job keeps for the judge: every step where they fit in
