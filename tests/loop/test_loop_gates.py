@@ -190,6 +190,15 @@ def test_a_job_sees_only_the_earlier_job_folders_it_names(home: Path, tmp_path: 
     folder only when its argv names it ({job_dir:first})."""
     train = ('"pretrain", "--preset", "tiny", "--device", "cpu", "--seq-length", "32", "--micro-batch-size", "1", '
              '"--num-steps", "2", "--warmup-steps", "1", "--eval-steps", "0", "--no-save-final", "--run-dir", "{job_dir}"')
+    jobs = "".join(f"""
+[[gates]]
+kind = "job"
+name = "{name}"
+task = "train"
+timeout_s = 300
+verify = false
+argv = [{train}{extra}]
+""" for name, extra in (("first", ""), ("second", ""), ("third", ', "--save-dir", "{job_dir:first}/unused"')))
     (home / "milestones/peek.toml").write_text(f"""
 id = "peek"
 title = "x"
@@ -197,27 +206,7 @@ goal = "x"
 editable = ["engine/**"]
 [[gates]]
 kind = "protected"
-[[gates]]
-kind = "job"
-name = "first"
-task = "train"
-timeout_s = 300
-verify = false
-argv = [{train}]
-[[gates]]
-kind = "job"
-name = "second"
-task = "train"
-timeout_s = 300
-verify = false
-argv = [{train}]
-[[gates]]
-kind = "job"
-name = "third"
-task = "train"
-timeout_s = 300
-verify = false
-argv = [{train}, "--save-dir", "{{job_dir:first}}/unused"]
+{jobs}
 [budget]
 max_turns = 1
 max_tokens = 1
