@@ -27,6 +27,7 @@ stress
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 import time
@@ -170,8 +171,7 @@ def _load_thread(device: torch.device, stop: threading.Event, count: list[int]) 
     big = torch.empty(2**28 if device.type == "cuda" else 2**20, dtype=torch.float32, device=device)
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     while not stop.is_set():
-        ctx = torch.cuda.stream(stream) if stream is not None else _Null()
-        with ctx:
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for _ in range(4):
                 a = torch.tanh(a @ a) * 0.5
             big.copy_(torch.flip(big, dims=[0]))
@@ -180,14 +180,6 @@ def _load_thread(device: torch.device, stop: threading.Event, count: list[int]) 
         if stream is not None:
             stream.synchronize()
         count[0] += 1
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def stress(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtype, out: Path) -> None:
