@@ -222,6 +222,39 @@ def stress(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtyp
     _say("done")
 
 
+# What the measurement stands on: this module, the modules it draws cases and writes files with, and the torch
+# callables that order, time and checksum the work. The op runs in this process, so a version could rebind any
+# of them (a no-op synchronize would end a timed segment before the GPU does); main() refuses to hand in
+# results when one of them is not the object it was before the version was imported.
+_GUARDED_MODULES = ("harness.judge.opcases", "harness.judge.tensorfile")
+_GUARDED_TORCH = (
+    (torch, ("dot", "randn", "zeros", "zeros_like", "empty", "manual_seed", "Generator")),
+    (torch.linalg, ("vector_norm",)), (torch.autograd, ("backward",)),
+    (torch.cuda, ("synchronize", "Event", "Stream", "stream", "current_stream", "set_device")),
+    (torch.Tensor, ("copy_", "zero_", "float", "reshape", "detach", "__setitem__")),
+)
+
+
+def _snapshot() -> dict[tuple[str, ...], object]:
+    import builtins
+
+    snap: dict[tuple[str, ...], object] = {("builtins", "print"): builtins.print}
+    for module in (sys.modules[__name__], *(sys.modules[m] for m in _GUARDED_MODULES)):
+        for name, value in vars(module).items():
+            snap[(module.__name__, name)] = value
+            if isinstance(value, type) and value.__module__ == module.__name__:
+                snap.update({(module.__name__, name, attr): v for attr, v in vars(value).items()})
+    for owner, names in _GUARDED_TORCH:
+        snap.update({(getattr(owner, "__name__", str(owner)), name): getattr(owner, name) for name in names})
+    return snap
+
+
+def _rebound(before: dict[tuple[str, ...], object]) -> list[str]:
+    """Names of `before` that no longer hold the same object."""
+    now = _snapshot()
+    return sorted(".".join(key) for key, value in before.items() if now.get(key) is not value)
+
+
 def _shape(text: str) -> dict[str, int]:
     pairs = [p.split("=", 1) for p in text.split(",") if p]
     return {k.strip(): int(v) for k, v in pairs}
@@ -249,10 +282,20 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(0)
     torch.manual_seed(args.seed)
+    before = _snapshot()
     version, fn = _load(args.op, args.version, device)
     _say(f"task={args.task} op={args.op} version={version} device={torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (bench if args.task == "bench" else stress)(args, fn, device, _DTYPES[args.dtype], args.out)
+    for stage in ("import", "run"):
+        rebound = _rebound(before)
+        if rebound:
+            for path in args.out.glob("*.tensors"):
+                path.unlink()
+            sys.stderr.write(f"[BENCH] refused: the op version rebound what the bench measures with ({stage}): "
+                             f"{', '.join(rebound[:10])}\n")
+            return 3
+        if stage == "import":
+            (bench if args.task == "bench" else stress)(args, fn, device, _DTYPES[args.dtype], args.out)
     return 0
 
 

@@ -189,6 +189,15 @@ if "--out" in sys.argv:
 '''
 
 
+# Honest math, plus a "harmless" wrapper around a torch function the bench checksums with: the bench cannot
+# vouch for measurements taken with tools the version replaced, so it refuses to hand them in.
+REBIND = HONEST + '''
+
+_real_dot = torch.dot
+torch.dot = lambda a, b: _real_dot(a, b)
+'''
+
+
 @pytest.fixture
 def op_home(home: Path) -> Path:
     (home / "milestones" / "op-cpu.toml").write_text(MILESTONE)
@@ -238,7 +247,7 @@ def test_an_honest_version_is_accepted_and_a_cached_one_rejected(op_home: Path, 
 
 
 @pytest.mark.slow
-def test_wrong_math_copied_answers_and_a_slowed_baseline_are_all_caught(op_home: Path, tmp_path: Path) -> None:
+def test_wrong_math_copied_answers_rebound_tools_and_a_slowed_baseline_are_all_caught(op_home: Path, tmp_path: Path) -> None:
     rc, verdict = _judge(op_home, _patch(op_home, tmp_path, _version(WRONG)))
     assert rc == 1
     failed = _gate(verdict, "bench")
@@ -248,6 +257,11 @@ def test_wrong_math_copied_answers_and_a_slowed_baseline_are_all_caught(op_home:
     assert rc == 1, "a candidate handed in the reference process's files"
     failed = _gate(verdict, "bench")
     assert any("from the judge's fp32 result" in v for v in failed["violations"]), failed
+
+    rc, verdict = _judge(op_home, _patch(op_home, tmp_path, _version(REBIND)))
+    assert rc == 1
+    failed = _gate(verdict, "bench")
+    assert "exited 3" in failed["summary"] and "rebound what the bench measures with (import): torch.dot" in failed["log_tail"], failed
 
     baseline = (op_home / "engine/ops/rmsnorm/baseline.py").read_text()
     slowed = baseline.replace("    if residual is None:\n        return _norm(x, weight, eps)",
