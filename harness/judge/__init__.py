@@ -10,6 +10,7 @@ candidate processes print through pipes it owns, and re-derives what they claim 
 - protected.py: manifests of the judged checkout, base-commit hashes, pytest collection;
 - runner.py: the gates in order in a throw-away checkout, candidate code sandboxed;
 - metrics.py, mfu.py, logparse.py: metric rules from judge-owned logs and clocks;
+- opcases.py, opjudge.py, tensorfile.py: op milestones (the bench itself, harness/opbench.py, runs sandboxed);
 - hardware.py: what machine the judge itself sees (a milestone's `requires`).
 """
 
