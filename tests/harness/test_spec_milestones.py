@@ -85,7 +85,11 @@ def test_every_shipped_milestone_loads():
         assert len(m.spec_hash) == 64 and m.source is not None
         assert m.is_protected("harness/records.py") and m.is_protected("milestones/" + m.id + ".toml")
         assert not any(m.is_editable(p) for p in ("tests/engine/test_config.py", "guards.toml", "pyproject.toml"))
-        assert m.is_editable("engine/train.py")
+        if m.id.startswith("op-"):  # stage 2: only the op's own folder
+            op = m.id.removeprefix("op-")
+            assert m.is_editable(f"engine/ops/{op}/new_version.py") and not m.is_editable("engine/train.py")
+        else:
+            assert m.is_editable("engine/train.py")
 
 
 def test_every_metric_and_gate_kind_is_exercised_by_some_shipped_milestone():
