@@ -35,13 +35,12 @@ from pathlib import Path
 
 import torch
 
-from harness.judge.opcases import OPS, call_op, draw_cases, grad_names, make_inputs, result_names, timing_case
+from harness.judge.opcases import DTYPES, OPS, call_op, draw_cases, grad_names, make_inputs, result_names, timing_case
 from harness.judge.tensorfile import write_tensors
 
 __all__ = ["main"]
 
 _FLUSH_BYTES = 256 * 2**20  # larger than any Hopper L2 (50 MiB)
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _say(text: str) -> None:
@@ -266,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--op", required=True, choices=OPS)
     p.add_argument("--version", default="default", help="a version in the op's register.toml; default: its default")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--dtype", default="bf16", choices=tuple(_DTYPES))
+    p.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--shape", required=True, help="the timed shape, e.g. tokens=8192,hidden=4096,ffn=8192")
     p.add_argument("--cases", type=int, default=6)
@@ -295,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(rebound[:10])}\n")
             return 3
         if stage == "import":
-            (bench if args.task == "bench" else stress)(args, fn, device, _DTYPES[args.dtype], args.out)
+            (bench if args.task == "bench" else stress)(args, fn, device, DTYPES[args.dtype], args.out)
     return 0
 
 

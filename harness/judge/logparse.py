@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "pipe_mismatch",
     "StepRecord",
     "EvalRecord",
     "MetricsFile",
@@ -383,3 +384,12 @@ def read_line_times(path: str | Path) -> list[float]:
     if any(b < a for a, b in zip(times, times[1:], strict=False)):
         raise ValueError(f"{path}: arrival times go backwards")
     return times
+
+
+def pipe_mismatch(log_text: str, line_times: list[float]) -> str:
+    """Why a log cannot be timed by the judge's clock ("" when it can): the judge's pump writes each line and
+    its arrival time together, so only a writer outside its pipe makes the two counts differ."""
+    written = log_text.count("\n")
+    if len(line_times) == written:
+        return ""
+    return f"its log has {written} lines but the judge's pipe delivered {len(line_times)}: the log was written outside the judge's pipe"

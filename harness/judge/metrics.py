@@ -32,6 +32,7 @@ from harness.judge.logparse import (
     StepRecord,
     parse_engine_log,
     parse_eval_lines,
+    pipe_mismatch,
     read_line_times,
 )
 from harness.judge.mfu import CLOCK_TOLERANCE, H100_PEAK_TFLOPS, ModelShape, clock_step_times, mfu
@@ -88,10 +89,8 @@ def load_job_data(outcome: JobOutcome) -> JobData:
     line_times = None
     if steps and outcome.result.line_times_path is not None and outcome.result.line_times_path.is_file():
         line_times = read_line_times(outcome.result.line_times_path)
-        written = log_text.count("\n")
-        if len(line_times) != written:  # the judge's pump writes both: only a writer outside its pipe differs
-            problems.append(f"job {outcome.gate.name}: its log has {written} lines but the judge's pipe delivered "
-                            f"{len(line_times)}: the log was written outside the judge's pipe")
+        if mismatch := pipe_mismatch(log_text, line_times):
+            problems.append(f"job {outcome.gate.name}: {mismatch}")
     config = None
     config_file = outcome.job_dir / "config.json"
     if config_file.is_file():

@@ -25,10 +25,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["OPS", "SHAPE_KEYS", "Case", "draw_cases", "timing_case", "make_inputs", "call_op", "reference",
+__all__ = ["OPS", "DTYPES", "SHAPE_KEYS", "Case", "draw_cases", "timing_case", "make_inputs", "call_op", "reference",
            "grad_names", "result_names"]
 
 OPS = ("attention", "rmsnorm", "gemm_fc1", "gemm_output")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # a bench's `dtype` names
 # The dimensions a milestone names for its timed shape (a bench gate's `shape` table).
 SHAPE_KEYS: dict[str, tuple[str, ...]] = {
     "attention": ("batch", "seq", "heads_q", "heads_kv", "head_dim"),

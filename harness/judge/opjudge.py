@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from harness.judge.logparse import read_line_times
-from harness.judge.opcases import draw_cases, make_inputs, reference, result_names
+from harness.judge.logparse import pipe_mismatch, read_line_times
+from harness.judge.opcases import DTYPES, draw_cases, make_inputs, reference, result_names
 from harness.judge.tensorfile import TensorFileError, read_tensors
 
 __all__ = ["OpRun", "judge_bench", "judge_stress", "segment_times", "MAX_REL_ERR", "BASE_FACTOR", "BASE_SLACK",
@@ -38,7 +38,6 @@ MAX_REL_ERR = 1e-2  # bf16 outputs of a correct kernel sit near 4e-3 (one roundi
 BASE_FACTOR, BASE_SLACK = 2.0, 1e-3
 CHECK_TOL = 5e-2  # two correct bf16 versions differ by ~1e-2 of a result's norm; a stale result by ~1.4x
 STRESS_TOL = 1e-3  # the same inputs twice: only a kernel's nondeterministic reduction order may differ
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _SEGMENT = re.compile(r"^\[BENCH\] segment=(op|overhead) index=(\d+)(?: reps=(\d+))? (start|end)\s*$")
 
 
@@ -60,9 +59,8 @@ def segment_times(run: OpRun) -> tuple[dict[str, float], int, list[str]]:
     if run.line_times_path is None or not run.line_times_path.is_file():
         return {}, 0, [f"{run.role} round {run.round}: the judge has no line times for its log"]
     times = read_line_times(run.line_times_path)
-    if len(times) != text.count("\n"):
-        return {}, 0, [f"{run.role} round {run.round}: its log has {text.count(chr(10))} lines but the judge's pipe "
-                       f"delivered {len(times)}: the log was written outside the judge's pipe"]
+    if mismatch := pipe_mismatch(text, times):
+        return {}, 0, [f"{run.role} round {run.round}: {mismatch}"]
     open_at: dict[tuple[str, str], float] = {}
     total = {"op": 0.0, "overhead": 0.0}
     calls = {"op": 0, "overhead": 0}
@@ -146,7 +144,7 @@ def judge_bench(*, op: str, seed: int, cases: int, case_scale: float, dtype: str
                 runs: list[OpRun]) -> tuple[list[str], dict[str, float]]:
     """(problems, metrics) of a bench gate's runs: correctness, per-call checksums, speedup by the clock."""
     problems: list[str] = []
-    worst = _correctness(op, seed, cases, case_scale, _DTYPES[dtype], runs, problems)
+    worst = _correctness(op, seed, cases, case_scale, DTYPES[dtype], runs, problems)
     ref_rows = None
     per_call: dict[str, list[float]] = {"reference": [], "candidate": []}
     for run in runs:
