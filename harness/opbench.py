@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import sys
 import threading
 import time
@@ -234,6 +235,18 @@ _GUARDED_TORCH = (
 )
 
 
+# torch rebinds some of its own callables when a lazily imported part of it first loads: torch._dynamo wraps
+# torch.manual_seed (torch/_dynamo/__init__.py). A version that uses torch.compile, or a library that imports
+# dynamo (flash-attn-4, quack), would look like a version that rebinds the bench's tools: these parts are
+# loaded before the snapshot is taken.
+_TORCH_SELF_PATCHING = ("torch._dynamo",)
+
+
+def _load_self_patching_torch() -> None:
+    for name in _TORCH_SELF_PATCHING:
+        importlib.import_module(name)
+
+
 def _snapshot() -> dict[tuple[str, ...], object]:
     import builtins
 
@@ -280,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.cuda.set_device(0)
+    _load_self_patching_torch()
     torch.manual_seed(args.seed)
     before = _snapshot()
     version, fn = _load(args.op, args.version, device)

@@ -9,6 +9,8 @@ answers repeated calls from a cache, are rejected by name; a patch that slows th
 """
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ import torch
 from harness.judge.opcases import OPS, call_op, draw_cases, make_inputs, reference, result_names
 from harness.judge.tensorfile import TensorFileError, read_tensors, write_tensors
 from tests.loop.loop_helpers import git, home, project_template, temper  # noqa: F401 -- fixtures
+
+REPO = Path(__file__).resolve().parents[2]
 
 __all__: list[str] = []
 
@@ -285,3 +289,17 @@ def test_checksum_rows_keep_no_autograd_history() -> None:
     checks = _Checksums(case, {k: v.shape for k, v in results.items()}, torch.device("cpu"), 3, rows=2)
     checks.record(0, results)
     assert not checks.rows.requires_grad and checks.rows.grad_fn is None
+
+
+def test_torch_rebinding_its_own_callables_is_not_taken_for_the_version() -> None:
+    """torch._dynamo wraps torch.manual_seed when it first loads; flash-attn-4 and quack import it, so an honest
+    attention or LM-head version was refused as a rebinding on the H200 (exit 3). The bench loads those parts of
+    torch before its snapshot; a fresh process shows that nothing torch does to itself then counts."""
+    code = ("from harness import opbench\n"
+            "opbench._load_self_patching_torch()\n"
+            "before = opbench._snapshot()\n"
+            "import torch._dynamo, torch._inductor.config\n"
+            "print(opbench._rebound(before))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
