@@ -88,7 +88,10 @@ class Judge:
         env = {k: v for k, v in os.environ.items()
                if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "TEMPER_RUNS_DIR", "PYTEST_ADDOPTS")
                and not k.startswith("TEMPER_JUDGE")}
-        env.update(TEMPER_HOME=str(self.home), PYTHONPATH=str(REPO), NO_COLOR="1")
+        # The judge keeps what PYTHONPATH already holds after the checkout (kernel and harness wheels unpacked outside
+        # site-packages, as on the device machine).
+        env.update(TEMPER_HOME=str(self.home), PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+                   NO_COLOR="1")
         argv = [sys.executable, "-m", "harness", "gate", milestone, "--patch", str(path), "--json"]
         if UNSANDBOXED:
             argv.append("--unsandboxed")
