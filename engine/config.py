@@ -49,6 +49,7 @@ class EngineConfig:
     device: str = _f("auto", "cpu, cuda, or auto (cuda when available)", "run")
     compute_dtype: str = _f("auto", "bf16, fp32, or auto (bf16 on cuda, fp32 on cpu); masters, grads and moments stay fp32", "run")
     num_steps: int = _f(50, "optimizer steps to run (the step count the schedule spans)", "run")
+    deterministic: bool = _f(True, "bitwise-reproducible runs: torch.use_deterministic_algorithms, cuBLAS workspace pinned, deterministic attention backward (see docs/determinism.md for its cost)", "run")
 
     # --- model (presets fill these)
     vocab_size: int = _f(258, "tokenizer vocabulary size; the embedding is padded to --vocab-pad-multiple x TP", "model")

@@ -32,7 +32,7 @@ from engine.config import EngineConfig, resolve, to_dict
 from engine.data.loader import BatchLoader
 from engine.data.sources import build_data
 from engine.distributed import ParallelState, init_parallel, shutdown_parallel
-from engine.env import launch_env
+from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
 from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
@@ -44,7 +44,7 @@ from engine.parallel import (GradSync, ParamGather, apply_tensor_parallel, globa
                              optimizer_state)
 from engine.runinfo import device_name, header_lines
 
-__all__ = ["pretrain", "resolve_device", "Trainer"]
+__all__ = ["pretrain", "resolve_device", "make_reproducible", "Trainer"]
 
 
 def resolve_device(cfg: EngineConfig) -> tuple[str, torch.dtype]:
@@ -54,6 +54,27 @@ def resolve_device(cfg: EngineConfig) -> tuple[str, torch.dtype]:
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = cfg.compute_dtype if cfg.compute_dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
     return device, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+
+
+def make_reproducible(cfg: EngineConfig, device_type: str) -> None:
+    """--deterministic: every run with one seed computes the same bits (resumes included).
+
+    torch.use_deterministic_algorithms makes torch ops take their deterministic paths (SDPA's flash
+    backward, index_add, ...) and raise for any op without one (fail fast, never silently
+    nondeterministic); cuBLAS gets a fixed workspace (engine/env.py); cuDNN never benchmarks. Our own
+    kernels read torch.are_deterministic_algorithms_enabled(): FA4's backward then orders its dQ / dK /
+    dV accumulation with semaphores instead of racing atomics; the others have no atomics to order
+    (engine/ops/README.md). Must run before the first CUDA matmul of the process."""
+    if not cfg.deterministic:
+        return
+    if device_type == "cuda":
+        try:
+            pin_cublas_workspace()
+        except ValueError as err:
+            raise ConfigError("--deterministic", True, str(err), "needs a reproducible cuBLAS workspace") from err
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 class _StopFlag:
@@ -280,6 +301,7 @@ def pretrain(cfg: EngineConfig) -> int:
         cfg = resolve(cfg, env.world_size)
         device_type, dtype = resolve_device(cfg)
         cfg = replace(cfg, device=device_type, compute_dtype="bf16" if dtype == torch.bfloat16 else "fp32")
+        make_reproducible(cfg, device_type)
         kv_replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
         par = init_parallel(env, cfg.tp, device_type, kv_replicas=kv_replicas)
     except ConfigError:

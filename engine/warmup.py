@@ -20,6 +20,7 @@ from engine.config import EngineConfig, resolve
 from engine.ops.dispatch import OP_NAMES, load_op, resolve_version
 from engine.ops.kernel_cache import kernel_cache_root
 from engine.ops.workloads import call_op, grad_leaves, make_inputs, op_shapes, rank_callable
+from engine.train import make_reproducible
 
 __all__ = ["warmup_kernels", "warm_op"]
 
@@ -58,6 +59,7 @@ def warmup_kernels(cfg: EngineConfig) -> int:
     if cfg.device == "cpu" or not torch.cuda.is_available():
         print("warmup-kernels: no CUDA device here; CPU runs use the baseline ops, nothing to compile")
         return 0
+    make_reproducible(cfg, "cuda")  # --deterministic compiles the ordered attention backward a run would use
     device = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.float32 if cfg.compute_dtype == "fp32" else torch.bfloat16
     s = op_shapes(cfg)

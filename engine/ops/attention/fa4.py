@@ -15,6 +15,11 @@ SM90 forward tile that bench/attention_variants.py measured fastest on our shape
 4096: 0.275 vs 0.307 ms at GQA 16/1, 0.491 vs 0.518 ms at 32/2; SDPA 0.297 / 0.532). FA4's default
 tiles stay for other head dims and other GPUs. FA4's backward never packs; its default SM90 tile
 (64 x 128) was as fast as any other feasible one in the same sweep.
+
+Determinism: FA4's backward accumulates dQ (and, for GQA, dK / dV) across tiles with atomics unless
+asked to order them (semaphores, `deterministic=True`). Every version here asks whenever
+torch.are_deterministic_algorithms_enabled() (the engine's --deterministic), so same-seed runs are
+bitwise equal; its cost is measured in docs/determinism.md.
 """
 
 import torch
@@ -44,7 +49,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 def _fa4(q, k, v, softmax_scale: float, pack_gqa: bool | None) -> torch.Tensor:
     _check(q, k, v)
-    result = flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=True, pack_gqa=pack_gqa)
+    result = flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=True, pack_gqa=pack_gqa,
+                             deterministic=torch.are_deterministic_algorithms_enabled())
     return result[0] if isinstance(result, tuple) else result
 
 
@@ -70,12 +76,15 @@ class _TunedAttention(torch.autograd.Function):
                                                 **tiles)[:2]
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.softmax_scale = softmax_scale
+        # Read at forward time, as torch's own ops do: the mode the step ran in decides its backward.
+        ctx.deterministic = torch.are_deterministic_algorithms_enabled()
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = fa_interface._flash_attn_bwd(q, k, v, out, dout, lse, ctx.softmax_scale, True)
+        dq, dk, dv = fa_interface._flash_attn_bwd(q, k, v, out, dout, lse, ctx.softmax_scale, True,
+                                                  deterministic=ctx.deterministic)
         return dq, dk, dv, None
 
 
