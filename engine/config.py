@@ -107,8 +107,13 @@ class EngineConfig:
     save_dir: str = _f("", "checkpoint folder (empty: <run_dir>/checkpoints)", "output")
     save_every: int = _f(0, "checkpoint every N steps (0: only at the end, if --save-final)", "output")
     save_final: bool = _f(True, "checkpoint after the last step", "output")
-    keep_last: int = _f(3, "keep this many newest checkpoints", "output")
-    resume: str = _f("", "'auto' (newest checkpoint in --save-dir, if any) or a checkpoint path", "output")
+    keep_last: int = _f(3, "keep this many most recently written checkpoints (by write order, not step number)", "output")
+    resume: str = _f("", "'auto' (the newest checkpoint in --save-dir, by write order, that verifies against its checksums; "
+                     "none: start afresh) or a checkpoint path (must verify)", "output")
+    override_schedule: bool = _f(False, "on resume, accept a learning-rate schedule (--num-steps, --lr, --lr-schedule, "
+                                 "--warmup-steps, ...) other than the checkpoint's; recorded in later checkpoints' meta.json", "output")
+    async_save: bool = _f(False, "write checkpoints in a background thread from a host-memory copy, overlapping training "
+                          "(published as `latest` only when complete; one at a time; exit waits for it)", "output")
     log_every: int = _f(1, "print the [LOSS] line every N steps", "output")
     tensorboard: bool = _f(False, "also write TensorBoard scalars under <run_dir>/tensorboard (needs the tensorboard package: pip install 'temper-train[tensorboard]')", "output")
     peak_tflops: float = _f(0.0, "peak bf16 dense TFLOP/s per device for MFU (0: from the GPU model; 989 for H100/H200)", "output")
@@ -254,6 +259,9 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
         raise ConfigError("--warmup-steps", cfg.warmup_steps, f"use at most --num-steps {cfg.num_steps}", "is longer than the run")
     if cfg.lr_schedule == "wsd" and cfg.warmup_steps + cfg.decay_steps > cfg.num_steps:
         raise ConfigError("--decay-steps", cfg.decay_steps, f"warmup {cfg.warmup_steps} + decay must fit in --num-steps {cfg.num_steps}", "is too long")
+    if cfg.override_schedule and not cfg.resume:
+        raise ConfigError("--override-schedule", True, "use it with --resume (auto or a path), or leave it out",
+                          "has no checkpoint whose schedule it would override")
     if cfg.resume not in ("", "auto") and not Path(cfg.resume).exists():
         raise ConfigError("--resume", cfg.resume, "pass 'auto' or an existing checkpoint folder", "does not exist")
     for beta in ("adam_beta1", "adam_beta2"):

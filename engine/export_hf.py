@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from engine.checkpoint import find_checkpoint, read_meta
+from engine.checkpoint import read_meta, select_checkpoint
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
 from engine.model import Transformer
@@ -134,7 +134,7 @@ def export_hf(checkpoint: str, out: str, dtype: str = "bfloat16") -> Path:
     """Write out/model*.safetensors (+ index when sharded) and out/config.json, atomically."""
     from safetensors.torch import save_file  # lazy: only export needs safetensors
 
-    path = find_checkpoint(checkpoint, Path(checkpoint)) if not (Path(checkpoint) / "meta.json").is_file() else Path(checkpoint)
+    path, _ = select_checkpoint(checkpoint, Path(checkpoint), flag="--checkpoint")  # verified against its checksums
     cfg, weights = load_full_weights(path)
     tensors = {k: t.to(getattr(torch, dtype)) for k, t in to_llama_state_dict(cfg, weights).items()}
     target = Path(out)

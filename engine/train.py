@@ -26,8 +26,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.checkpoint import (check_compatible, find_checkpoint, load_checkpoint, meta_for, read_meta,
-                               save_checkpoint, write_text_atomic)
+from engine.async_checkpoint import BackgroundSaver, FinishedSave
+from engine.atomic import write_text_atomic
+from engine.checkpoint import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
+                               save_checkpoint, select_checkpoint)
 from engine.config import EngineConfig, resolve, to_dict
 from engine.data.loader import BatchLoader
 from engine.data.sources import build_data
@@ -108,12 +110,14 @@ class Trainer:
         self.layout = {"tp": par.tp_size, "dp": par.dp_size}
 
         # 2. everything that can reject the input, before anything is written
-        self.resume_from = find_checkpoint(cfg.resume, self.save_dir)
+        self.resume_from, resume_notes = select_checkpoint(cfg.resume, self.save_dir)  # verified against its checksums
         self.resume_meta = None
         self.resharding = False  # resuming a checkpoint written with another DP size
+        self.schedule_overrides: list[dict[str, Any]] = []
         if self.resume_from is not None:
             self.resume_meta = read_meta(self.resume_from)
             self.resharding = check_compatible(self.resume_meta, cfg, self.resume_from, self.layout)
+            self.schedule_overrides = check_schedule(self.resume_meta, cfg, self.resume_from)
         cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else self.run_dir / "data"
         self.data = build_data(cfg, cache_dir=cache, dp_rank=par.dp_rank, dp_size=par.dp_size, global_rank=par.rank,
                                world_size=par.world_size)
@@ -134,28 +138,37 @@ class Trainer:
         self.step = 0
         if self.resume_from is not None:
             self._restore(self.resume_from)
+        self.saver = BackgroundSaver(par.world_size) if cfg.async_save else None
 
         # 4. outputs
         if par.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.run_dir / "config.json", _json(to_dict(cfg)))
         self.metrics = MetricsWriter(self.run_dir, enabled=par.is_main, tensorboard=cfg.tensorboard,
-                                     append=self.resume_from is not None)
+                                     resume_step=self.step if self.resume_from is not None else None)
         n_params = global_param_count(self.model, par)
         for line in header_lines(device=par.device, launcher=launcher, world=par.world_size, tp=par.tp_size,
                                  dp=par.dp_size, op_versions=self.ops.versions, data=self.data.description,
                                  params=n_params, matmul_params=matmul_params(cfg),
                                  flops_per_token=flops_per_token(cfg), config=to_dict(cfg)):
             self.metrics.info(line)
+        for line in resume_notes:
+            self.metrics.info(line)
         if self.resume_from is not None:
             self.metrics.info(f"[RUN] resumed from {self.resume_from} at step {self.step}")
+        if self.metrics.dropped:
+            self.metrics.info(f"[RUN] metrics.jsonl: dropped {self.metrics.dropped} line(s) after step {self.step} "
+                              f"(logged before the interruption; this run logs those steps again)")
+        for override in self.schedule_overrides:
+            changes = ", ".join(f"{name} {old!r} -> {new!r}" for name, (old, new) in override["changes"].items())
+            self.metrics.info(f"[RUN] schedule overridden at step {override['step']} (--override-schedule): {changes}")
         self.stop = _StopFlag()
 
     # --- checkpoint state ---------------------------------------------------------------------------
 
-    def _state(self, with_rng: bool = True) -> dict[str, Any]:
+    def _state(self, with_rng: bool = True, stage: Any = None) -> dict[str, Any]:
         state = {
-            "optim": optimizer_state(self.optimizer, self.par),
+            "optim": optimizer_state(self.optimizer, self.par, stage),
             "trainer": {"step": self.step, "adam_step": self.optimizer.adam_step(), "data": self.loader.state_dict()},
         }
         if with_rng:
@@ -165,11 +178,26 @@ class Trainer:
             state[f"rng/rank{self.par.rank}"] = rng
         return state
 
-    def save(self) -> Path:
-        path = save_checkpoint(self.save_dir, self.step, self._state(), meta_for(self.cfg, self.step, self.layout),
-                               is_main=self.par.is_main, keep_last=self.cfg.keep_last)
-        self.metrics.info(f"[CKPT] step={self.step} path={path}")
-        return path
+    def save(self) -> None:
+        """Checkpoint this step. Blocking, or (--async-save) stage a host copy and write it in the background."""
+        t0 = time.perf_counter()
+        meta = meta_for(self.cfg, self.step, self.layout, self.schedule_overrides)
+        if self.saver is None:
+            path = save_checkpoint(self.save_dir, self.step, self._state(), meta, keep_last=self.cfg.keep_last)
+            self.metrics.info(f"[CKPT] step={self.step} path={path} stall_s={time.perf_counter() - t0:.3f}")
+            return
+        self._report_save(self.saver.wait())  # the previous save owns the host buffers until it is published
+        state = self._state(stage=self.saver.stage)
+        self.saver.synchronize()
+        step, group = self.step, self.saver.group
+        self.saver.submit(step, lambda: save_checkpoint(self.save_dir, step, state, meta, keep_last=self.cfg.keep_last,
+                                                        group=group))
+        self.metrics.info(f"[CKPT] step={step} staged stall_s={time.perf_counter() - t0:.3f} (async: writing in the "
+                          f"background, becomes latest when complete)")
+
+    def _report_save(self, finished: FinishedSave | None) -> None:
+        if finished is not None:
+            self.metrics.info(f"[CKPT] step={finished.step} path={finished.path} write_s={finished.write_s:.3f} (async)")
 
     def _restore(self, path: Path) -> None:
         # Per-rank RNG states belong to the saved layout; a resharded resume keeps this run's own.
@@ -230,7 +258,7 @@ class Trainer:
             norms.append((not math.isfinite(n), n if math.isfinite(n) else 0.0, e.name, n))
         worst = sorted(norms, reverse=True)[:5]
         layers = ", ".join(f"{name}={n:.3e}" for _, _, name, n in worst)
-        last = find_checkpoint("auto", self.save_dir)
+        last = newest_checkpoint(self.save_dir)
         kept = f"last good checkpoint {last} (not overwritten)" if last else "no checkpoint was written"
         return f"step {self.step + 1}: loss={loss} grad_norm={grad_norm}; largest grad norms: {layers}; {kept}"
 
@@ -272,6 +300,8 @@ class Trainer:
                                       peak_mem_gib=mem, print_line=self.step % cfg.log_every == 0 or self.step == cfg.num_steps)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.num_steps:
                     self._evaluate()
+                if self.saver is not None:
+                    self._report_save(self.saver.poll())
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save()
                     saved_at = self.step
@@ -287,8 +317,12 @@ class Trainer:
             return 0
         finally:
             self.param_gather.wait_all()
-            self.stop.uninstall()
-            self.metrics.close()
+            try:
+                if self.saver is not None:  # exit (normal, signal or error) waits for the save in flight
+                    self._report_save(self.saver.wait())
+            finally:
+                self.stop.uninstall()
+                self.metrics.close()
 
 
 def _json(data: dict[str, Any]) -> str:

@@ -49,7 +49,8 @@ def test_resume_auto_and_keep_last(tmp_path):
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
     assert ckpts == ["step_00000004", "step_00000006"]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000006"
-    more = run_engine("pretrain", *TINY_FAST, "--num-steps", "8", "--resume", "auto", "--run-dir", str(run_dir))
+    more = run_engine("pretrain", *TINY_FAST, "--num-steps", "8", "--resume", "auto", "--override-schedule",
+                      "--run-dir", str(run_dir))
     assert [deterministic_fields(x)[0] for x in loss_lines(more.stdout)] == ["7", "8"]
     assert "resumed from" in more.stdout
 
@@ -71,7 +72,8 @@ def test_sigterm_checkpoints_at_step_boundary_and_exits_zero(tmp_path):
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     step = int(latest.split("_")[1])
     assert step >= 3
-    resumed = run_engine("pretrain", *TINY_FAST, "--num-steps", str(step + 2), "--resume", "auto", "--run-dir", str(run_dir))
+    resumed = run_engine("pretrain", *TINY_FAST, "--num-steps", str(step + 2), "--resume", "auto", "--override-schedule",
+                         "--run-dir", str(run_dir))
     assert deterministic_fields(loss_lines(resumed.stdout)[0])[0] == str(step + 1)
 
 

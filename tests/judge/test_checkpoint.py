@@ -49,6 +49,28 @@ def test_single_process_checkpoint_matches_engine_reader(run):
     assert list(only.tensors) == ["master"] and list(only.masters) == ["embed.weight"]
 
 
+def test_same_size_overwrite_is_caught_by_the_manifest(run, tmp_path):
+    """The engine's manifest.json (SHA-256 per 64 MiB block) is checked by the judge's own code: a shard
+    overwritten in place, same size, is named instead of read as weights; without a manifest the folder
+    reads as before (older engines)."""
+    bad = tmp_path / "step_00000006"
+    shutil.copytree(run.save_dir / "step_00000006", bad)
+    shard = bad / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"step_00000006: __0_0.distcp bytes 0\.\.\d+ differ from its manifest"):
+        load_checkpoint(bad)
+    (bad / "extra.bin").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"extra.bin is not in manifest.json"):
+        load_checkpoint(bad)
+    shutil.copy(run.save_dir / "step_00000006" / "__0_0.distcp", shard)
+    (bad / "extra.bin").unlink()
+    assert load_checkpoint(bad, kinds=("master",)).step == 6
+    (bad / "manifest.json").unlink()
+    assert load_checkpoint(bad, kinds=("master",)).step == 6
+
+
 def test_missing_files_name_the_folder(run, tmp_path):
     bad = tmp_path / "step_00000006"
     shutil.copytree(run.save_dir / "step_00000006", bad)
@@ -91,6 +113,7 @@ def test_pickled_code_in_metadata_is_refused(run, tmp_path):
     marker = tmp_path / "pwned"
     bad = tmp_path / "step_00000006"
     shutil.copytree(run.save_dir / "step_00000006", bad)
+    (bad / "manifest.json").unlink()  # the candidate writes the manifest too: it proves nothing against it
     (bad / ".metadata").write_bytes(pickle.dumps(_Evil(str(marker))))
     with pytest.raises(CheckpointError, match=r"\.metadata is unreadable.*not allowed"):
         load_checkpoint(bad)
@@ -138,6 +161,7 @@ def test_storage_paths_outside_the_folder_are_refused(run, tmp_path):
     from harness.judge.checkpoint import _read_metadata
     bad = tmp_path / "step_00000006"
     shutil.copytree(run.save_dir / "step_00000006", bad)
+    (bad / "manifest.json").unlink()
     md = _read_metadata(bad)
     first = next(iter(md.storage_data))
     info = md.storage_data[first]
