@@ -178,14 +178,15 @@ class Trainer:
             state[f"rng/rank{self.par.rank}"] = rng
         return state
 
-    def save(self) -> None:
-        """Checkpoint this step. Blocking, or (--async-save) stage a host copy and write it in the background."""
+    def save(self) -> Path | None:
+        """Checkpoint this step: blocking (returns the published folder), or with --async-save stage a host copy
+        and write it in the background (returns None; `_report_save` names the folder once it is published)."""
         t0 = time.perf_counter()
         meta = meta_for(self.cfg, self.step, self.layout, self.schedule_overrides)
         if self.saver is None:
             path = save_checkpoint(self.save_dir, self.step, self._state(), meta, keep_last=self.cfg.keep_last)
             self.metrics.info(f"[CKPT] step={self.step} path={path} stall_s={time.perf_counter() - t0:.3f}")
-            return
+            return path
         self._report_save(self.saver.wait())  # the previous save owns the host buffers until it is published
         state = self._state(stage=self.saver.stage)
         self.saver.synchronize()
@@ -194,6 +195,7 @@ class Trainer:
                                                         group=group))
         self.metrics.info(f"[CKPT] step={step} staged stall_s={time.perf_counter() - t0:.3f} (async: writing in the "
                           f"background, becomes latest when complete)")
+        return None
 
     def _report_save(self, finished: FinishedSave | None) -> None:
         if finished is not None:
