@@ -58,3 +58,7 @@ def test_truncated_checkpoint_shards(tmp_path):
     for shard in ckpt.glob("*.distcp"):
         shard.write_bytes(shard.read_bytes()[:100])
     assert_rejected(tmp_path, "--resume", str(ckpt), fragment="--resume")
+
+
+def test_override_schedule_without_resume(tmp_path):
+    assert_rejected(tmp_path, "--override-schedule", fragment="--override-schedule=True")
