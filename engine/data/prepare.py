@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from engine.atomic import fsync_dir
 from engine.data.embedded import EMBEDDED_SPLITS, embedded_file, read_embedded
 from engine.data.format import (
-    FORMAT_NAME, FORMAT_VERSION, INDEX_FILE, SHARD_MAX_BYTES, dtype_for_vocab, fsync_dir, itemsize,
+    FORMAT_NAME, FORMAT_VERSION, INDEX_FILE, SHARD_MAX_BYTES, dtype_for_vocab, itemsize,
     shard_file_name, write_json_atomic,
 )
 from engine.config import EngineConfig
