@@ -15,8 +15,9 @@ Per mode (one line each in the table, everything in the JSON):
 - `stall/ckpt`: (window - none's window) / saves: what a checkpoint costs training, including the
   slowdown of steps that overlap an asynchronous write (host memory bandwidth, disk, hashing cores);
 - `outside/ckpt`: (window - the steps' own time_s) / saves: time the main thread spent between steps;
-- the engine's `[CKPT]` numbers: `stall_s` per save (blocking: the whole save; async: the host copy,
-  the first one also allocates the pinned buffers) and `write_s` of each background write;
+- the engine's `[CKPT]` numbers: `stall_s` per save (blocking: the whole save; async: the host copy
+  into buffers pinned at start-up, plus any wait for the previous write) and `write_s` of each
+  background write;
 - `ckpt GB`: bytes of one checkpoint folder (all ranks), and the SHA-256 rate of this machine
   (one thread in memory; engine/checksums.py's threaded file hashing), which bounds the hashing cost.
 

@@ -1,7 +1,7 @@
 """Asynchronous checkpoint saves (`--async-save`): copy to host memory, write in a background thread.
 
 Training stalls only for the copy of this rank's masters and moments into host buffers (pinned on
-CUDA, allocated at the first save and reused); the background thread then runs the very same
+CUDA, allocated when the run starts and reused); the background thread then runs the very same
 `save_checkpoint` as a blocking save (DCP write, checksums, manifest, fsync, rename, `latest`,
 prune), so the crash safety is the blocking save's: a checkpoint becomes `latest` only after its
 write is complete, and a kill mid-write leaves a `.tmp` folder that nothing reads or prunes.
@@ -12,9 +12,10 @@ or on an error; pruning happens inside the save, after its own publish, so it ne
 checkpoint being written. The save's collectives run on a process group of their own (gloo), so
 they never interleave with training's collectives issued meanwhile by the main thread.
 
-Why not DCP's `async_save`: its staging does not cover the ZeRO-1 ShardedTensors on every torch
-this engine supports (>= 2.4), and the manifest and publish must run after the write, in order;
-a thread around the blocking save is the same mechanism with one code path for both modes.
+Why not DCP's `async_save`: its signature and staging options changed across the torch releases
+this engine supports (>= 2.4), and the checksums, manifest and publish must follow the write, in
+order, on the same group; a thread around the blocking save is the same mechanism (a host copy and
+a background writer) with one code path for both modes.
 """
 
 import threading
@@ -49,13 +50,19 @@ class BackgroundSaver:
         self._step = -1
         self._device_copies = False
 
-    def stage(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
-        """A host copy of `tensor` in this key's reused buffer (call synchronize() before handing it on)."""
-        assert self._thread is None, "staging over buffers a save is still writing"
+    def reserve(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This key's host buffer, allocated once. Called for every key when the run starts, so a host that
+        cannot hold the copy fails then, not at the first checkpoint, and no save pays for pinning memory."""
         buf = self._buffers.get(key)
         if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
             buf = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
             self._buffers[key] = buf
+        return buf
+
+    def stage(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A host copy of `tensor` in this key's buffer (call synchronize() before handing it on)."""
+        assert self._thread is None, "staging over buffers a save is still writing"
+        buf = self.reserve(key, tensor)
         buf.copy_(tensor, non_blocking=tensor.is_cuda)
         self._device_copies |= tensor.is_cuda
         return buf

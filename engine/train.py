@@ -139,6 +139,8 @@ class Trainer:
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.saver = BackgroundSaver(par.world_size) if cfg.async_save else None
+        if self.saver is not None:
+            self._state(with_rng=False, stage=self.saver.reserve)  # host buffers now: a host too small fails here
 
         # 4. outputs
         if par.is_main:
