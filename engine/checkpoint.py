@@ -208,7 +208,10 @@ def select_checkpoint(resume: str, save_dir: Path, flag: str = "--resume") -> tu
         return None, []
     if resume == "auto":
         notes = []
-        for path in reversed(checkpoints_in_write_order(save_dir)):
+        # rank 0's listing on every rank: a shared filesystem may show a late rank another one, and all
+        # ranks must walk the same candidates through the collective verification
+        for name in _all_gather([p.name for p in reversed(checkpoints_in_write_order(save_dir))])[0]:
+            path = save_dir / name
             t0 = time.perf_counter()
             problems = verify_checkpoint(path)
             if not problems:
@@ -221,7 +224,7 @@ def select_checkpoint(resume: str, save_dir: Path, flag: str = "--resume") -> tu
         return None, []
     path = Path(resume)
     if not _STEP_DIR.match(path.name) and not (path / "meta.json").is_file():
-        newest = newest_checkpoint(path)
+        newest = _all_gather(newest_checkpoint(path))[0]
         if newest is None:
             raise ConfigError(flag, resume, "pass a step_* checkpoint folder or a save dir that holds one",
                               "holds no checkpoint")

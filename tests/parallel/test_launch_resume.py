@@ -125,3 +125,21 @@ def test_every_ranks_shards_are_checksummed_and_a_damaged_one_is_named(tp2dp2, t
                     "--resume", str(ckpt), "--run-dir", str(tmp_path / "resumed"), check=False)
     assert proc.returncode != 0 and not loss_lines(proc.stdout)
     assert f"{ckpt.name}/{shard.name} bytes 0.." in proc.stderr and "fails verification" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_resume_auto_at_tp2_dp2_skips_a_damaged_newest_checkpoint(tp2dp2, tmp_path):
+    """Every rank walks rank 0's list of candidates, verifies its share, and all agree: step 8 (rank 2's
+    shard damaged) is skipped with one line, step 4 resumes bit for bit."""
+    run_dir, lines, _ = tp2dp2
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    shard = next((copy / "checkpoints" / "step_00000008").glob("__2_*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x80
+    shard.write_bytes(bytes(data))
+    proc = torchrun(4, "pretrain", *TINY_DP, *STEPS, "--tp", "2", "--micro-batch-size", "1", "--grad-accum-steps", "2",
+                    "--resume", "auto", "--run-dir", str(copy))
+    skipped = [x for x in proc.stdout.splitlines() if x.startswith("[CKPT] skipped")]
+    assert len(skipped) == 1 and f"step_00000008/{shard.name}" in skipped[0], proc.stdout[-3000:]
+    assert [deterministic_fields(x) for x in loss_lines(proc.stdout)] == lines[4:]
