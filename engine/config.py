@@ -73,7 +73,7 @@ class EngineConfig:
     micro_batch_size: int = _f(8, "samples per micro-batch per data-parallel rank", "batch")
     grad_accum_steps: int = _f(0, "micro-batches per step (0: derived from --global-batch-size, else 1)", "batch")
     global_batch_size: int = _f(0, "samples per optimizer step = mbs x GAS x DP (0: derived)", "batch")
-    # Packed documents (engine/model/documents.py, docs/document-masking.md). Off, as MiniCPM and Megatron pretrain.
+    # Packed documents (engine/model/documents.py). Off: Megatron's default; MiniCPM's is undocumented (docs/document-masking.md).
     document_mask: bool = _f(False, "a token attends only to earlier tokens of its own document (documents end at EOS in "
                              "the packed window; varlen attention); off: plain causal attention across the window", "batch")
     reset_position_ids: bool = _f(False, "with --document-mask: RoPE positions restart at 0 at each document (Megatron's "
