@@ -11,6 +11,7 @@
 - llama-tiny against HF transformers' LlamaForCausalLM given the block-diagonal causal mask (a 4D
   additive mask built here from the EOS positions) and the position ids: rel. 1e-5 (measured 0).
 - Without the mask the packed window is not the documents alone (the test can fail).
+- --activation-checkpointing recomputes each layer with the same layout: gradients bit for bit.
 - Training end to end (CLI, tiny preset, a corpus of short documents): runs with the mask, evaluates,
   and its [LOSS] lines differ from the run without it.
 """
@@ -98,6 +99,19 @@ def test_packed_documents_equal_each_document_alone(reset):
     assert packed_loss.item() == pytest.approx(alone_loss, rel=1e-5)
     for name, p in model.named_parameters():
         assert rel(packed_grads[name], p.grad) < 1e-5, name
+
+
+def test_activation_checkpointing_recomputes_within_documents():
+    """The layout travels into the recomputed layers: the same loss and gradients bit for bit (fp32 CPU)."""
+    window, docs = packed_window()
+    labels = torch.tensor([sum((doc_labels(d) for d in docs), [])])
+    grads = []
+    for recompute in (False, True):
+        cfg, model = model_for(document_mask=True, reset_position_ids=True, seq_length=50,
+                               activation_checkpointing=recompute)
+        model(window, labels, batch_documents(cfg, window, EOS, CPU)).backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
 def test_without_the_mask_documents_see_each_other():
