@@ -73,6 +73,11 @@ class EngineConfig:
     micro_batch_size: int = _f(8, "samples per micro-batch per data-parallel rank", "batch")
     grad_accum_steps: int = _f(0, "micro-batches per step (0: derived from --global-batch-size, else 1)", "batch")
     global_batch_size: int = _f(0, "samples per optimizer step = mbs x GAS x DP (0: derived)", "batch")
+    # Packed documents (engine/model/documents.py). Off: Megatron's default; MiniCPM's is undocumented (docs/document-masking.md).
+    document_mask: bool = _f(False, "a token attends only to earlier tokens of its own document (documents end at EOS in "
+                             "the packed window; varlen attention); off: plain causal attention across the window", "batch")
+    reset_position_ids: bool = _f(False, "with --document-mask: RoPE positions restart at 0 at each document (Megatron's "
+                                  "--reset-position-ids); off: positions run 0..seq-1 across the window", "batch")
 
     # --- optimizer and schedule
     lr: float = _f(3e-4, "peak learning rate", "optim")
@@ -259,6 +264,9 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
         raise ConfigError("--warmup-steps", cfg.warmup_steps, f"use at most --num-steps {cfg.num_steps}", "is longer than the run")
     if cfg.lr_schedule == "wsd" and cfg.warmup_steps + cfg.decay_steps > cfg.num_steps:
         raise ConfigError("--decay-steps", cfg.decay_steps, f"warmup {cfg.warmup_steps} + decay must fit in --num-steps {cfg.num_steps}", "is too long")
+    if cfg.reset_position_ids and not cfg.document_mask:
+        raise ConfigError("--reset-position-ids", True, "add --document-mask, or leave it out",
+                          "without --document-mask would let a document attend to the previous one at negative distances")
     if cfg.override_schedule and not cfg.resume:
         raise ConfigError("--override-schedule", True, "use it with --resume (auto or a path), or leave it out",
                           "has no checkpoint whose schedule it would override")

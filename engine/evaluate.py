@@ -3,7 +3,8 @@
 Bits per byte is tokenizer-agnostic: the summed cross-entropy of the evaluated targets in bits,
 divided by the UTF-8 bytes those targets stand for (the tokenizer's per-id byte lengths, as
 parameter-golf's val_bpb counts them). An evaluation always reads the same first samples of the
-validation split, in order, so numbers are comparable across steps and runs.
+validation split, in order, so numbers are comparable across steps and runs. With --document-mask
+they are read as training reads them, each token within its own document.
 """
 
 import math
@@ -13,6 +14,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
+from engine.model import batch_documents
 
 __all__ = ["evaluate"]
 
@@ -29,9 +31,11 @@ def evaluate(model: torch.nn.Module, samples, cfg: EngineConfig, par: ParallelSt
     token_bytes = token_bytes.to(par.device)
     for start in range(0, n - n % (mbs * dp), mbs * dp):
         rows = range(start + par.dp_rank * mbs, start + (par.dp_rank + 1) * mbs)
-        batch = torch.stack([samples[i] for i in rows]).to(par.device)
+        batch = torch.stack([samples[i] for i in rows])
+        documents = batch_documents(cfg, batch[:, :-1], samples.shards.eos_id, par.device)
+        batch = batch.to(par.device)
         inputs, labels = batch[:, :-1], batch[:, 1:]
-        totals[0] += model(inputs, labels).double()
+        totals[0] += model(inputs, labels, documents).double()
         totals[1] += labels.numel()
         totals[2] += token_bytes[labels].sum().double()
     if dp > 1:

@@ -39,7 +39,7 @@ from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
 from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
 from engine.metrics import MetricsWriter
-from engine.model import IGNORE_INDEX, Transformer, build_model
+from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
 from engine.ops import resolve_ops
 from engine.optim import FlatBuffers, MixedPrecisionAdamW, lr_at
 from engine.parallel import (GradSync, ParamGather, apply_tensor_parallel, global_param_count, load_optimizer_state,
@@ -226,18 +226,20 @@ class Trainer:
         return t
 
     def train_step(self) -> tuple[float, float, float]:
-        micro = [(x.to(self.par.device, non_blocking=True), y.to(self.par.device, non_blocking=True))
-                 for x, y in self.loader.next_step()]
+        # --document-mask: each micro-batch's document boundaries, found on the host from its CPU tokens
+        eos = self.data.train.shards.eos_id
+        micro = [(x.to(self.par.device, non_blocking=True), y.to(self.par.device, non_blocking=True),
+                  batch_documents(self.cfg, x, eos, self.par.device)) for x, y in self.loader.next_step()]
         valid = torch.zeros((), dtype=torch.float32, device=self.par.device)
-        for _, labels in micro:
+        for _, labels, _ in micro:
             valid += (labels != IGNORE_INDEX).sum()
         # Async: on NCCL this all-reduce queues behind the parameter all-gathers of the last step;
         # waiting for it only at the first backward lets the first forward overlap them.
         count = dist.all_reduce(valid, group=self.par.dp_group, async_op=True) if self.par.dp_size > 1 else None
         self.buffers.zero_grads()
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)
-        for i, (inputs, labels) in enumerate(micro):
-            loss = self.model(inputs, labels)
+        for i, (inputs, labels, documents) in enumerate(micro):
+            loss = self.model(inputs, labels, documents)
             if count is not None:
                 count.wait()
                 count = None

@@ -14,7 +14,8 @@ b. Loss. The judge draws `num_samples` windows of seq_length + 1 tokens from the
    tokens (the caller reads them from the base commit, never from the candidate's tree) with a
    torch.Generator seeded by `seed`, a number the judge picks per judging, and computes the mean
    cross-entropy of the final weights (judge_val_loss) and, when the checkpoint of step N - 1 is
-   there, of those weights (judge_val_loss_prev). Then:
+   there, of those weights (judge_val_loss_prev), reading packed documents as the EXPECTED config says
+   (document_mask, reset_position_ids; absent = off) with the EOS of the judge's own tokenization. Then:
    - the claimed [EVAL] val_loss of the final step is compared with judge_val_loss (same weights,
      same split; different samples): relative tolerance `val_rtol`;
    - the claimed [LOSS] global_loss of the final step N was computed on the weights of step N - 1
@@ -82,7 +83,8 @@ BYTE_VOCAB, BYTE_EOS = 258, 257  # the engine's byte tokenizer: ids 0..255 bytes
 # optimizer constants the lr estimate relies on). Derived fields (batch sizes) are not compared.
 CHECKED_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                   "head_dim", "ffn_hidden_size", "rms_norm_eps", "rope_theta", "mup", "scale_emb", "scale_depth",
-                  "dim_model_base", "seq_length", "adam_beta1", "adam_beta2", "adam_eps", "tp")
+                  "dim_model_base", "seq_length", "adam_beta1", "adam_beta2", "adam_eps", "tp", "document_mask",
+                  "reset_position_ids")
 
 
 @dataclass
@@ -121,6 +123,7 @@ class TokenStream:
     tokens: torch.Tensor  # int64, documents each followed by EOS
     vocab_size: int
     description: str
+    eos_id: int  # the EOS every document ends with (where --document-mask starts a new one)
 
 
 def embedded_tokens(jsonl: bytes, *, text_field: str = "text", text_template: str = "") -> TokenStream:
@@ -141,7 +144,7 @@ def embedded_tokens(jsonl: bytes, *, text_field: str = "text", text_template: st
         docs += 1
     digest = hashlib.sha256(jsonl).hexdigest()[:12]
     return TokenStream(torch.tensor(ids, dtype=torch.int64), BYTE_VOCAB,
-                       f"embedded corpus ({docs} documents, {len(ids)} byte tokens, sha256 {digest})")
+                       f"embedded corpus ({docs} documents, {len(ids)} byte tokens, sha256 {digest})", BYTE_EOS)
 
 
 def shard_tokens(folder: Path | str, *, verify_sha256: bool = True) -> TokenStream:
@@ -163,7 +166,8 @@ def shard_tokens(folder: Path | str, *, verify_sha256: bool = True) -> TokenStre
         parts.append(torch.frombuffer(bytearray(raw), dtype=signed).to(torch.int64) & mask)
     tokens = torch.cat(parts)
     return TokenStream(tokens, int(index["tokenizer"]["vocab_size"]),
-                       f"prepared shards {folder} ({tokens.numel()} tokens, tokenizer {index['tokenizer']['name']})")
+                       f"prepared shards {folder} ({tokens.numel()} tokens, tokenizer {index['tokenizer']['name']})",
+                       int(index["tokenizer"]["eos_id"]))
 
 
 def _draw_windows(stream: TokenStream, seq_length: int, num_samples: int, seed: int) -> torch.Tensor:
@@ -177,11 +181,11 @@ def _draw_windows(stream: TokenStream, seq_length: int, num_samples: int, seed: 
 
 
 def _judge_loss(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], windows: torch.Tensor,
-                batch: int, device: str) -> tuple[float, int]:
+                batch: int, device: str, eos_id: int) -> tuple[float, int]:
     p = {k: v.to(device=device, dtype=torch.float32) for k, v in params.items()}
     total, count = 0.0, 0
     for i in range(0, windows.shape[0], batch):
-        s, c = reference.loss_sum(p, config, windows[i:i + batch].to(device))
+        s, c = reference.loss_sum(p, config, windows[i:i + batch].to(device), eos_id=eos_id)
         total, count = total + s, count + c
     return total / count, count
 
@@ -325,6 +329,8 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
     cfg = dict(final.config)
     cfg.update({k: expected_config[k] for k in reference.REQUIRED_FIELDS + ("scale_emb", "scale_depth", "dim_model_base")
                 if k in expected_config})
+    # How packed documents are read is what the job was asked for, never what its meta.json says.
+    cfg.update({k: bool(expected_config.get(k, False)) for k in reference.DOCUMENT_FIELDS})
     seq = int(expected_config.get("seq_length", cfg.get("seq_length")))
     prev: JudgeCheckpoint | None = None
     prev_path = next((p for p in reversed(found[:-1]) if p.name == f"step_{final.step - 1:08d}"), None)
@@ -340,9 +346,9 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
         ev.violations.append(f"config: the validation tokenizer has {validation.vocab_size} ids, the model {cfg['vocab_size']}")
         return ev
     windows = _draw_windows(validation, seq, num_samples, seed)
-    ev.judge_val_loss, ev.judge_tokens = _judge_loss(final.masters, cfg, windows, batch_size, device)
+    ev.judge_val_loss, ev.judge_tokens = _judge_loss(final.masters, cfg, windows, batch_size, device, validation.eos_id)
     if prev is not None:
-        ev.judge_val_loss_prev, _ = _judge_loss(prev.masters, cfg, windows, batch_size, device)
+        ev.judge_val_loss_prev, _ = _judge_loss(prev.masters, cfg, windows, batch_size, device, validation.eos_id)
     if not math.isfinite(ev.judge_val_loss):
         ev.violations.append(f"val loss: the judge's loss of the final weights is {ev.judge_val_loss}")
     claimed_eval = _by_step(printed_evals, final.step)
@@ -355,7 +361,8 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
                                  f"(relative difference {rel:.3g} > {val_rtol})")
     if ev.claimed_train_loss is not None and training is not None:
         weights = prev.masters if prev is not None else final.masters
-        ev.judge_train_loss, _ = _judge_loss(weights, cfg, _draw_windows(training, seq, num_samples, seed), batch_size, device)
+        ev.judge_train_loss, _ = _judge_loss(weights, cfg, _draw_windows(training, seq, num_samples, seed), batch_size, device,
+                                             training.eos_id)
     if ev.claimed_train_loss is not None:
         ref = ev.judge_train_loss if ev.judge_train_loss is not None else (
             ev.judge_val_loss_prev if ev.judge_val_loss_prev is not None else ev.judge_val_loss)
@@ -370,7 +377,8 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
     # Printed training losses are losses on training batches: held against training-split windows when the
     # judge has them (the validation split can sit a few percent away from it on a small corpus).
     train_windows = _draw_windows(training, seq, num_samples, seed) if training is not None else windows
-    _check_trajectory(ev, found[:-1], prev, steps, cfg, train_windows, batch_size, device)
+    train_eos = training.eos_id if training is not None else validation.eos_id
+    _check_trajectory(ev, found[:-1], prev, steps, cfg, train_windows, batch_size, device, train_eos)
 
     # c. learning rate
     _check_lr(ev, final, prev, expected_config, last, require_lr_check, lr_rtol, moment_rtol)
@@ -380,7 +388,7 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
 
 
 def _check_trajectory(ev: Evidence, earlier: Sequence[Path], prev: JudgeCheckpoint | None, steps: Sequence[Any],
-                      cfg: Mapping[str, Any], windows: torch.Tensor, batch_size: int, device: str) -> None:
+                      cfg: Mapping[str, Any], windows: torch.Tensor, batch_size: int, device: str, eos_id: int) -> None:
     """The printed training loss of step k + 1 against the judge's loss of step k's weights, for every
     checkpoint the run left besides the last two (which the final-step check covers). A made-up curve
     with honest final weights is caught here; a run that keeps no other checkpoint is not checked.
@@ -401,7 +409,7 @@ def _check_trajectory(ev: Evidence, earlier: Sequence[Path], prev: JudgeCheckpoi
         except CheckpointError as err:
             ev.violations.append(f"checkpoint: {err}")
             return
-        judged, _ = _judge_loss(masters, cfg, windows, batch_size, device)
+        judged, _ = _judge_loss(masters, cfg, windows, batch_size, device, eos_id)
         ev.trajectory[step + 1] = judged
         rel = _rel(printed.loss, judged)
         rtol = max(TRAJECTORY_RTOL, 3.0 / math.sqrt(printed.tokens)) if printed.tokens else TRAIN_RTOL

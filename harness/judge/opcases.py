@@ -5,13 +5,18 @@ Shared by the bench job (harness/opbench.py runs a version of the op on these in
 and the judge (which regenerates the same inputs from the seed and recomputes every output and gradient
 here, independently of engine/). The contracts are engine/ops/README.md's:
 
-    attention    (q, k, v, *, softmax_scale) -> out                causal GQA, [b, s, h, d]
+    attention    (q, k, v, *, softmax_scale, cu_seqlens=None, max_seqlen=None) -> out
+                                                                   causal GQA, [b, s, h, d]; with
+                                                                   cu_seqlens causal within each document
     rmsnorm      (x, weight, *, eps, residual=None, residual_scale=1.0) -> y | (y, s)
     gemm_fc1     (x, w) -> silu(x W_gate^T) * (x W_up^T)           w = [W_gate; W_up]
     gemm_output  (h, w, labels, *, vocab_start, vocab_size) -> fp32 CE sum over valid labels
 
 Inputs are generated on the CPU with a seeded generator (the same bits in every process and on every
-machine), scaled so outputs are O(1) like a trained model's.
+machine), scaled so outputs are O(1) like a trained model's. A third of the attention cases (index 1, 4,
+...) pack documents into each row (`args["documents"]`: their lengths in the flattened b x s tokens,
+rows never shared): the version gets `cu_seqlens` and `max_seqlen` as --document-mask runs pass them,
+and must attend within each document only. A version that ignores them, or raises, fails those cases.
 """
 
 from __future__ import annotations
@@ -72,6 +77,9 @@ def draw_cases(op: str, seed: int, count: int, *, scale: float = 1.0) -> list[Ca
             dims = {"batch": rng.choice((1, 2)), "seq": _multiple(rng, 32, cap(1024, 64), 16),
                     "heads_q": heads_kv * rng.choice((1, 2, 4, 8)), "heads_kv": heads_kv, "head_dim": head_dim}
             args: dict[str, Any] = {"softmax_scale": 1.0 / math.sqrt(head_dim)}
+            if i % 3 == 1:  # from a generator of their own: the other cases stay what the seed always drew
+                args["documents"] = _documents(random.Random(f"attention-documents:{seed}:{i}"), dims["batch"],
+                                               dims["seq"])
         elif op == "rmsnorm":
             dims = {"tokens": _multiple(rng, 16, cap(4096, 64), 8), "hidden": _multiple(rng, 128, cap(8192, 256), 64)}
             args = {"eps": rng.choice((1e-6, 1e-5)), "residual": rng.random() < 0.75,
@@ -87,6 +95,19 @@ def draw_cases(op: str, seed: int, count: int, *, scale: float = 1.0) -> list[Ca
             args = {}
         cases.append(Case(op=op, dims=dims, args=args, seed=rng.randrange(1, 2**31 - 1) ^ i))
     return cases
+
+
+def _documents(rng: random.Random, batch: int, seq: int) -> tuple[int, ...]:
+    """Lengths of the documents packed into `batch` rows of `seq` tokens: 1 to 6 per row, one-token ones
+    included, each row split on its own."""
+    lengths: list[int] = []
+    for _ in range(batch):
+        cuts = set(rng.sample(range(1, seq), rng.randint(0, 5)))
+        if rng.random() < 0.5:
+            cuts.add(seq - 1)  # a one-token document at the row's end
+        edges = [0, *sorted(cuts), seq]
+        lengths += [b - a for a, b in zip(edges, edges[1:])]
+    return tuple(lengths)
 
 
 def timing_case(op: str, shape: dict[str, int], seed: int) -> Case:
@@ -116,6 +137,11 @@ def make_inputs(case: Case, *, dtype: torch.dtype, device: str | torch.device = 
     if case.op == "attention":
         b, s, hq, hkv, hd = d["batch"], d["seq"], d["heads_q"], d["heads_kv"], d["head_dim"]
         out = {"q": rand(b, s, hq, hd), "k": rand(b, s, hkv, hd), "v": rand(b, s, hkv, hd), "dout.0": rand(b, s, hq, hd)}
+        if "documents" in case.args:
+            offsets = [0]
+            for n in case.args["documents"]:
+                offsets.append(offsets[-1] + n)
+            out["cu_seqlens"] = torch.tensor(offsets, dtype=torch.int32, device=device)
     elif case.op == "rmsnorm":
         n, h = d["tokens"], d["hidden"]
         out = {"x": rand(n, h), "weight": (1.0 + 0.1 * torch.randn(h, generator=g, device=generator_device)).to(device=device, dtype=dtype),
@@ -156,6 +182,9 @@ def call_op(fn: Callable[..., Any], case: Case, inputs: dict[str, torch.Tensor])
     """One forward call of an op version as the model makes it; its outputs as a list."""
     a = case.args
     if case.op == "attention":
+        if "documents" in a:
+            return [fn(inputs["q"], inputs["k"], inputs["v"], softmax_scale=a["softmax_scale"],
+                       cu_seqlens=inputs["cu_seqlens"], max_seqlen=max(a["documents"]))]
         return [fn(inputs["q"], inputs["k"], inputs["v"], softmax_scale=a["softmax_scale"])]
     if case.op == "rmsnorm":
         if a.get("residual"):
@@ -172,14 +201,18 @@ def call_op(fn: Callable[..., Any], case: Case, inputs: dict[str, torch.Tensor])
 # ---------------------------------------------------------------- the contracts in fp32 (the judge's own math)
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float) -> torch.Tensor:
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
+               documents: tuple[int, ...] | None = None) -> torch.Tensor:
     group = q.shape[2] // k.shape[2]
     k = k.repeat_interleave(group, dim=2)  # query head i reads KV head i // group
     v = v.repeat_interleave(group, dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
-    s = q.shape[1]
-    causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
-    probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    b, s = q.shape[:2]
+    allowed = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()[None, None]
+    if documents is not None:  # document number of every token, row by row: keys of other documents are out
+        number = torch.repeat_interleave(torch.arange(len(documents)), torch.tensor(documents)).view(b, s)
+        allowed = allowed & (number[:, None, :, None] == number[:, None, None, :]).to(q.device)
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
     return torch.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
@@ -203,7 +236,8 @@ def reference(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Te
               for k, v in inputs.items()}
     a = case.args
     if case.op == "attention":
-        outs = [_attention(leaves["q"], leaves["k"], leaves["v"], softmax_scale=a["softmax_scale"])]
+        outs = [_attention(leaves["q"], leaves["k"], leaves["v"], softmax_scale=a["softmax_scale"],
+                           documents=a.get("documents"))]
     elif case.op == "rmsnorm":
         if a.get("residual"):
             s = leaves["residual"] + a["residual_scale"] * leaves["x"]

@@ -38,7 +38,7 @@ def train(run_dir: Path, **overrides) -> Run:
     args = dict(BASE_ARGS) | {k.replace("_", "-"): v for k, v in overrides.items()}
     argv = [sys.executable, "-m", "engine", "pretrain", "--run-dir", str(run_dir), "--save-dir", str(run_dir / "ck")]
     for k, v in args.items():
-        argv += [f"--{k}", str(v)]
+        argv += [f"--{k}" if v else f"--no-{k}"] if isinstance(v, bool) else [f"--{k}", str(v)]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return Run(run_dir, proc.stdout, args)

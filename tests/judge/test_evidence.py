@@ -72,6 +72,18 @@ def test_secretly_doubled_lr_is_caught(honest, tmp_path, validation):
     assert verify(cheat, validation, expected=expected_config(num_steps=3, warmup_steps=1, lr=2e-2)).ok
 
 
+def test_document_masked_run_is_read_with_the_mask_the_milestone_asked_for(tmp_path, validation):
+    """A --document-mask run verifies when the expected config asks for the mask (the judge then reads its
+    windows with it, with the EOS of its own tokenization); the same run judged against a milestone that asked
+    for plain causal attention is a config violation naming the field."""
+    run = train(tmp_path / "docs", document_mask=True, reset_position_ids=True)
+    ev = verify(run, validation, expected=expected_config(document_mask=True, reset_position_ids=True))
+    assert ev.ok, ev.violations
+    ev = verify(run, validation, expected=expected_config(document_mask=False, reset_position_ids=False))
+    assert any(v.startswith("config:") and "document_mask=True" in v for v in ev.violations), ev.violations
+    assert ev.judge_val_loss is None  # another run than the expected one: nothing more is measured
+
+
 @pytest.mark.slow
 def test_misstated_weight_decay_does_not_bias_the_lr(tmp_path, validation):
     run = train(tmp_path / "wd", weight_decay=0.3)

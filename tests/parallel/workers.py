@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from engine.config import build_config, resolve
 from engine.distributed import ParallelState, init_parallel
 from engine.env import LaunchEnv
+from engine.model import batch_documents
 from engine.train import Trainer
 
 __all__ = ["BASE", "make_config", "single_run", "spawn", "run_trainer", "fixed_tokens"]
@@ -35,9 +36,16 @@ def fixed_tokens(vocab: int) -> torch.Tensor:
 
 
 def run_trainer(trainer: Trainer, steps: int) -> dict[str, Any]:
-    """Logits of a fixed batch before and after `steps` steps, and each step's (loss, grad norm)."""
+    """Logits of a fixed batch before and after `steps` steps, and each step's (loss, grad norm).
+    With --document-mask the fixed batch holds a few EOS, and its logits are read within documents."""
     tokens = fixed_tokens(trainer.cfg.vocab_size)
-    out: dict[str, Any] = {"logits0": trainer.model.logits(tokens), "steps": [], "launched_by_backward": [],
+    documents = None
+    if trainer.cfg.document_mask:
+        eos = trainer.data.train.shards.eos_id
+        tokens[0, [9, 10, 40]] = eos
+        tokens[1, 30] = eos
+        documents = batch_documents(trainer.cfg, tokens, eos, trainer.par.device)
+    out: dict[str, Any] = {"logits0": trainer.model.logits(tokens, documents), "steps": [], "launched_by_backward": [],
                            "gathers_in_flight_after_step": [], "buckets": len(trainer.buffers.buckets)}
     for _ in range(steps):
         loss, grad_norm, _ = trainer.train_step()
@@ -45,7 +53,7 @@ def run_trainer(trainer: Trainer, steps: int) -> dict[str, Any]:
         out["steps"].append((loss, grad_norm))
         out["launched_by_backward"].append(trainer.grad_sync.launched_by_backward)
         out["gathers_in_flight_after_step"].append(trainer.param_gather.in_flight)
-    out["logits"] = trainer.model.logits(tokens)
+    out["logits"] = trainer.model.logits(tokens, documents)
     trainer.param_gather.wait_all()
     if trainer.par.world_size == 1:
         out["weights"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
