@@ -36,6 +36,7 @@ FA4_VERSIONS = [v for v in load_register("attention").versions if v != "baseline
 
 
 def test_default_kernels_train_like_the_baseline_with_the_mask(tmp_path):
+    pytest.importorskip("datasets", reason="--hf-dataset reads the short-document corpus through HF datasets")
     data = tmp_path / "short"
     data.mkdir()
     short_documents(data, 3000, 1, "train")
