@@ -602,7 +602,8 @@ class GateRunner:
             names = result_names(timing_case(bench.op, bench.shape, judging.seed))
             if gate.task == "bench":
                 problems, measured = judge_bench(op=bench.op, seed=judging.seed, cases=bench.cases, case_scale=bench.case_scale,
-                                                 dtype=bench.dtype, timing_names=names, runs=runs)
+                                                 dtype=bench.dtype, timing_names=names, runs=runs, segments=bench.segments,
+                                                 reps=bench.reps)
             else:
                 problems, measured = judge_stress(timing_names=names, runs=runs, min_iterations=1 if bench.seconds > 0 else 0)
             judging.jobs[gate.name] = replace(judging.jobs[gate.name], evidence=measured)
