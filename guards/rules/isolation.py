@@ -19,7 +19,8 @@ needs any of it. So, in the packages guards.toml `[isolation] packages` names, e
   anything reached through one (`torch.dot = f`, `TestReport.__init__ = f`, also through a local alias of it),
   `setattr` / `delattr` / `__setattr__` on anything but `self`, `vars(module)` / `module.__dict__`, and swapping
   a function's `__code__` / `__globals__` / `__defaults__` / `__closure__` or an object's `__class__`;
-* a process attribute reached by a computed name (`getattr(sys, name)`), or a string naming one of the above
+* an attribute of a module reached by a computed name (`getattr(torch, name)`), `globals()`, the ways from any
+  object to every class or global (`__subclasses__`, `__globals__`), or a string naming one of the above
   (`"_getframe"`, `"/proc/self/..."`, `"/dev/stdout"`): reaching it by name hides it from this check.
 
 A justified exception is marked `# guard: allow isolation -- <why>`, which a reviewer reads.
@@ -60,8 +61,7 @@ _FRAME_ATTRS = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "f_tr
                           "cr_frame", "ag_frame"})
 _CODE_ATTRS = frozenset({"__code__", "__globals__", "__defaults__", "__kwdefaults__", "__closure__", "__class__",
                          "__dict__", "__builtins__"})
-_PROCESS_MODULES = frozenset({"sys", "builtins", "os", "gc", "inspect", "threading", "importlib", "types", "traceback",
-                              "io", "atexit", "signal", "ctypes"})
+_ESCAPES = frozenset({"__subclasses__", "__globals__", "__builtins__"})  # from any object to every class / global
 # Names distinctive enough that a string spelling one is a way to it (getattr, __import__ of a built name).
 _NAMED = frozenset({"_getframe", "_current_frames", "_getframemodulename", "settrace", "setprofile",
                     "setswitchinterval", "addaudithook", "get_referrers", "get_referents", "get_objects",
@@ -154,6 +154,9 @@ class _Scan:
             if node.attr in _FRAME_ATTRS:
                 yield self._finding(node, f"`.{node.attr}` reads a frame: the engine never looks at who called it")
                 continue
+            if isinstance(node.ctx, ast.Load) and node.attr in _ESCAPES:
+                yield self._finding(node, f"`.{node.attr}` leads from any object to every class or global of the process")
+                continue
             if isinstance(node.ctx, ast.Load) and node.attr == "__dict__" and self.qualify(node.value) is not None:
                 yield self._finding(node, "a module's `__dict__` reaches (and can rebind) everything in it")
                 continue
@@ -219,12 +222,16 @@ class _Scan:
                     and len(call.args) >= 2:
                 base = self.qualify(call.args[0])
                 name = literal_head(call.args[1])
-                if base is not None and base.split(".", 1)[0] in _PROCESS_MODULES:
+                if base is not None:
                     if name is None or not name[1]:
-                        yield self._finding(call, f"reaches an attribute of `{base}` by a computed name, which may be "
-                                                  "any of the process's hooks; name the attribute")
+                        yield self._finding(call, f"reaches an attribute of `{base}` by a computed name: it can be any of "
+                                                  "the process's modules and hooks; name the attribute, or look it up "
+                                                  "in a table of the ones meant")
                     else:
                         yield from self._named(call, f"{base}.{name[0]}", self.module.relpath in self.settings.argv_modules)
+            elif is_builtin(func, "globals", self.imports):
+                yield self._finding(call, "`globals()` reaches this module's names by string, and through them every "
+                                          "module it imported")
 
     def _strings(self) -> Iterator[Finding]:
         module = self.module
