@@ -18,6 +18,7 @@ import torch
 
 from harness.judge.opcases import OPS, call_op, draw_cases, make_inputs, reference, result_names
 from harness.judge.tensorfile import TensorFileError, read_tensors, write_tensors
+from tests.judge.op_milestones import HONEST, REGISTER, write_milestones
 from tests.loop.loop_helpers import git, home, project_template, temper  # noqa: F401 -- fixtures
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,71 +85,6 @@ def test_the_judges_fp32_math_matches_the_engines_baseline(op: str) -> None:
 
 # ---------------------------------------------------------------- judged end to end (CPU)
 
-MILESTONE = """
-id = "op-cpu"
-title = "a new rmsnorm version (CPU-sized)"
-goal = "x"
-editable = ["engine/ops/rmsnorm/**"]
-
-[requires]
-device = "cpu"
-
-[[gates]]
-kind = "protected"
-
-[[gates]]
-kind = "job"
-name = "bench"
-task = "bench"
-timeout_s = 300
-bench = { op = "rmsnorm", version = "mine", shape = { tokens = 2048, hidden = 1024 }, cases = 3, case_scale = 0.1, reps = 30, rounds = 1 }
-
-[[gates]]
-kind = "job"
-name = "stress"
-task = "stress"
-timeout_s = 300
-bench = { op = "rmsnorm", version = "mine", shape = { tokens = 256, hidden = 512 }, seconds = 2, rounds = 1 }
-
-[[gates]]
-kind = "metrics"
-# CPU timings swing 10x on a loaded 2-core machine: the rule exercises the metric, not a speed goal.
-rules = [{ job = "bench", metric = "speedup", op = ">=", value = 0.01 }]
-
-[budget]
-max_turns = 1
-max_tokens = 1
-max_wall_s = 60
-max_attempts = 1
-"""
-
-REGISTER = """
-[versions.mine]
-entry = "engine.ops.rmsnorm.mine:rmsnorm"
-devices = ["cpu", "cuda"]
-requires = []
-description = "a new version"
-"""
-
-HONEST = '''"""rmsnorm written out in fp32, rounded once."""
-
-import torch
-
-__all__ = ["rmsnorm"]
-
-
-def _norm(x, weight, eps):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-
-
-def rmsnorm(x, weight, *, eps, residual=None, residual_scale=1.0):
-    if residual is None:
-        return _norm(x, weight, eps)
-    s = (residual.float() + residual_scale * x.float()).to(residual.dtype)
-    return _norm(s, weight, eps), s
-'''
-
 WRONG = HONEST.replace("* weight.float()", "")  # forgets the weight: right norm, wrong scale
 
 CACHED = HONEST.replace('''def rmsnorm(x, weight, *, eps, residual=None, residual_scale=1.0):
@@ -204,7 +140,7 @@ torch.dot = lambda a, b: _real_dot(a, b)
 
 @pytest.fixture
 def op_home(home: Path) -> Path:
-    (home / "milestones" / "op-cpu.toml").write_text(MILESTONE)
+    write_milestones(home)
     git(home, "add", "-A")
     git(home, "commit", "-q", "-m", "op milestone")
     return home

@@ -10,8 +10,11 @@ judged here through `temper gate` on the loop tests' mini project (the real engi
 import json
 from pathlib import Path
 
+import pytest
+
 from harness.judge.canary import canary_problems, write_canaries
 from harness.judge.pytest_report import PREFIX, parse_reports
+from tests.adversarial.cases import ALTER_REPORTS, REWRITE_REPORT_AT_EXIT
 from tests.loop.loop_helpers import git, home, project_template, temper  # noqa: F401 -- fixtures
 
 __all__: list[str] = []
@@ -56,44 +59,6 @@ BROKEN = ('LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")', 'LR_SCHEDULE
 GOOD = ('LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")',
         'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", "inverse_sqrt")')
 
-# Engine code the acceptance tests import, each a way around failing tests that needs no access the guards see.
-ALTER_REPORTS = '''
-
-def _steady() -> None:
-    import sys
-
-    reports = sys.modules.get("_pytest.reports")
-    if reports is not None:
-        made = reports.TestReport.__init__
-
-        def __init__(self, *args, **kwargs):
-            made(self, *args, **kwargs)
-            if self.outcome == "failed":
-                self.outcome, self.longrepr = "passed", None
-
-        reports.TestReport.__init__ = __init__
-
-
-_steady()
-'''
-REWRITE_REPORT_AT_EXIT = '''
-
-def _tidy() -> None:
-    import atexit
-    import os
-    import pathlib
-    import re
-
-    def tidy() -> None:
-        for report in pathlib.Path(__file__).resolve().parents[2].glob("*/report.xml"):
-            report.write_text(re.sub(r"<failure[^>]*>.*?</failure>", "", report.read_text(), flags=re.S))
-        os._exit(0)
-
-    atexit.register(tidy)
-
-
-_tidy()
-'''
 SKIP_FROM_ENGINE = '''
 
 def __getattr__(name):
@@ -124,6 +89,7 @@ def _pytest_gate(verdict: dict) -> str:
     return gate["summary"] + "\n" + "\n".join(gate["violations"])
 
 
+@pytest.mark.slow
 def test_a_test_process_that_alters_its_outcomes_is_not_believed(home: Path, tmp_path: Path) -> None:
     """The mini project's engine drops `constant` (its test fails) and adds one trick; only the guards gate could
     see some of them (it is left out of loop-tiny's pytest-only judgement here on purpose: this is the runtime
