@@ -86,6 +86,7 @@ class IsolationSettings:
     forbidden_imports: tuple[str, ...] = ()  # module prefixes never imported (test / judging / raw-memory machinery)
     argv_modules: tuple[str, ...] = ()  # files (relative paths) that may read sys.argv: the CLI, the run header
     loader_modules: tuple[str, ...] = ()  # files that may import modules named at run time (the op registry)
+    settable: tuple[str, ...] = ()  # dotted prefixes of library switches meant to be assigned (torch.backends)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -233,13 +234,14 @@ def load_config(path: Path) -> GuardsConfig:
 
     isolation = _table(data, "isolation", str(path))
     where = f"{path} [isolation]"
-    _unknown_keys(isolation, {"packages", "forbidden_imports", "argv_modules", "loader_modules"}, where)
+    _unknown_keys(isolation, {"packages", "forbidden_imports", "argv_modules", "loader_modules", "settable"}, where)
     files = re.compile(r"[^/].*\.py")
     settings = IsolationSettings(
         packages=_str_list(isolation.get("packages", []), f"{where} packages"),
         forbidden_imports=_str_list(isolation.get("forbidden_imports", []), f"{where} forbidden_imports"),
         argv_modules=_str_list(isolation.get("argv_modules", []), f"{where} argv_modules (relative .py paths)", files),
-        loader_modules=_str_list(isolation.get("loader_modules", []), f"{where} loader_modules (relative .py paths)", files))
+        loader_modules=_str_list(isolation.get("loader_modules", []), f"{where} loader_modules (relative .py paths)", files),
+        settable=_str_list(isolation.get("settable", []), f"{where} settable"))
 
     return GuardsConfig(path=path, root=path.parent, whitelist_path=whitelist_path,
                         whitelist=parse_whitelist(whitelist_path), env_modules=dict(env_modules),

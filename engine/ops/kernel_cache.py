@@ -58,8 +58,8 @@ def configure_quack_cache() -> Path:
     folder = kernel_cache_root() / "quack"
     if "quack" not in _configured:
         folder.mkdir(parents=True, exist_ok=True)
-        quack.cache.CACHE_ENABLED = True  # guard: allow isolation -- quack's documented cache switch
-        quack.cache.CACHE_DIR = str(folder)  # guard: allow isolation -- quack's documented cache folder
+        quack.cache.CACHE_ENABLED = True
+        quack.cache.CACHE_DIR = str(folder)
         ops_dir = Path(__file__).resolve().parent
         if ops_dir not in quack.cache.EXTRA_SOURCE_DIRS:
             quack.cache.EXTRA_SOURCE_DIRS.append(ops_dir)
@@ -75,8 +75,8 @@ def configure_fa4_cache() -> Path:
     folder = kernel_cache_root() / "flash_attn"
     if "fa4" not in _configured:
         folder.mkdir(parents=True, exist_ok=True)
-        fa_cache.CUTE_DSL_CACHE_ENABLED = True  # guard: allow isolation -- flash-attn-4's cache switch
-        fa_cache.CUTE_DSL_CACHE_DIR = str(folder)  # guard: allow isolation -- flash-attn-4's cache folder
+        fa_cache.CUTE_DSL_CACHE_ENABLED = True
+        fa_cache.CUTE_DSL_CACHE_DIR = str(folder)
         for entry, name in _FA4_CACHES:
             # guard: allow isolation -- entry is a name of the literal table _FA4_CACHES
             fn = getattr(fa_interface, entry, None)

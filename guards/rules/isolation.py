@@ -16,7 +16,8 @@ needs any of it. So, in the packages guards.toml `[isolation] packages` names, e
   (`os.dup2`, ...), code and module objects made at run time (`types.CodeType`, ...), `__builtins__`, and the
   command line (`sys.argv`) outside the modules that parse or print it (`argv_modules`);
 * rebinding what belongs to another module: assigning or deleting an attribute of an imported module or of
-  anything reached through one (`torch.dot = f`, `TestReport.__init__ = f`, also through a local alias of it),
+  anything reached through one (`torch.dot = f`, `TestReport.__init__ = f`, also through a local alias of it;
+  library switches meant to be assigned, such as `torch.backends.cudnn.benchmark`, are listed in `settable`),
   `setattr` / `delattr` / `__setattr__` on anything but `self`, `vars(module)` / `module.__dict__`, and swapping
   a function's `__code__` / `__globals__` / `__defaults__` / `__closure__` or an object's `__class__`;
 * an attribute of a module reached by a computed name (`getattr(torch, name)`), `globals()`, the ways from any
@@ -129,6 +130,9 @@ class _Scan:
             return ".".join([self.aliases[root.id], *reversed(parts)])
         return None
 
+    def _settable(self, target: str) -> bool:
+        return any(target == p or target.startswith(p + ".") for p in self.settings.settable)
+
     # -- checks
     def _imports(self, is_module) -> Iterator[Finding]:  # noqa: ANN001
         forbidden = self.settings.forbidden_imports
@@ -200,9 +204,10 @@ class _Scan:
         for t in flat:
             if isinstance(t, ast.Attribute) and t.attr in _CODE_ATTRS:
                 yield self._finding(t, f"assigning `{t.attr}` swaps what a function runs or what an object is")
-            elif isinstance(t, ast.Attribute) and self.qualify(t.value) is not None:
+            elif isinstance(t, ast.Attribute) and self.qualify(t.value) is not None and not self._settable(self.qualify(t)):
                 yield self._finding(t, f"rebinds `{self.qualify(t)}`, an attribute of another module (monkeypatching): "
-                                       "it changes that module for everyone in the process")
+                                       "it changes that module for everyone in the process ([isolation] settable lists "
+                                       "the library switches meant to be assigned)")
             elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and t.value.attr == "__dict__" \
                     and id(t.value) not in self.reported:
                 yield self._finding(t, "writes into an object's `__dict__` (monkeypatching)")
