@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pytest
 
 __all__ = ["OPTION", "PREFIX", "TestOutcome", "Reports", "parse_reports", "pytest_addoption", "pytest_runtest_makereport",
-           "pytest_runtest_logreport", "pytest_sessionfinish"]
+           "pytest_runtest_logreport", "pytest_collectreport", "pytest_sessionfinish"]
 
 OPTION = "--judge-token-file"
 PREFIX = "[PYTEST"
@@ -93,6 +93,15 @@ def pytest_runtest_logreport(report) -> None:  # noqa: ANN001 -- pytest's TestRe
            "through": _RAISED.pop((report.nodeid, report.when), [])})
 
 
+def pytest_collectreport(report) -> None:  # noqa: ANN001 -- pytest's CollectReport
+    """A module that fails to collect (an import error): reported as an error of its node, like junit did."""
+    if "token" not in _STATE or not report.failed:
+        return
+    path, line, message = _where_and_message(report)
+    _emit({"id": report.nodeid or "(collection)", "when": "collect", "outcome": "failed", "path": path, "line": line,
+           "message": message[:300], "xfail": False, "through": []})
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ANN001 -- pytest's Session
     if "token" in _STATE:
         _emit({"finished": int(exitstatus)})
@@ -114,6 +123,7 @@ class TestOutcome:
     path: str = ""  # absolute, as pytest reports it ("" for a pass)
     line: int = 0
     through: tuple[tuple[str, int], ...] = ()  # a skip: every frame its exception went through (absolute paths)
+    phase: str = ""  # the phase that decided it: collect | setup | call | teardown
 
 
 @dataclass(frozen=True)
@@ -154,16 +164,16 @@ def parse_reports(text: str, token: str) -> Reports:
 
 
 def _outcome(node: str, phases: dict[str, dict]) -> TestOutcome:
-    for when in ("setup", "call", "teardown"):
+    for when in ("collect", "setup", "call", "teardown"):
         p = phases.get(when)
         if p is None:
             continue
+        where = (p.get("message", ""), p.get("path", ""), int(p.get("line", 0)))
         if p["outcome"] == "failed":
-            status = "failed" if when == "call" else "error"
-            return TestOutcome(node, status, p.get("message", ""), p.get("path", ""), int(p.get("line", 0)))
+            return TestOutcome(node, "failed" if when == "call" else "error", *where, phase=when)
         if p["outcome"] == "skipped":
             through = tuple((str(f), int(n)) for f, n in p.get("through", []))
-            return TestOutcome(node, "skipped", p.get("message", ""), p.get("path", ""), int(p.get("line", 0)), through)
+            return TestOutcome(node, "skipped", *where, through=through, phase=when)
     if phases.get("call", {}).get("outcome") == "passed":
-        return TestOutcome(node, "passed")
+        return TestOutcome(node, "passed", phase="call")
     return TestOutcome(node, "error", "the test never reported its call (the process stopped in it?)")

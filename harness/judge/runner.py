@@ -407,14 +407,18 @@ class GateRunner:
         result = launch(spec).wait(poll_s=0.2)
         reports = parse_reports(_read(log), token)
         scrub_file(log)
-        problems = [*reports.problems, *canary_problems(canaries, reports.tests)]
+        # A module that does not collect stops pytest before any test runs (status 2): its error is the verdict, as
+        # a failing test (the canaries never ran).
+        uncollected = any(t.phase == "collect" for t in reports.tests.values())
+        problems = [*reports.problems, *([] if uncollected else canary_problems(canaries, reports.tests))]
         if reports.finished is None:
             problems.append("pytest never reported the end of its session on the judge's pipe (it was killed, or "
                             "exited from inside a test)")
         elif result.state != "timeout" and result.exit_code != reports.finished:
             problems.append(f"pytest ended its session with status {reports.finished} but the process exited "
                             f"{result.exit_code}: candidate code chose the exit status")
-        elif reports.finished != 1 and not problems:  # 1: some test failed, as the judge's failing canary must
+        elif reports.finished not in ((1, 2) if uncollected else (1,)) and not problems:
+            # 1: some test failed, as the judge's failing canary must
             problems.append(f"pytest ended its session with status {reports.finished} (interrupted, an internal or "
                             "usage error)")
         for test in reports.tests.values():

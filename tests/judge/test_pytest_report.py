@@ -41,6 +41,8 @@ def test_reports_are_read_only_with_the_token_and_only_once() -> None:
     assert any("without its token" in p for p in glued.problems)
     twice = parse_reports("\n".join([ok[1].replace("failed", "passed"), *ok]), TOKEN)
     assert any("reported its call twice" in p for p in twice.problems)
+    uncollected = parse_reports(_line({"id": "t.py", "when": "collect", "outcome": "failed", "message": "ImportError"}), TOKEN)
+    assert uncollected.tests["t.py"].status == "error" and uncollected.tests["t.py"].phase == "collect"
 
 
 def test_canaries_must_come_out_as_written(tmp_path: Path) -> None:
