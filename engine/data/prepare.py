@@ -223,6 +223,7 @@ def _encode_all(batches: Iterable[dict[str, list[Any]]], encoder: _Encoder, num_
             return
         # spawn, not fork: the parent may hold torch / tokenizers threads, which fork would copy
         # in whatever state they are in.
+        # guard: allow isolation -- asks only whether spawn workers can re-import the main program
         main = sys.modules.get("__main__")
         main_file = getattr(main, "__file__", None)
         if main_file is not None and getattr(main, "__spec__", None) is None and not os.path.exists(main_file):

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.adversarial.cases import CASES, HONEST, Case, build_patch, git
+from tests.adversarial.cases import CASES, GPU_TWINS, HONEST, TWIN_MILESTONES, Case, build_patch, git
+from tests.judge.op_milestones import write_milestones
 
 __all__: list[str] = []
 
@@ -60,6 +61,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target, follow_symlinks=False)
+    write_milestones(root)  # the op milestones the op cases are judged against (CPU- and GPU-sized)
     git(root, "init", "-q", "-b", "main")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "base")
@@ -144,10 +146,14 @@ def test_cheat_is_rejected_naming_it(case: Case, judge: Judge) -> None:
 TWINS = sorted({c.twin for c in CASES})
 
 
-@pytest.mark.parametrize("twin", [pytest.param(t, id=t, marks=[] if t == "honest" else [pytest.mark.slow]) for t in TWINS])
+def _twin_marks(twin: str) -> list:
+    return ([] if twin == "honest" else [pytest.mark.slow]) + ([pytest.mark.gpu] if twin in GPU_TWINS else [])
+
+
+@pytest.mark.parametrize("twin", [pytest.param(t, id=t, marks=_twin_marks(t)) for t in TWINS])
 def test_honest_twin_is_accepted(twin: str, judge: Judge) -> None:
     patch = judge.patch_for(("twin", twin), HONEST[twin])
-    verdict = judge(patch)
+    verdict = judge(patch, TWIN_MILESTONES.get(twin, "demo-tiny"))
     assert verdict.rc != 3, verdict.raw[-2000:]
     assert verdict.accepted and verdict.rc == 0, f"honest twin {twin!r} was REJECTED:\n{verdict.text[-4000:]}"
 
