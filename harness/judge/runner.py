@@ -77,6 +77,16 @@ def _pytest_tail(text: str) -> str:
     return _tail("\n".join(line for line in text.splitlines() if line and not line.startswith(PREFIX)))
 
 
+def _append_counts(log: Path, cases: list[tuple[str, str, str]], canaries: int) -> None:
+    """End a pytest log with the judge's own count of the tests it judges: pytest's summary line above also
+    counts the judge's canary tests, one of which fails by design, and a reader must not take that for theirs."""
+    counts = {status: sum(1 for _, s, _ in cases if s == status) for status in ("passed", "failed", "error", "skipped")}
+    line = ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "no tests"
+    with log.open("a", encoding="utf-8") as f:
+        f.write(f"[judge] the tests judged: {line} (pytest's counts above include the judge's {canaries} canary tests, "
+                "one of which fails by design)\n")
+
+
 def _read(path: Path) -> str:
     return path.read_bytes().decode("utf-8", errors="replace") if path.is_file() else ""
 
@@ -431,6 +441,8 @@ class GateRunner:
                                 "may skip itself")
         cases = None if result.state == "timeout" else \
             [(t.node, t.status, t.message) for t in reports.tests.values() if not canaries.is_canary(t.node)]
+        if cases is not None:
+            _append_counts(log, cases, len(canaries.expected))
         return result, cases, problems
 
     def _candidate_code(self, path: str, judging: _Judging) -> str | None:
