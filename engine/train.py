@@ -41,7 +41,7 @@ from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
 from engine.metrics import MetricsWriter
 from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
 from engine.ops import resolve_ops
-from engine.optim import FlatBuffers, MixedPrecisionAdamW, lr_at
+from engine.optim import FlatBuffers, MixedPrecisionAdamW, describe_multipliers, lr_at, lr_multipliers
 from engine.parallel import (GradSync, ParamGather, apply_tensor_parallel, global_param_count, load_optimizer_state,
                              optimizer_state)
 from engine.runinfo import device_name, header_lines
@@ -135,7 +135,8 @@ class Trainer:
         self.model: Transformer = build_model(cfg, par, self.ops, dtype)
         grad_sums = apply_tensor_parallel(self.model, cfg, par)
         self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4)
-        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par)
+        self.lr_multipliers = lr_multipliers(self.model, cfg)
+        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers)
         self.grad_sync = GradSync(self.buffers, par, grad_sums, overlap=cfg.overlap_grad_reduce)
         self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
         self.step = 0
@@ -157,6 +158,7 @@ class Trainer:
                                  params=n_params, matmul_params=matmul_params(cfg),
                                  flops_per_token=flops_per_token(cfg), config=to_dict(cfg)):
             self.metrics.info(line)
+        self.metrics.info(describe_multipliers(self.lr_multipliers, cfg))
         for line in resume_notes:
             self.metrics.info(line)
         if self.resume_from is not None:
