@@ -105,7 +105,7 @@ class EngineConfig:
 
     # --- evaluation
     eval_every: int = _f(0, "evaluate every N steps (0: only the final evaluation)", "eval")
-    eval_steps: int = _f(8, "validation micro-batches per evaluation (0: no evaluation at all)", "eval")
+    eval_samples: int = _f(64, "validation sequences (of --seq-length tokens) per evaluation: the first N of the validation split, the same whatever the layout (mbs, GAS, DP, TP); 0: no evaluation at all", "eval")
 
     # --- checkpoints and output
     run_dir: str = _f("", "folder for metrics.jsonl, the resolved config and checkpoints (empty: outputs/<preset>)", "output")
@@ -252,7 +252,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
               "log_every", "lr", "init_std", "dim_model_base")
-    _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_steps",
+    _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_samples",
               "save_every", "weight_decay", "grad_clip", "peak_tflops", allow_zero=True)
     if not cfg.ddp_bucket_mb > 0:
         raise ConfigError("--ddp-bucket-mb", cfg.ddp_bucket_mb, "use a positive size in MB (160 is Megatron's 40M elements)", "is out of range")
@@ -278,7 +278,9 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
 
     # Parallel layout: TP groups of consecutive ranks, DP over the rest.
     if world_size % cfg.tp:
-        raise ConfigError("--tp", cfg.tp, f"use a divisor of the world size {world_size}", "does not divide the number of processes")
+        launch = f"launch with torchrun --nproc-per-node {cfg.tp} (or a multiple of {cfg.tp}) -m engine pretrain ..."
+        fix = f"{launch}, or pass --tp 1" if world_size == 1 else f"use a divisor of the world size {world_size}, or {launch}"
+        raise ConfigError("--tp", cfg.tp, fix, f"does not divide the number of processes ({world_size})")
     if cfg.num_heads % cfg.tp:
         raise ConfigError("--tp", cfg.tp, f"use a TP size that divides --num-heads {cfg.num_heads}", "does not divide the query heads")
     if cfg.num_kv_heads % cfg.tp and cfg.tp % cfg.num_kv_heads:

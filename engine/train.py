@@ -159,6 +159,8 @@ class Trainer:
                                  flops_per_token=flops_per_token(cfg), config=to_dict(cfg)):
             self.metrics.info(line)
         self.metrics.info(describe_multipliers(self.lr_multipliers, cfg))
+        self.metrics.info(f"[RUN] outputs run_dir={self.run_dir.resolve()} save_dir={self.save_dir.resolve()}"
+                          + ("" if cfg.run_dir else f" (no --run-dir: outputs/{cfg.preset} under the current folder)"))
         for line in resume_notes:
             self.metrics.info(line)
         if self.resume_from is not None:
@@ -282,7 +284,7 @@ class Trainer:
         return bool(flag.item())
 
     def _evaluate(self) -> None:
-        if self.cfg.eval_steps == 0 or self.data.validation is None:
+        if self.cfg.eval_samples == 0 or self.data.validation is None:
             return
         val_loss, bpb, tokens = evaluate(self.model, self.data.validation, self.cfg, self.par, self.token_bytes)
         self.metrics.log_eval(step=self.step, val_loss=val_loss, val_bpb=bpb, tokens=tokens)

@@ -127,11 +127,11 @@ def test_data_path_errors(prepared, tmp_path):
     assert err.value.field == "--vocab-size"
     with pytest.raises(ConfigError, match="has no prepared train/"):
         build_data(cfg_for(data_path=str(tmp_path / "nothing")), cache_dir=tmp_path, dp_rank=0, dp_size=1)
-    # Validation missing: fine with --eval-steps 0, an error naming the fix otherwise.
+    # Validation missing: fine with --eval-samples 0, an error naming the fix otherwise.
     import shutil
     shutil.rmtree(prepared / "validation")
-    assert build_data(dataclasses.replace(base, eval_steps=0), cache_dir=tmp_path, dp_rank=0, dp_size=1).validation is None
-    with pytest.raises(ConfigError, match="--eval-steps 0") as err:
+    assert build_data(dataclasses.replace(base, eval_samples=0), cache_dir=tmp_path, dp_rank=0, dp_size=1).validation is None
+    with pytest.raises(ConfigError, match="--eval-samples 0") as err:
         build_data(base, cache_dir=tmp_path, dp_rank=0, dp_size=1)
     assert err.value.field == "--data-path"
 
@@ -212,10 +212,10 @@ def test_hf_dataset_prepared_once_and_reused(source, tmp_path):
 def test_hf_dataset_validation_required_unless_eval_off(tmp_path, write_jsonl):
     src = tmp_path / "only-train"
     write_jsonl(src / "train.jsonl", [{"text": "some text " * 50}])
-    with pytest.raises(ConfigError, match="--eval-steps 0") as err:
+    with pytest.raises(ConfigError, match="--eval-samples 0") as err:
         build_data(cfg_for(hf_dataset=str(src), seq_length=16), cache_dir=tmp_path / "c", dp_rank=0, dp_size=1)
     assert err.value.field == "--hf-val-split"
-    bundle = build_data(cfg_for(hf_dataset=str(src), seq_length=16, eval_steps=0), cache_dir=tmp_path / "c",
+    bundle = build_data(cfg_for(hf_dataset=str(src), seq_length=16, eval_samples=0), cache_dir=tmp_path / "c",
                         dp_rank=0, dp_size=1)
     assert bundle.validation is None and len(bundle.train) > 0
 

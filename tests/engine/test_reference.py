@@ -64,7 +64,7 @@ def test_logits_and_loss_match_hf_llama(preset):
 
 TRAIN = dict(preset="llama-tiny", device="cpu", seq_length=64, micro_batch_size=4, grad_accum_steps=2, num_steps=20,
              lr=3e-3, warmup_steps=4, min_lr_ratio=0.1, lr_schedule="cosine", weight_decay=0.1, grad_clip=0.5,
-             eval_steps=0, save_final=False)
+             eval_samples=0, save_final=False)
 
 
 def plain_loop(trainer, model, cfg, forward, steps=20):

@@ -15,7 +15,7 @@ __all__ = ["REPO", "BASE_ARGS", "DROP_MUP_LR", "train", "expected_config", "vali
 
 REPO = Path(__file__).resolve().parents[2]
 # Seconds per run on 2 CPU cores; warmup 2 so the lr changes every step (cosine over 6 steps).
-BASE_ARGS = {"preset": "tiny", "device": "cpu", "seq-length": 64, "micro-batch-size": 4, "eval-steps": 2,
+BASE_ARGS = {"preset": "tiny", "device": "cpu", "seq-length": 64, "micro-batch-size": 4, "eval-samples": 8,
              "num-steps": 6, "warmup-steps": 2, "save-every": 1, "keep-last": 2}
 
 

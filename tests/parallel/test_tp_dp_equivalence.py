@@ -11,6 +11,9 @@ to float32 rounding, which Adam can amplify a little over 20 steps:
   same two numbers added in either order; observed: losses equal bit for bit, grad norms 1e-7,
   whose squares are summed per rank first);
 - overlap on / off: the same collectives on the same numbers, bit for bit.
+- validation loss (12 fixed samples, whatever the layout): at step 0 (the same weights bit for bit) mbs 4,
+  mbs 2 x GAS 2, DP 2 and TP 2 agree to rel. 1e-6 (fp32 sums inside each micro-batch's loss, grouped
+  differently); after 20 steps to 1e-5, as the losses.
 - muP learning rates (tiny: hidden matrices at lr / 4) against an independent loop (the judge's plain
   forward + torch.optim.AdamW with explicit param groups, tests/engine/adamw_reference.py): logits of a
   fixed batch after 20 steps at rel. 1e-4 (observed 1.5e-7); the same loop with one lr for every
@@ -158,3 +161,15 @@ def test_mup_lrs_at_tp2_and_zero1_dp2_match_torch_adamw(world2, single, adamw_re
     assert_matches_adamw_reference(single["ref"]["logits"], adamw_ref, "one process")
     assert_matches_adamw_reference(world2["tp2"]["logits"], adamw_ref, "tp2")
     assert_matches_adamw_reference(world2["dp2"]["logits"], adamw_ref, "dp2 zero-1")
+
+
+def test_validation_loss_is_the_same_whatever_the_layout(world2, single):
+    """Evaluation reads --eval-samples samples whatever mbs, GAS, DP and TP are (it used to read
+    eval_steps x mbs x DP samples, so mbs 2 x GAS 2 and mbs 4 reported different val_loss)."""
+    runs = {"mbs 4": single["ref"], "mbs 2 x GAS 2": single["ref_gas2"], "dp2 (mbs 2)": world2["dp2"],
+            "tp2 (mbs 4)": world2["tp2"]}
+    want0, want = single["ref"]["val0"], single["ref"]["val"]
+    assert math.isfinite(want0) and want < want0 - 0.5  # evaluated, and it trained
+    for what, run in runs.items():
+        assert rel(run["val0"], want0) < 1e-6, f"{what}: step-0 val_loss {run['val0']} vs {want0}"
+        assert rel(run["val"], want) < 1e-5, f"{what}: step-20 val_loss {run['val']} vs {want}"
