@@ -190,7 +190,7 @@ def source(tmp_path, write_jsonl) -> Path:
 
 
 def test_hf_dataset_prepared_once_and_reused(source, tmp_path):
-    cfg = cfg_for(hf_dataset=str(source), seq_length=32)
+    cfg = cfg_for(hf_dataset=str(source), seq_length=32, eval_samples=8)  # the validation split holds 10 samples
     cache = tmp_path / "cache"
     first = build_data(cfg, cache_dir=cache, dp_rank=0, dp_size=1)
     (folder,) = list(cache.iterdir())
@@ -225,7 +225,7 @@ import sys
 from pathlib import Path
 from engine.config import EngineConfig
 from engine.data.sources import build_data
-cfg = EngineConfig(hf_dataset={src!r}, hf_text_field={field!r}, seq_length=32)
+cfg = EngineConfig(hf_dataset={src!r}, hf_text_field={field!r}, seq_length=32, eval_samples=8)
 b = build_data(cfg, cache_dir=Path({cache!r}), dp_rank={rank}, dp_size=2, wait_timeout_s=120)
 print('FINGERPRINT', b.train.fingerprint, b.validation.fingerprint)
 """
