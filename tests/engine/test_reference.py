@@ -21,6 +21,7 @@ from engine.distributed import ParallelState
 from engine.export_hf import llama_config, to_llama_state_dict
 from engine.model import build_model
 from engine.ops import resolve_ops
+from engine.optim import describe_multipliers, lr_multipliers
 from engine.train import Trainer
 from tests.engine.adamw_reference import HIDDEN_MATRICES, cosine, param_groups, train_reference
 
@@ -159,3 +160,20 @@ def test_mup_learning_rates_match_torch_adamw_param_groups(tmp_path: Path):
         travelled = (ref[name] - initial[name]).norm()
         assert ((w - ref[name]).norm() / travelled).item() < 1e-4, name
         assert ((w - uniform[name]).norm() / (uniform[name] - initial[name]).norm()).item() > 0.1, name
+
+
+def test_multipliers_per_preset_and_their_header_line():
+    """tiny (muP, hidden 128 / base 32): the four hidden matrices of every layer at 1/4, the rest at 1;
+    llama-tiny (muP off): all at 1, so the llama-style presets train exactly as before."""
+    cfg, model = engine_model(preset="tiny")
+    mults = lr_multipliers(model, cfg)
+    assert set(mults) == {n for n, _ in model.named_parameters()}
+    assert {n for n, m in mults.items() if m == 0.25} == {n for n in mults if n.endswith(HIDDEN_MATRICES)}
+    assert {m for m in mults.values()} == {0.25, 1.0} and len([m for m in mults.values() if m == 0.25]) == 4 * cfg.num_layers
+    assert describe_multipliers(mults, cfg).startswith(
+        "[RUN] optim lr multipliers (muP: hidden matrices at lr / (hidden 128 / dim_model_base 32)) "
+        "x0.25: attn.qkv attn.o mlp.fc1 mlp.fc2; x1: lm_head embed.weight attn_norm.weight mlp_norm.weight "
+        "final_norm.weight; weight decay 0.1 on 2-D tensors, decoupled")
+    cfg, model = engine_model(preset="llama-tiny")
+    assert set(lr_multipliers(model, cfg).values()) == {1.0}
+    assert "(muP off: every parameter at lr) x1: lm_head embed.weight" in describe_multipliers(lr_multipliers(model, cfg), cfg)
