@@ -6,6 +6,7 @@ returns the numbers to the test through a file. `single_run` is the same code on
 reference every parallel layout is compared with.
 """
 
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ def fixed_tokens(vocab: int) -> torch.Tensor:
 
 
 def _val_loss(trainer: Trainer) -> float:
+    """nan when the run evaluates nothing (--eval-samples 0, e.g. data without a validation split)."""
+    if trainer.cfg.eval_samples == 0:
+        return math.nan
     return evaluate(trainer.model, trainer.data.validation, trainer.cfg, trainer.par, trainer.token_bytes)[0]
 
 
