@@ -58,7 +58,7 @@ def run(mode: str, args: argparse.Namespace, workdir: Path) -> dict:
                 if args.nproc > 1 else [sys.executable])
     save_dir = Path(args.save_dir) / mode if args.save_dir else workdir / mode / "ck"
     flags = ["--preset", args.preset, "--device", args.device, "--seed", "7", "--num-steps", str(steps),
-             "--eval-steps", "0", "--no-save-final", "--warmup-steps", "0", "--keep-last", "1", "--tp", str(args.tp),
+             "--eval-samples", "0", "--no-save-final", "--warmup-steps", "0", "--keep-last", "1", "--tp", str(args.tp),
              "--run-dir", str(workdir / mode), "--save-dir", str(save_dir), *args.extra.split()]
     if mode != "none":
         flags += ["--save-every", str(args.every)]

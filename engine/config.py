@@ -90,6 +90,9 @@ class EngineConfig:
     adam_beta2: float = _f(0.95, "AdamW beta2", "optim")
     adam_eps: float = _f(1e-8, "AdamW epsilon", "optim")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0: no clipping)", "optim")
+    skip_spike_factor: float = _f(0.0, "skip the update of a step whose loss exceeds this factor x the mean loss of the last --skip-spike-window steps; the step is retried on the next batch (0: off; else > 1)", "optim")
+    skip_spike_window: int = _f(20, "accepted steps in the running mean --skip-spike-factor compares with (checking starts once it is full)", "optim")
+    skip_spike_max_consecutive: int = _f(5, "stop the run (exit 3) at this many loss spikes in a row", "optim")
 
     # --- data
     hf_dataset: str = _f("", "HF datasets source: a Hub name or local parquet/arrow/json/jsonl files or folder (empty: the bundled tiny corpus)", "data")
@@ -105,7 +108,7 @@ class EngineConfig:
 
     # --- evaluation
     eval_every: int = _f(0, "evaluate every N steps (0: only the final evaluation)", "eval")
-    eval_steps: int = _f(8, "validation micro-batches per evaluation (0: no evaluation at all)", "eval")
+    eval_samples: int = _f(64, "validation sequences (of --seq-length tokens) per evaluation: the first N of the validation split, the same whatever the layout (mbs, GAS, DP, TP); 0: no evaluation at all", "eval")
 
     # --- checkpoints and output
     run_dir: str = _f("", "folder for metrics.jsonl, the resolved config and checkpoints (empty: outputs/<preset>)", "output")
@@ -251,13 +254,16 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     _choice(cfg, "lr_schedule", LR_SCHEDULES)
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
-              "log_every", "lr", "init_std", "dim_model_base")
-    _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_steps",
+              "log_every", "lr", "init_std", "dim_model_base", "skip_spike_window", "skip_spike_max_consecutive")
+    _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_samples",
               "save_every", "weight_decay", "grad_clip", "peak_tflops", allow_zero=True)
     if not cfg.ddp_bucket_mb > 0:
         raise ConfigError("--ddp-bucket-mb", cfg.ddp_bucket_mb, "use a positive size in MB (160 is Megatron's 40M elements)", "is out of range")
     if cfg.num_heads % cfg.num_kv_heads:
         raise ConfigError("--num-kv-heads", cfg.num_kv_heads, f"use a divisor of --num-heads {cfg.num_heads}", "does not divide the query heads")
+    if cfg.skip_spike_factor != 0.0 and not cfg.skip_spike_factor > 1.0:
+        raise ConfigError("--skip-spike-factor", cfg.skip_spike_factor, "use 0 (off) or a factor above 1, e.g. 2",
+                          "would skip ordinary steps")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
         raise ConfigError("--min-lr-ratio", cfg.min_lr_ratio, "use a value in [0, 1]", "is out of range")
     if cfg.warmup_steps > cfg.num_steps:
@@ -278,7 +284,9 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
 
     # Parallel layout: TP groups of consecutive ranks, DP over the rest.
     if world_size % cfg.tp:
-        raise ConfigError("--tp", cfg.tp, f"use a divisor of the world size {world_size}", "does not divide the number of processes")
+        launch = f"launch with torchrun --nproc-per-node {cfg.tp} (or a multiple of {cfg.tp}) -m engine pretrain ..."
+        fix = f"{launch}, or pass --tp 1" if world_size == 1 else f"use a divisor of the world size {world_size}, or {launch}"
+        raise ConfigError("--tp", cfg.tp, fix, f"does not divide the number of processes ({world_size})")
     if cfg.num_heads % cfg.tp:
         raise ConfigError("--tp", cfg.tp, f"use a TP size that divides --num-heads {cfg.num_heads}", "does not divide the query heads")
     if cfg.num_kv_heads % cfg.tp and cfg.tp % cfg.num_kv_heads:

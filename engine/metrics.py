@@ -18,12 +18,18 @@ from typing import Any, TextIO
 from engine.atomic import write_text_atomic
 from engine.errors import ConfigError
 
-__all__ = ["MetricsWriter", "loss_line", "eval_line", "keep_through_step"]
+__all__ = ["MetricsWriter", "loss_line", "eval_line", "skip_line", "keep_through_step"]
 
 
 def loss_line(step: int, loss: float, grad_norm: float, lr: float, tokens: int, time_s: float, mfu: float) -> str:
     return (f"[LOSS] step={step} global_loss={loss:.9e} grad_norm={grad_norm:.9e} lr={lr:.6e} "
             f"tokens={tokens} time_s={time_s:.6f} mfu={mfu:.4f}")
+
+
+def skip_line(step: int, loss: float, running_mean: float, factor: float, consecutive: int, total: int) -> str:
+    """A step whose update was skipped as a loss spike (engine/optim/spike.py); not a wire record."""
+    return (f"[SKIP] step={step} global_loss={loss:.9e} running_mean={running_mean:.9e} factor={factor:g} "
+            f"consecutive={consecutive} skipped_batches={total}")
 
 
 def eval_line(step: int, val_loss: float, val_bpb: float, tokens: int) -> str:
@@ -89,9 +95,11 @@ class MetricsWriter:
                     self._tb.add_scalar(f"{record['kind']}/{key}", value, step)
 
     def log_step(self, *, step: int, loss: float, grad_norm: float, lr: float, tokens: int, time_s: float,
-                 mfu: float, peak_mem_gib: float, print_line: bool = True) -> None:
+                 mfu: float, peak_mem_gib: float, skipped_batches: int = 0, print_line: bool = True) -> None:
+        """skipped_batches: loss-spike skips so far in the run (JSONL and TensorBoard only; the wire line is fixed)."""
         record = {"kind": "loss", "step": step, "global_loss": loss, "grad_norm": grad_norm, "lr": lr,
-                  "tokens": tokens, "time_s": time_s, "mfu": mfu, "peak_mem_gib": peak_mem_gib}
+                  "tokens": tokens, "time_s": time_s, "mfu": mfu, "peak_mem_gib": peak_mem_gib,
+                  "skipped_batches": skipped_batches}
         line = loss_line(step, loss, grad_norm, lr, tokens, time_s, mfu)
         if print_line:
             self._emit(line, record)

@@ -38,10 +38,10 @@ from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
 from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
-from engine.metrics import MetricsWriter
+from engine.metrics import MetricsWriter, skip_line
 from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
 from engine.ops import resolve_ops
-from engine.optim import FlatBuffers, MixedPrecisionAdamW, lr_at
+from engine.optim import FlatBuffers, LossSpikeGuard, MixedPrecisionAdamW, describe_multipliers, lr_at, lr_multipliers
 from engine.parallel import (GradSync, ParamGather, apply_tensor_parallel, global_param_count, load_optimizer_state,
                              optimizer_state)
 from engine.runinfo import device_name, header_lines
@@ -135,9 +135,11 @@ class Trainer:
         self.model: Transformer = build_model(cfg, par, self.ops, dtype)
         grad_sums = apply_tensor_parallel(self.model, cfg, par)
         self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4)
-        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par)
+        self.lr_multipliers = lr_multipliers(self.model, cfg)
+        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers)
         self.grad_sync = GradSync(self.buffers, par, grad_sums, overlap=cfg.overlap_grad_reduce)
         self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
+        self.spike_guard = LossSpikeGuard(cfg, par)
         self.step = 0
         if self.resume_from is not None:
             self._restore(self.resume_from)
@@ -157,6 +159,9 @@ class Trainer:
                                  params=n_params, matmul_params=matmul_params(cfg),
                                  flops_per_token=flops_per_token(cfg), config=to_dict(cfg)):
             self.metrics.info(line)
+        self.metrics.info(describe_multipliers(self.lr_multipliers, cfg))
+        self.metrics.info(f"[RUN] outputs run_dir={self.run_dir.resolve()} save_dir={self.save_dir.resolve()}"
+                          + ("" if cfg.run_dir else f" (no --run-dir: outputs/{cfg.preset} under the current folder)"))
         for line in resume_notes:
             self.metrics.info(line)
         if self.resume_from is not None:
@@ -171,11 +176,13 @@ class Trainer:
 
     # --- checkpoint state ---------------------------------------------------------------------------
 
-    def _state(self, with_rng: bool = True, stage: Any = None) -> dict[str, Any]:
+    def _state(self, with_rng: bool = True, stage: Any = None, with_spike: bool | None = None) -> dict[str, Any]:
         state = {
             "optim": optimizer_state(self.optimizer, self.par, stage),
             "trainer": {"step": self.step, "adam_step": self.optimizer.adam_step(), "data": self.loader.state_dict()},
         }
+        if self.spike_guard.enabled if with_spike is None else with_spike:
+            state["trainer"]["spike"] = self.spike_guard.state_dict()
         if with_rng:
             rng = {"cpu": torch.get_rng_state()}
             if self.par.device.type == "cuda":
@@ -208,8 +215,12 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         # Per-rank RNG states belong to the saved layout; a resharded resume keeps this run's own.
-        state = self._state(with_rng=not self.resharding)
+        # The loss-spike window is in the checkpoint only if that run had the skip on; else it starts empty.
+        had_spike = float(self.resume_meta["config"].get("skip_spike_factor", 0.0)) > 0
+        state = self._state(with_rng=not self.resharding, with_spike=self.spike_guard.enabled and had_spike)
         load_checkpoint(path, state)
+        if "spike" in state["trainer"]:
+            self.spike_guard.load_state_dict(state["trainer"]["spike"])
         load_optimizer_state(self.optimizer, state["optim"], self.par, int(state["trainer"]["adam_step"]))
         self.param_gather.start()  # each DP rank restored only its own slices of the parameters
         self.param_gather.wait_all()
@@ -254,8 +265,10 @@ class Trainer:
         grad_norm = self.optimizer.grad_norm()
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
             raise TrainingDiverged(self._divergence_report(loss_value, grad_norm))
-        self.optimizer.clip(grad_norm)
         lr = lr_at(self.cfg, self.step)
+        if self.spike_guard.check(loss_value, self.step + 1):
+            return loss_value, grad_norm, lr  # not applied: run() logs a [SKIP] and retries the step on the next batch
+        self.optimizer.clip(grad_norm)
         self.optimizer.step(lr)
         self.param_gather.start()
         return loss_value, grad_norm, lr
@@ -280,7 +293,7 @@ class Trainer:
         return bool(flag.item())
 
     def _evaluate(self) -> None:
-        if self.cfg.eval_steps == 0 or self.data.validation is None:
+        if self.cfg.eval_samples == 0 or self.data.validation is None:
             return
         val_loss, bpb, tokens = evaluate(self.model, self.data.validation, self.cfg, self.par, self.token_bytes)
         self.metrics.log_eval(step=self.step, val_loss=val_loss, val_bpb=bpb, tokens=tokens)
@@ -302,11 +315,16 @@ class Trainer:
                 if self.par.device.type == "cuda":
                     torch.cuda.current_stream(self.par.device).synchronize()
                 dt = time.perf_counter() - t0
+                if self.spike_guard.skipped:  # a stop request waits for the next applied step (bounded by the guard)
+                    g = self.spike_guard
+                    self.metrics.info(skip_line(self.step + 1, loss, g.running_mean, g.factor, g.consecutive, g.skipped_total))
+                    continue
                 self.step += 1
                 mem = torch.cuda.max_memory_allocated(self.par.device) / 2**30 if self.par.device.type == "cuda" else 0.0
                 self.metrics.log_step(step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=cfg.tokens_per_step,
                                       time_s=dt, mfu=mfu(cfg, cfg.tokens_per_step, dt, self.par.world_size, self.peak),
-                                      peak_mem_gib=mem, print_line=self.step % cfg.log_every == 0 or self.step == cfg.num_steps)
+                                      peak_mem_gib=mem, skipped_batches=self.spike_guard.skipped_total,
+                                      print_line=self.step % cfg.log_every == 0 or self.step == cfg.num_steps)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.num_steps:
                     self._evaluate()
                 if self.saver is not None:

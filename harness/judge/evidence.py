@@ -28,9 +28,14 @@ c. Learning rate. From checkpoints N - 1 and N, torch's AdamW step is
        w_N = w_{N-1} - lr * wd * w_{N-1} - lr * m_hat / (sqrt(v_hat) + eps),
        m_hat = m_N / (1 - b1^t), v_hat = v_N / (1 - b2^t), t = N,
    linear in (lr, lr * wd). Both are fitted by least squares over every element of a tensor (fp64),
-   so the weight decay, which a run might misstate, does not bias lr. The comparison uses
-   embed.weight, which trains at the plain lr (muP may one day scale hidden matrices' lr, issue
-   13); the other tensors' estimates are reported. t is the printed final step, which must equal
+   so the weight decay, which a run might misstate, does not bias lr. Every fitted tensor is held
+   to the printed lr times its muP multiplier (`lr_multiplier`, restated here from the EXPECTED
+   config's mup / hidden_size / dim_model_base, never from the engine): with muP the hidden
+   matrices (attn.qkv, attn.o, mlp.fc1, mlp.fc2) train at lr / (hidden_size / dim_model_base); the
+   embedding, the norm gains and the LM head (the readout, whose forward is already divided by that
+   width ratio: muP-Adam, Tensor Programs V) at lr. So an engine that silently drops or changes the
+   multipliers is caught on the hidden matrices, and one that scales a vector-like tensor on it.
+   embed.weight's estimate is the headline (`lr_estimate`). t is the printed final step, which must equal
    the checkpoint's step and Adam step (a changed t would bend the bias corrections). Betas and eps
    come from the expected config when it has them (else meta.json). The moments themselves are
    checked for consistency: g = (m_N - b1 m_{N-1}) / (1 - b1) must satisfy
@@ -60,7 +65,7 @@ from harness.judge.checkpoint import (SHAPE_FIELDS, CheckpointError, JudgeCheckp
                                       load_checkpoint, read_meta, size_mismatches)
 
 __all__ = ["Evidence", "TokenStream", "embedded_tokens", "shard_tokens", "verify_train_run", "estimate_lr",
-           "scheduled_lr",
+           "scheduled_lr", "lr_multiplier", "HIDDEN_MATRICES",
            "VAL_RTOL", "TRAIN_RTOL", "TRAJECTORY_RTOL", "LR_RTOL", "MOMENT_RTOL", "BYTE_EOS", "BYTE_VOCAB"]
 
 # Claimed final [EVAL] val_loss vs the judge's loss of the same weights on other validation
@@ -76,6 +81,8 @@ LR_RTOL = 0.01
 # sum(v_N - b2 v_{N-1}) vs (1 - b2) sum(g^2): fp32 rounding of the moments only.
 MOMENT_RTOL = 0.01
 LR_TENSOR = "embed.weight"
+# muP hidden matrices (both dimensions grow with the width), by the engine's parameter names.
+HIDDEN_MATRICES = (".attn.qkv", ".attn.o", ".mlp.fc1", ".mlp.fc2")
 
 BYTE_VOCAB, BYTE_EOS = 258, 257  # the engine's byte tokenizer: ids 0..255 bytes, 256 BOS, 257 EOS
 
@@ -101,6 +108,7 @@ class Evidence:
     lr_estimate: float | None = None  # on embed.weight
     wd_estimate: float | None = None  # (lr * wd) / lr on embed.weight
     lr_by_tensor: dict[str, float] = field(default_factory=dict)
+    lr_multipliers: dict[str, float] = field(default_factory=dict)  # expected factor on the printed lr, per fitted tensor
     trajectory: dict[int, float] = field(default_factory=dict)
     judge_train_loss: float | None = None  # step N - 1's weights on training-split windows  # step -> judge's loss of the weights before it
     moment_residual: float | None = None
@@ -220,6 +228,16 @@ def scheduled_lr(config: Mapping[str, Any], step: int) -> float:
     if kind == "cosine":
         return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown lr_schedule {kind!r}")
+
+
+def lr_multiplier(name: str, config: Mapping[str, Any]) -> float:
+    """The factor on the scheduled lr that parameter `name` trains with under the expected config:
+    muP-Adam (Tensor Programs V; MiniCPM) puts hidden matrices at 1 / (hidden_size / dim_model_base)
+    and keeps vector-like tensors (embedding, norm gains, the width-scaled LM head) at 1; without
+    muP every tensor is at 1. Raises KeyError when the config lacks a field it needs."""
+    if not config["mup"] or not name.endswith(HIDDEN_MATRICES):
+        return 1.0
+    return int(config["dim_model_base"]) / int(config["hidden_size"])
 
 
 def estimate_lr(w_prev: torch.Tensor, w: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, t: int,
@@ -482,6 +500,12 @@ def _check_lr(ev: Evidence, final: JudgeCheckpoint, prev: JudgeCheckpoint | None
     if prev.adam_step != t - 1:
         ev.violations.append(f"learning rate: cannot be verified, Adam step of {prev.path} is {prev.adam_step}, not {t - 1}")
         return
+    try:
+        ev.lr_multipliers = {name: lr_multiplier(name, expected) for name in final.exp_avg}
+    except KeyError as err:
+        ev.violations.append(f"learning rate: cannot be verified, the expected config lacks {err} (needed for the muP "
+                             f"lr multipliers)")
+        return
     for name in final.exp_avg:
         w = final.masters[name]
         decay = w.ndim >= 2
@@ -506,3 +530,17 @@ def _check_lr(ev: Evidence, final: JudgeCheckpoint, prev: JudgeCheckpoint | None
         ev.violations.append(f"learning rate: step {t} printed lr={ev.lr_claimed:.6g}; the optimizer state applied "
                              f"{ev.lr_estimate:.6g} to {name} (from checkpoints {prev.step} and {final.step}; relative "
                              f"difference {rel:.3g} > {lr_rtol})")
+    _check_multipliers(ev, t, lr_rtol)
+
+
+def _check_multipliers(ev: Evidence, t: int, lr_rtol: float) -> None:
+    """Every fitted tensor but the headline one against the printed lr x its expected multiplier."""
+    wrong = []
+    for name, fitted in ev.lr_by_tensor.items():
+        want = ev.lr_claimed * ev.lr_multipliers[name]
+        if name != LR_TENSOR and not _rel(fitted, want) <= lr_rtol:
+            wrong.append(f"{name} {fitted:.6g} (expected lr x {ev.lr_multipliers[name]:.6g} = {want:.6g})")
+    if wrong:
+        ev.violations.append(f"learning rate: step {t} printed lr={ev.lr_claimed:.6g}; the optimizer state applied another "
+                             f"lr to {len(wrong)} tensor(s), muP multipliers restated from the expected config: "
+                             f"{'; '.join(wrong[:4])}{' ...' if len(wrong) > 4 else ''} (relative tolerance {lr_rtol})")

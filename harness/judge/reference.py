@@ -140,11 +140,11 @@ def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], input
     return _rmsnorm(x, params["final_norm.weight"], eps) / sc.logit_divisor
 
 
-@torch.no_grad()
 def logits(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor, *,
            eos_id: int | None = None) -> torch.Tensor:
     """inputs [B, S] token ids -> logits [B, S, vocab_size] (padding columns dropped). `eos_id`: needed
-    when the config has document_mask on."""
+    when the config has document_mask on. Differentiable (tests train this forward as an independent
+    model); the judge's losses run under no_grad."""
     hidden = _hidden(params, config, inputs, eos_id)
     return hidden @ params["lm_head"][: int(config["vocab_size"])].t()
 

@@ -20,7 +20,7 @@ from engine.optim.schedule import lr_at
 from engine.config import EngineConfig
 from tests.engine.helpers import REPO, TINY_FAST, deterministic_fields, loss_lines, run_engine
 
-FAST = [*TINY_FAST, "--eval-steps", "0"]
+FAST = [*TINY_FAST, "--eval-samples", "0"]
 
 
 def _steps(stdout: str) -> list[tuple[str, ...]]:

@@ -63,9 +63,9 @@ def test_no_deterministic_leaves_torch_alone(monkeypatch, torch_mode) -> None:
 
 
 def test_the_flag_reaches_the_run_header(tmp_path) -> None:
-    on = run_engine("pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", "--eval-steps", "0",
+    on = run_engine("pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", "--eval-samples", "0",
                     "--seq-length", "32", "--micro-batch-size", "2", "--no-save-final", "--run-dir", str(tmp_path / "on"))
-    off = run_engine("pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", "--eval-steps", "0",
+    off = run_engine("pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", "--eval-samples", "0",
                      "--seq-length", "32", "--micro-batch-size", "2", "--no-save-final", "--no-deterministic",
                      "--run-dir", str(tmp_path / "off"))
     assert '"deterministic": true' in on.stdout and '"deterministic": false' in off.stdout
@@ -79,7 +79,7 @@ BASELINE = ["--op-attention", "baseline", "--op-rmsnorm", "baseline", "--op-gemm
 @pytest.mark.parametrize("ops", ["defaults", "baseline"])
 def test_gpu_same_seed_runs_and_a_resume_are_bitwise(ops, tmp_path) -> None:
     common = ["pretrain", "--preset", "minicpm4-0.5b", "--device", "cuda", "--seed", "7", "--num-steps", "8",
-              "--warmup-steps", "2", "--eval-steps", "0", "--seq-length", "2048", "--micro-batch-size", "2",
+              "--warmup-steps", "2", "--eval-samples", "0", "--seq-length", "2048", "--micro-batch-size", "2",
               *(BASELINE if ops == "baseline" else [])]
     first = run_engine(*common, "--save-every", "4", "--keep-last", "3", "--run-dir", str(tmp_path / "a"), timeout=900)
     second = run_engine(*common, "--no-save-final", "--run-dir", str(tmp_path / "b"), timeout=900)

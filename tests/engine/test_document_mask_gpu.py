@@ -42,7 +42,7 @@ def test_default_kernels_train_like_the_baseline_with_the_mask(tmp_path):
     short_documents(data, 3000, 1, "train")
     short_documents(data, 200, 2, "validation")
     common = ["pretrain", "--preset", "tiny", "--device", "cuda", "--num-steps", "8", "--warmup-steps", "2",
-              "--eval-steps", "0", "--no-save-final", "--hf-dataset", str(data), "--data-cache-dir", str(tmp_path / "c")]
+              "--eval-samples", "0", "--no-save-final", "--hf-dataset", str(data), "--data-cache-dir", str(tmp_path / "c")]
     masked = ["--document-mask", "--reset-position-ids"]
     fast = run_engine(*common, *masked, "--run-dir", str(tmp_path / "fast"), timeout=600)
     base = run_engine(*common, *masked, *BASELINE, "--run-dir", str(tmp_path / "base"), timeout=600)

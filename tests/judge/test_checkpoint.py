@@ -133,7 +133,7 @@ def test_tp2_dp2_checkpoint_is_reassembled(tmp_path):
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "engine",
             "pretrain", "--preset", "tiny", "--device", "cpu", "--tp", "2", "--num-steps", "3", "--warmup-steps", "1",
-            "--save-every", "1", "--keep-last", "2", "--seq-length", "64", "--micro-batch-size", "2", "--eval-steps", "1",
+            "--save-every", "1", "--keep-last", "2", "--seq-length", "64", "--micro-batch-size", "2", "--eval-samples", "4",
             "--ddp-bucket-mb", "0.1", "--run-dir", str(out), "--save-dir", str(out / "ck")]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -148,7 +148,7 @@ def test_tp2_dp2_checkpoint_is_reassembled(tmp_path):
     chunks = {len(v.chunks) for k, v in _read_metadata(final).state_dict_metadata.items() if k.startswith("optim.")}
     assert chunks == {1, 2}
     from harness.judge.logparse import parse_engine_log, parse_eval_lines
-    expected = expected_config(tp=2, num_steps=3, warmup_steps=1, micro_batch_size=2, eval_steps=1)
+    expected = expected_config(tp=2, num_steps=3, warmup_steps=1, micro_batch_size=2, eval_samples=4)
     ev = verify_train_run(out / "ck", expected_config=expected, printed_steps=parse_engine_log(proc.stdout),
                           printed_evals=parse_eval_lines(proc.stdout), seed=5,
                           validation=embedded_tokens(validation_bytes()), num_samples=64)

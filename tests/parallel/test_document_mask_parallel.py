@@ -24,7 +24,7 @@ STEPS = 5
 def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("short")
     short_documents(folder, 400, 1, "train")
-    return {"hf_dataset": str(folder), "data_cache_dir": str(tmp_path_factory.mktemp("cache"))}
+    return {"hf_dataset": str(folder), "data_cache_dir": str(tmp_path_factory.mktemp("cache")), "eval_samples": 0}
 
 
 @pytest.fixture(scope="module")
