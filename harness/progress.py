@@ -2,7 +2,7 @@
 
     [  12.4s] turn    3  claude-sonnet-4-5  2,310 in / 412 out  $0.0131  -> read_file, apply_patch
     [  12.6s] tool       apply_patch: Applied 1 hunk to engine/config.py
-    [  40.1s] gate       guards FAIL: 2 finding(s) in engine
+    [  40.1s] gate       guards FAIL: 2 findings in engine (120 files checked)
 
 Colour only on a terminal and never when NO_COLOR is set (https://no-color.org, read through
 harness.settings). Progress is for people; records are the source of truth.

@@ -359,6 +359,7 @@ class GateRunner:
 
     def _guards(self, gate: GuardsGate, judging: _Judging) -> GateResult:
         from guards.config import GuardsConfigError, load_config
+        from guards.report import summary as guards_summary
         from guards.runner import check_paths
 
         try:
@@ -372,10 +373,12 @@ class GateRunner:
         violations += [f.to_text() for f in result.findings]
         violations += self._new_suppressions(gate, judging)
         if violations:
+            found = len(violations)
             return GateResult(name=gate.name, kind=gate.kind, passed=False, violations=tuple(violations),
-                              summary=f"{len(violations)} finding(s) in {' '.join(gate.paths)}")
+                              summary=f"{found} finding{'' if found == 1 else 's'} in {' '.join(gate.paths)} "
+                                      f"({result.files} files checked)")
         return GateResult(name=gate.name, kind=gate.kind, passed=True,
-                          summary=f"0 findings in {result.files} files ({', '.join(gate.rules)})")
+                          summary=f"{guards_summary(0, 0, result.files)} ({', '.join(gate.rules)})")
 
     def _new_suppressions(self, gate: GuardsGate, judging: _Judging) -> list[str]:
         """Every `# guard: allow` the candidate's files have beyond the base's, read from the files (never

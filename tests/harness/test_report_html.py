@@ -204,3 +204,18 @@ def test_report_of_a_crashed_running_run(tmp_path):
     assert ">running<" in page
     with pytest.raises(FileNotFoundError, match="not a run folder"):
         render_report(tmp_path)
+
+
+def test_chart_alt_text_names_what_the_chart_shows(tmp_path):
+    """A CPU job prints mfu=0.0000 (no peak to hold it against): its chart shows step time, and its alt text says so
+    instead of naming an MFU it does not have. A GPU job's chart and alt text name MFU."""
+    record = RunRecord.create(milestone_id="demo-tiny", spec_hash="0" * 64, agent={"backend": "replay"}, base_commit="0" * 40,
+                              branch="b", worktree="/w", runs_root=tmp_path)
+    for name, mfu in (("cpu-train", 0.0), ("gpu-train", 0.42)):
+        job_dir = record.job_dir(name)
+        (job_dir / "log").write_text("".join(
+            f"[LOSS] step={s} global_loss={loss_curve(s):.9e} grad_norm={1.0:.9e} lr={3e-4:.6e} tokens=2048 "
+            f"time_s={0.25:.6f} mfu={mfu:.4f}\n" for s in range(1, 6)))
+    alts = re.findall(r"<img alt='([^']*)'", render_report(record.dir))
+    assert alts == ["loss of every job", "cpu-train: loss and step time (no MFU: CPU job)",
+                    "gpu-train: loss and MFU (engine-reported, Megatron count)"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.jobs import JobSpec, SubmitError, launch
+from tests.proc_helpers import needs_ctrl_c
 
 __all__: list[str] = []
 
@@ -138,6 +139,7 @@ def test_torchrun_job_under_slurm(slurm: None, tmp_path: Path) -> None:
     assert "rank=0 world=2" in log and "rank=1 world=2" in log
 
 
+@needs_ctrl_c
 def test_ctrl_c_in_wait_scancels(slurm: None, tmp_path: Path) -> None:
     spec = _spec(tmp_path, "ctrlc", ["bash", "-c", "echo up; sleep 300"])
     job = launch(spec)
