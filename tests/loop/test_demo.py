@@ -49,6 +49,10 @@ def test_temper_demo_fails_a_guard_then_passes_every_gate(tmp_path: Path) -> Non
     assert all(re.match(r"\[ *\d+\.\ds\] ", line) or line.startswith(" ") for line in progress)
     assert "\033[" not in proc.stderr
     assert any("guards FAIL" in line for line in progress) and any("a2-train started" in line for line in progress)
+    # The long silences have live lines: each test file of the pytest gate, each step of the training job.
+    assert any(line.endswith("tests    tests/milestones/test_demo_tiny.py: 4 passed") for line in progress), proc.stderr
+    assert [line.split("step     ", 1)[1].split(" loss")[0] for line in progress if "step     a2-train" in line] == \
+        [f"a2-train step {s}/20" for s in range(1, 21)]
 
     [run_dir] = run_dirs(home)
     ev = events(run_dir)
