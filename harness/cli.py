@@ -16,6 +16,7 @@ __all__ = ["main", "build_parser"]
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 _EPILOG = """examples:
+  temper doctor --requires gpu                       what this machine can run: python, torch, GPU, kernels, SLURM, keys
   temper demo                                        the README demo: a replayed agent on CPU, a few minutes
   temper run demo-tiny --agent anthropic:claude-sonnet-4-5
   temper run demo-tiny --agent openai-compatible:http://localhost:8000/v1#qwen3-coder --max-turns 60
@@ -79,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the README demo: a replayed agent fails a guard, fixes it, passes every gate")
     demo.add_argument("--quiet", action="store_true")
+
+    doctor = sub.add_parser("doctor", help="preflight: what this machine can run (exit 0 when every required check passes)",
+                            description="Checks Python, torch and the engine, git, pytest, the sandbox, GPUs, kernel "
+                                        "libraries, NCCL, SLURM and its account, API keys (said set or missing, never "
+                                        "printed) and the data folder. The base checks are always required; --requires "
+                                        "adds more. Exit 0: every required check passed; 1: one failed; 2: bad usage.")
+    doctor.add_argument("--requires", default="", metavar="LIST",
+                        help="comma-separated: gpu, slurm, llm, multi-node, data (e.g. --requires gpu,slurm)")
+    doctor.add_argument("--json", action="store_true", help="print every check as JSON on stdout")
 
     guards = sub.add_parser("guards", help="AST red-line checks (same as python -m guards)", add_help=False)
     guards.add_argument("rest", nargs=argparse.REMAINDER)
@@ -203,7 +213,14 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(progress=_progress(args.quiet))
 
 
-_COMMANDS = {"run": _run, "gate": _gate, "milestones": _milestones, "resume": _resume, "runs": _runs, "report": _report, "demo": _demo}
+def _doctor(args: argparse.Namespace) -> int:
+    from harness.doctor import main as doctor
+
+    return doctor(args.requires, args.json)
+
+
+_COMMANDS = {"run": _run, "gate": _gate, "milestones": _milestones, "resume": _resume, "runs": _runs, "report": _report,
+             "demo": _demo, "doctor": _doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

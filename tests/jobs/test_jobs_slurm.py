@@ -25,28 +25,6 @@ PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _start_script() -> Path | None:
-    """<repo>/../shared/slurm/start-local-slurm; helper worktrees sit one level deeper, so the
-    nearest ancestor that has shared/slurm wins."""
-    for parent in REPO.parents:
-        script = parent / "shared" / "slurm" / "start-local-slurm"
-        if script.is_file():
-            return script
-    return None
-
-
-@pytest.fixture(scope="session")
-def slurm() -> None:
-    script = _start_script()
-    if script is None:
-        pytest.skip(f"no shared/slurm/start-local-slurm above {REPO}: cannot start a local SLURM")
-    if os.geteuid() != 0:
-        pytest.skip("start-local-slurm needs root (it installs and starts slurmctld, slurmd and munge)")
-    out = subprocess.run([str(script)], capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        pytest.fail(f"{script} failed (exit {out.returncode}): {out.stdout}{out.stderr}")
-
-
 def _spec(tmp_path: Path, name: str, argv: list[str], **kw) -> JobSpec:  # type: ignore[no-untyped-def]
     return JobSpec(name=name, argv=argv, launcher="slurm", log_path=tmp_path / f"{name}.log", cwd=tmp_path,
                    timeout_s=kw.pop("timeout_s", 120), **kw)
