@@ -16,7 +16,7 @@ import pytest
 __all__: list[str] = []
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = sorted({*REPO.glob("skills/*/SKILL.md"), *REPO.glob("docs/*.md"), REPO / "README.md", REPO / "AGENTS.md",
+DOCS = sorted({*REPO.glob("plugins/*/skills/*/SKILL.md"), *REPO.glob("docs/*.md"), REPO / "README.md", REPO / "AGENTS.md",
                REPO / "CLAUDE.md", REPO / "milestones" / "README.md", REPO / "engine" / "ops" / "README.md"})
 # A command starts a snippet (after VAR=value assignments) or follows a shell operator; what follows it up to the
 # next operator or comment is its arguments. Quoted output ("temper gate: needs ...") names no subcommand.
@@ -112,7 +112,7 @@ def test_quoted_commands_exist_and_their_flags_parse(doc: Path) -> None:
 
 def test_every_skill_and_new_doc_quotes_commands_that_are_checked() -> None:
     """The check above reads what a reader copies: each skill and each page a user starts from quotes commands."""
-    for doc in [*REPO.glob("skills/*/SKILL.md"), *(REPO / "docs" / n for n in ("quickstart.md", "kernels.md"))]:
+    for doc in [*REPO.glob("plugins/*/skills/*/SKILL.md"), *(REPO / "docs" / n for n in ("quickstart.md", "kernels.md"))]:
         assert any(commands(s) for s in snippets(doc.read_text(encoding="utf-8"))), doc
 
 

@@ -143,23 +143,29 @@ def skill_problems(path: Path) -> list[str]:
     return problems
 
 
-def test_the_marketplace_lists_the_temper_plugin_at_the_repository_root() -> None:
+PLUGIN = REPO / "plugins" / "temper"
+
+
+def test_the_marketplace_lists_the_temper_plugin() -> None:
+    """The plugin has a folder of its own: Claude Code copies a plugin's folder into its cache on install, and the
+    repository root would bring runs/, data and checkpoints along."""
     data = json.loads((REPO / ".claude-plugin" / "marketplace.json").read_text(encoding="utf-8"))
     assert marketplace_problems(data) == []
     [entry] = data["plugins"]
     root = (REPO / entry["source"]).resolve()
-    assert root.is_dir() and root.is_relative_to(REPO)
+    assert root == PLUGIN and root.is_relative_to(REPO)
     manifest = json.loads((root / ".claude-plugin" / "plugin.json").read_text(encoding="utf-8"))
     assert manifest_problems(manifest) == []
     assert manifest["name"] == entry["name"] == "temper"
-    # Components live at the plugin root; .claude-plugin/ holds the manifests only.
-    assert sorted(p.name for p in (root / ".claude-plugin").iterdir()) == ["marketplace.json", "plugin.json"]
+    # Components live at the plugin root; .claude-plugin/ holds the manifest only.
+    assert sorted(p.name for p in (root / ".claude-plugin").iterdir()) == ["plugin.json"]
+    assert sorted(p.name for p in root.iterdir()) == [".claude-plugin", "skills"]
     assert sorted(p.name for p in (root / "skills").iterdir()) == sorted(SKILLS)
 
 
 @pytest.mark.parametrize("skill", SKILLS)
 def test_every_skill_has_valid_frontmatter_and_concrete_steps(skill: str) -> None:
-    assert skill_problems(REPO / "skills" / skill / "SKILL.md") == []
+    assert skill_problems(PLUGIN / "skills" / skill / "SKILL.md") == []
 
 
 def test_the_checks_reject_what_the_schema_forbids(tmp_path: Path) -> None:
