@@ -1,4 +1,4 @@
-"""`python -m engine <command>`: pretrain, prepare, export-hf, warmup-kernels.
+"""`python -m engine <command>`: pretrain, prepare, export-hf, warmup-kernels, env, config-reference.
 
 Every EngineConfig field becomes a flag (`--micro-batch-size`, booleans as `--tensorboard` /
 `--no-tensorboard`) with its default and meaning in `--help`. Only the flags a user actually gives
@@ -13,7 +13,7 @@ from typing import Any, Callable
 from engine.config import EngineConfig, build_config, flag_name
 from engine.errors import EXIT_DIVERGED, EXIT_USAGE, ConfigError, TrainingDiverged
 
-__all__ = ["main", "build_parser", "config_from_args"]
+__all__ = ["main", "build_parser", "config_from_args", "config_reference"]
 
 _GROUP_TITLES = {
     "run": "run", "model": "model (presets fill these)", "batch": "batch", "optim": "optimizer and schedule",
@@ -41,6 +41,49 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         else:
             group.add_argument(flag_name(f.name), dest=f.name, type=kind, default=argparse.SUPPRESS,
                                metavar=kind.__name__.upper(), help=help_text)
+
+
+def _toml(value: Any) -> str:
+    """A default as it is written in a run.toml or preset."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def config_reference() -> str:
+    """docs/configuration.md, generated from EngineConfig and the presets so it cannot drift from them."""
+    from engine.config import PRESETS_FILE, load_preset, preset_names
+
+    out = ["# Configuration reference", "",
+           "<!-- Generated: `python -m engine config-reference > docs/configuration.md`. Do not edit by hand; "
+           "tests/assist/test_docs.py fails when this file and EngineConfig disagree. -->", "",
+           "Every field of `EngineConfig` (`engine/config.py`, the single source of truth) is a flag of "
+           "`python -m engine pretrain`, `prepare` and `warmup-kernels`, a key of a `--config run.toml` file (flat or "
+           "under `[engine]`), and a key a preset in `engine/model_spec.toml` may set. A run takes the field's default, "
+           "then the preset's value (`--preset`), then the `--config` file's, then the flags given. Booleans are "
+           "`--name` / `--no-name`. A bad value stops the run before anything is written, with one line naming the "
+           "flag, the value and the fix (exit 2). The resolved config is the `[CONFIG]` line of every run's header.", ""]
+    for group, title in _GROUP_TITLES.items():
+        out += [f"## {title}", "", "| flag | type | default | meaning |", "| --- | --- | --- | --- |"]
+        for f in fields(EngineConfig):
+            if f.metadata["group"] != group:
+                continue
+            kind = f.type if isinstance(f.type, str) else f.type.__name__
+            flag = f"`{flag_name(f.name)}` / `--no-{flag_name(f.name)[2:]}`" if kind == "bool" else f"`{flag_name(f.name)}`"
+            out.append(f"| {flag} | {kind} | `{_toml(f.default)}` | {_cell(f.metadata['help'])} |")
+        out.append("")
+    names = preset_names()
+    presets = {name: load_preset(name) for name in names}
+    keys = [f.name for f in fields(EngineConfig) if any(f.name in values for values in presets.values())]
+    out += ["## Presets", "", f"What each preset of `{PRESETS_FILE.name}` sets (empty: the field's default).", "",
+            "| field | " + " | ".join(f"`{n}`" for n in names) + " |", "| --- |" + " --- |" * len(names)]
+    for key in keys:
+        out.append(f"| `{key}` | " + " | ".join(f"`{_toml(presets[n][key])}`" if key in presets[n] else "" for n in names) + " |")
+    return "\n".join(out) + "\n"
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -78,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     warm = sub.add_parser("warmup-kernels", help="compile the configured kernels into the on-disk cache")
     _add_config_flags(warm)
+
+    env = sub.add_parser("env", help="print what the engine runs on: python, torch, CUDA, GPUs, NCCL, kernel libraries",
+                         description="The facts of a run header's first lines, without a run (`temper doctor` reads "
+                                     "them with --json).")
+    env.add_argument("--json", action="store_true", help="one JSON object instead of key=value lines")
+
+    sub.add_parser("config-reference", help="print docs/configuration.md: every EngineConfig field and preset, as markdown",
+                   description="python -m engine config-reference > docs/configuration.md")
     return parser
 
 
@@ -107,8 +158,32 @@ def _warmup(args: argparse.Namespace) -> int:
     return warmup_kernels(config_from_args(args))
 
 
+def _env(args: argparse.Namespace) -> int:
+    import json
+
+    from engine.runinfo import environment
+
+    facts = environment()
+    if args.json:
+        print(json.dumps(facts, indent=2))
+    else:
+        for key, value in facts.items():
+            if isinstance(value, dict):
+                value = " ".join(f"{k}={v}" for k, v in value.items())
+            elif isinstance(value, list):
+                value = ", ".join(value) or "none"
+            print(f"{key}: {value}")
+    return 0
+
+
+def _config_reference(args: argparse.Namespace) -> int:
+    sys.stdout.write(config_reference())
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "warmup-kernels": _warmup,
+    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "warmup-kernels": _warmup, "env": _env,
+    "config-reference": _config_reference,
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["git_commit", "library_versions", "device_name", "header_lines"]
+__all__ = ["git_commit", "library_versions", "nccl_version", "device_name", "environment", "header_lines"]
 
 _KERNEL_LIBS = ("nvidia-cutlass-dsl", "quack-kernels", "flash-attn-4", "transformers", "datasets", "tokenizers",
                 "sentencepiece")
@@ -46,18 +46,35 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+def nccl_version() -> str:
+    """The NCCL this torch was built with ("2.21.5"), or "none" (a CPU build, or no NCCL backend)."""
+    if not (torch.cuda.is_available() and torch.distributed.is_available() and torch.distributed.is_nccl_available()):
+        return "none"
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+def environment() -> dict[str, Any]:
+    """What this process runs on: the facts of the header's first lines, as data (`python -m engine env --json`,
+    read by `temper doctor`)."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return {"git": git_commit(), "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda or "none", "gpus": gpus, "nccl": nccl_version(), "host": socket.gethostname(),
+            "libs": library_versions()}
+
+
 def header_lines(*, device: torch.device, launcher: str, world: int, tp: int, dp: int, op_versions: dict[str, str],
                  data: str, params: int, matmul_params: int, flops_per_token: float, config: dict[str, Any]) -> list[str]:
-    cuda = torch.version.cuda or "none"
-    libs = " ".join(f"{k}={v}" for k, v in library_versions().items())
+    env = environment()
+    libs = " ".join(f"{k}={v}" for k, v in env["libs"].items())
     ops = " ".join(f"{k}={v}" for k, v in sorted(op_versions.items()))
     return [
-        f"[RUN] temper engine git={git_commit()} python={platform.python_version()} torch={torch.__version__} "
-        f"cuda={cuda} device={device_name(device)} host={socket.gethostname()}",
+        f"[RUN] temper engine git={env['git']} python={env['python']} torch={env['torch']} "
+        f"cuda={env['cuda']} device={device_name(device)} host={env['host']}",
         f"[RUN] argv={' '.join(sys.argv)}",
         f"[RUN] layout launcher={launcher} world={world} tp={tp} dp={dp}",
         f"[RUN] ops {ops}",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from guards.config import GuardsConfigError, find_config, load_config
-from guards.report import FORMATS
+from guards.report import FORMATS, summary
 from guards.rules import RULES
 from guards.runner import DEFAULT_PACKAGES, check_paths
 
@@ -86,8 +86,8 @@ def _check(args: argparse.Namespace) -> int:
     result = check_paths(paths, config, rule_ids or None)
     sys.stdout.write(FORMATS[args.format](result.findings))
     files_with = len({f.path for f in result.findings})
-    print(f"guards: {len(result.findings)} finding(s) in {files_with} of {result.files} file(s) "
-          f"({time.perf_counter() - started:.2f} s)", file=sys.stderr)
+    print(f"guards: {summary(len(result.findings), files_with, result.files)} ({time.perf_counter() - started:.2f} s)",
+          file=sys.stderr)
     return EXIT_FINDINGS if result.findings else EXIT_CLEAN
 
 

@@ -16,6 +16,7 @@ __all__ = ["main", "build_parser"]
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 _EPILOG = """examples:
+  temper doctor --requires gpu                       what this machine can run: python, torch, GPU, kernels, SLURM, keys
   temper demo                                        the README demo: a replayed agent on CPU, a few minutes
   temper run demo-tiny --agent anthropic:claude-sonnet-4-5
   temper run demo-tiny --agent openai-compatible:http://localhost:8000/v1#qwen3-coder --max-turns 60
@@ -79,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the README demo: a replayed agent fails a guard, fixes it, passes every gate")
     demo.add_argument("--quiet", action="store_true")
+
+    doctor = sub.add_parser("doctor", help="preflight: what this machine can run (exit 0 when every required check passes)",
+                            description="Checks Python, torch and the engine, git, pytest, the sandbox, GPUs, kernel "
+                                        "libraries, NCCL, SLURM and its account, API keys (said set or missing, never "
+                                        "printed) and the data folder. The base checks are always required; --requires "
+                                        "adds more. Exit 0: every required check passed; 1: one failed; 2: bad usage.")
+    doctor.add_argument("--requires", default="", metavar="LIST",
+                        help="comma-separated: gpu, slurm, llm, multi-node, data (e.g. --requires gpu,slurm)")
+    doctor.add_argument("--json", action="store_true", help="print every check as JSON on stdout")
 
     guards = sub.add_parser("guards", help="AST red-line checks (same as python -m guards)", add_help=False)
     guards.add_argument("rest", nargs=argparse.REMAINDER)
@@ -146,42 +156,77 @@ def _gate(args: argparse.Namespace) -> int:
     return EXIT_OK if verdict.accepted else EXIT_FAILED
 
 
+def _print_table(table: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
 def _milestones(args: argparse.Namespace) -> int:
+    from harness.judge.hardware import NeedsHardware, check_requires, probe_machine
     from harness.session import load_spec
-    from harness.settings import temper_home
+    from harness.settings import data_dir, temper_home
+    from harness.spec import JobGate
 
     home = temper_home()
+    machine = probe_machine()  # once: the judge's own view (nvidia-smi, sinfo), as `temper gate` will see it
+    data = data_dir(home)
+
+    def why_not_here(m) -> str:  # noqa: ANN001 -- harness.spec.Milestone
+        """"" when this machine can judge the milestone, else why not, as `temper gate` would say it."""
+        try:
+            check_requires(m.requires, machine)
+        except NeedsHardware as err:
+            return str(err).partition("; ")[2] or str(err)
+        if not data.is_dir() and any(isinstance(g, JobGate) and any("{data}" in a for a in g.argv) for g in m.gates):
+            return f"its jobs read {{data}} and {data} does not exist (set TEMPER_DATA)"
+        return ""
+
     rows = [load_spec(p.stem, home) for p in sorted((home / "milestones").glob("*.toml"))]
+    here = {m.id: why_not_here(m) for m in rows}
     if args.json:
-        print(json.dumps([{"id": m.id, "title": m.title, "requires": m.requires.model_dump(),
-                           "needs": m.requires.describe(), "editable": m.editable} for m in rows], indent=2))
+        print(json.dumps([{"id": m.id, "title": m.title, "requires": m.requires.model_dump(), "needs": m.requires.describe(),
+                           "runs_here": not here[m.id], "why_not_here": here[m.id], "editable": m.editable}
+                          for m in rows], indent=2))
         return EXIT_OK
-    table = [("MILESTONE", "NEEDS", "GOAL")] + [(m.id, m.requires.describe(), m.title) for m in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(2)]
-    for row in table:
-        print(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}")
+    _print_table([("MILESTONE", "NEEDS", "HERE", "GOAL")] +
+                 [(m.id, m.requires.describe(), "yes" if not here[m.id] else f"no: {here[m.id]}", m.title) for m in rows])
     return EXIT_OK
 
 
+def _age(started: str, now: float) -> str:
+    from datetime import datetime
+
+    try:
+        seconds = now - datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{max(int(seconds), 0)}s ago"
+
+
 def _runs(args: argparse.Namespace) -> int:
+    import time
+
     from harness.records import list_runs
 
     rows = list_runs()
     if args.json:
         print(json.dumps([{"id": r.id, "milestone": r.milestone_id, "status": r.status, "agent": r.agent, "started": r.started,
                            "ended": r.ended, "turns": r.turns, "tokens": r.tokens, "cost_usd": r.cost_usd,
-                           "attempts": r.attempts, "problem": r.problem, "path": str(r.path)} for r in rows], indent=2))
+                           "attempts": r.attempts, "verdict": r.verdict, "problem": r.problem, "path": str(r.path)}
+                          for r in rows], indent=2))
         return EXIT_OK
     if not rows:
         print("no runs yet (temper run MILESTONE --agent SPEC, or temper demo)")
         return EXIT_OK
-    header = ("RUN", "MILESTONE", "STATUS", "AGENT", "ATT", "TURNS", "TOKENS", "COST", "STARTED")
-    table = [header] + [(r.id, r.milestone_id, r.status or "?", r.agent, str(r.attempts), str(r.turns), f"{r.tokens:,}",
-                         "unknown" if r.cost_usd is None else f"${r.cost_usd:.2f}", r.started[:19].replace("T", " "))
-                        if not r.problem else (r.id, "", "unreadable", r.problem, "", "", "", "", "") for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    now = time.time()
+    header = ("RUN", "MILESTONE", "STATUS", "ATT", "VERDICT", "AGE", "AGENT", "COST")
+    _print_table([header] + [(r.id, r.milestone_id, r.status or "?", str(r.attempts), r.verdict or "-", _age(r.started, now),
+                              r.agent, "unknown" if r.cost_usd is None else f"${r.cost_usd:.2f}")
+                             if not r.problem else (r.id, "", "unreadable", "", r.problem, "", "", "") for r in rows])
     return EXIT_OK
 
 
@@ -203,7 +248,14 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(progress=_progress(args.quiet))
 
 
-_COMMANDS = {"run": _run, "gate": _gate, "milestones": _milestones, "resume": _resume, "runs": _runs, "report": _report, "demo": _demo}
+def _doctor(args: argparse.Namespace) -> int:
+    from harness.doctor import main as doctor
+
+    return doctor(args.requires, args.json)
+
+
+_COMMANDS = {"run": _run, "gate": _gate, "milestones": _milestones, "resume": _resume, "runs": _runs, "report": _report,
+             "demo": _demo, "doctor": _doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,9 @@ tests that run the engine), a 20-step CPU training job of the `tiny` preset, and
 harness computes from that job's log. Then the report is written.
 
 The demo works on a worktree of the checkout at HEAD (runs/<id>/worktree, branch temper/<id>): the
-checkout itself, its branch and its uncommitted changes are never touched. No LLM SDK, no network.
+checkout itself, its branch and its uncommitted changes are never touched, and the worktree and the branch
+are removed when the demo ends, however it ends (Ctrl-C included). What stays is the run's records in
+runs/<id>/ (git-ignored), which `temper runs` and `temper report` read. No LLM SDK, no network.
 """
 
 import importlib.util
@@ -29,8 +31,10 @@ DEMO_TRAJECTORY = "milestones/demo/trajectory.jsonl"
 
 def run_demo(progress: Progress | None = None) -> int:
     """Run the demo; 0 when the replayed agent's second attempt is accepted, as it should be."""
+    from harness.records import new_run_id
     from harness.session import UsageError, repo_head, start_run
     from harness.settings import runs_dir, temper_home
+    from harness.workspace import Workspace
 
     progress = progress or Progress()
     home = temper_home()
@@ -57,7 +61,13 @@ def run_demo(progress: Progress | None = None) -> int:
                            capture_output=True, text=True).stdout.strip()
     if dirty:
         progress("run", "note: your uncommitted changes are not part of the demo; it starts from HEAD")
-    outcome = start_run(DEMO_MILESTONE, f"replay:{trajectory}", progress=progress)
+    run_id = new_run_id(DEMO_MILESTONE)
+    try:
+        outcome = start_run(DEMO_MILESTONE, f"replay:{trajectory}", progress=progress, run_id=run_id)
+    finally:  # also on Ctrl-C and errors: the repository keeps no branch or worktree of the demo
+        Workspace.discard(home, run_id=run_id, root=runs_dir())
+        progress("run", f"removed the demo's worktree and branch temper/{run_id}; its records stay in "
+                        f"{runs_dir() / run_id}")
     print(f"demo run {outcome.run_id}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
     for verdict in _verdicts(outcome.run_dir):
         failed = verdict.failed_gate
@@ -66,7 +76,8 @@ def run_demo(progress: Progress | None = None) -> int:
     print(f"  records:  {outcome.run_dir}  (events.jsonl, attempts/<n>/diff.patch + verdict.json, jobs/)")
     if outcome.report is not None:
         print(f"  report:   {outcome.report}")
-    print(f"  branch:   temper/{outcome.run_id} (the accepted commit; `temper run ... --merge` would merge it)")
+    print(f"  left:     only the run's records in {outcome.run_dir}; the demo's worktree and branch were removed "
+          f"(rm -rf {outcome.run_dir} removes the records too)")
     print(f"  next:     temper runs | temper report {outcome.run_id} | temper run demo-tiny --agent anthropic:<model>")
     return 0 if outcome.status == "accepted" else 1
 

@@ -287,7 +287,17 @@ class RunSummary:
     tokens: int = 0
     cost_usd: float | None = None
     attempts: int = 0
+    verdict: str = ""  # the last judged attempt: "accepted (attempt 2)", "rejected at guards (attempt 1)"; "" if none
     problem: str = ""
+
+
+def _verdict_label(verdict: Mapping[str, Any] | None) -> str:
+    if not verdict:
+        return ""
+    if verdict.get("accepted"):
+        return f"accepted (attempt {verdict.get('attempt')})"
+    gate = verdict.get("failed_gate")
+    return f"rejected{f' at {gate}' if gate else ''} (attempt {verdict.get('attempt')})"
 
 
 def new_run_id(milestone_id: str) -> str:
@@ -615,6 +625,7 @@ def list_runs(runs_root: str | Path | None = None) -> list[RunSummary]:
                 id=meta["id"], path=directory, milestone_id=meta["milestone"]["id"], status=meta["status"],
                 agent=_agent_label(meta.get("agent", {})), started=meta["started"], ended=meta.get("ended"),
                 turns=totals["turns"], tokens=totals["tokens"], cost_usd=totals["cost_usd"], attempts=totals["attempts"],
+                verdict=_verdict_label(meta.get("verdict")),
             ))
         except (ValueError, KeyError, TypeError) as err:
             out.append(RunSummary(id=directory.name, path=directory, problem=f"run.json unreadable: {type(err).__name__}: {err}"))

@@ -122,6 +122,12 @@ def _right_panel(name: str, rows: list[dict[str, float]]) -> tuple[str, str, lis
     return f"{name}: step time (no MFU: CPU job)", "time_s (s)", [(r["step"], r["time_s"]) for r in rows if "time_s" in r]
 
 
+def _job_alt(name: str, rows: list[dict[str, float]]) -> str:
+    """The chart's alt text names what it shows: `train: loss and MFU ...`, or step time on a CPU job that has no MFU."""
+    title, _, _ = _right_panel(name, rows)
+    return f"{name}: loss and {title[len(name) + 2:]}"
+
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -178,7 +184,7 @@ def _svg_src(svg: str) -> str:
 
 
 def _svg_job(name: str, rows: list[dict[str, float]]) -> str:
-    """Loss and MFU side by side as one SVG (no matplotlib: a base-dependencies install)."""
+    """Loss and MFU (or step time) side by side as one SVG (no matplotlib: a base-dependencies install)."""
     from harness.svgplot import line_chart
 
     loss = line_chart([("loss", [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r])],
@@ -378,7 +384,7 @@ def _jobs_section(jobs: dict[str, _JobSeries]) -> str:
     for name, rows in series.items():
         if rows:
             src = f"data:image/png;base64,{_job_plot(name, rows)}" if png else _svg_job(name, rows)
-            parts.append(f"<img alt='loss and MFU of {_e(name)}' src='{src}'>")
+            parts.append(f"<img alt='{_e(_job_alt(name, rows))}' src='{src}'>")
         else:
             parts.append(f"<p class='small'>{_e(name)}: no [LOSS] lines or metrics.jsonl.</p>")
     parts.append("</section>")

@@ -191,6 +191,16 @@ class Workspace:
             shutil.rmtree(holder, ignore_errors=True)
             _git(repo_dir, "worktree", "prune")
 
+    @staticmethod
+    def discard(repo: Path, *, run_id: str, root: Path) -> None:
+        """Remove whatever exists of a run's worktree and branch (`temper demo` leaves the repository as it found
+        it, also when it stops half-way). The run's records under root/<run_id> stay."""
+        r = _open_repo(Path(repo))
+        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        branch = _check_run_id(repo_dir, run_id)
+        worktree = Path(root).resolve() / run_id / "worktree"
+        Workspace(repo=repo_dir, worktree=worktree, base="", branch=branch, run_id=run_id).remove(delete_branch=True)
+
     def remove(self, *, delete_branch: bool = False) -> None:
         """Delete the worktree folder and its registration; the branch (the run's history) stays
         unless `delete_branch`."""

@@ -1,5 +1,7 @@
-"""Shared test setup: markers for GPU / SLURM tests, paths to the repo and to ../shared."""
+"""Shared test setup: markers for GPU / SLURM tests, paths to the repo and to ../shared, a real local SLURM."""
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,26 @@ def shared_data() -> Path:
     if not data.is_dir():
         pytest.skip(f"{data} is absent (tests that read real data need ../shared beside the checkout)")
     return data
+
+
+def _start_script() -> Path | None:
+    """<repo>/../shared/slurm/start-local-slurm; helper worktrees sit one level deeper, so the
+    nearest ancestor that has shared/slurm wins."""
+    for parent in REPO.parents:
+        script = parent / "shared" / "slurm" / "start-local-slurm"
+        if script.is_file():
+            return script
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm() -> None:
+    """A real single-node SLURM on this machine (started once; skipped where it cannot be)."""
+    script = _start_script()
+    if script is None:
+        pytest.skip(f"no shared/slurm/start-local-slurm above {REPO}: cannot start a local SLURM")
+    if os.geteuid() != 0:
+        pytest.skip("start-local-slurm needs root (it installs and starts slurmctld, slurmd and munge)")
+    out = subprocess.run([str(script)], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        pytest.fail(f"{script} failed (exit {out.returncode}): {out.stdout}{out.stderr}")

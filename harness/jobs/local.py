@@ -22,6 +22,7 @@ Processes are run by harness.jobs.process (the harness's one runner):
   spec.kill_signal to the job's group, once ("kill at step N, then resume"); the result says
   which line and when. Under torchrun (and bwrap) the launcher's own processes are spared, so the
   workers end as they choose and torchrun reports their exit status.
+- spec.on_line: each finished line, decoded, after it is in the log (a progress view).
 """
 
 import re
@@ -69,7 +70,8 @@ class LocalJob(Job):
         # of it and fail a job whose workers checkpointed and exited 0. SIGKILL reaches everything.
         self._spare = (2 if spec.sandbox is not None else 0) + (1 if spec.torchrun else 0)
         env = settings.child_env({"PYTHONUNBUFFERED": "1", **spec.env})
-        log = LineLog(spec.log_path, self.line_times_path, on_line=self._on_line if self._kill_re else None)
+        watched = self._kill_re is not None or spec.on_line is not None
+        log = LineLog(spec.log_path, self.line_times_path, on_line=self._on_line if watched else None)
         try:
             self._process = Process(self.command, cwd=spec.cwd, env=env, stdout=log, timeout_s=spec.timeout_s,
                                     grace_s=spec.kill_grace_s, spare_depth=self._spare)
@@ -81,16 +83,17 @@ class LocalJob(Job):
         self.job_id = f"local-{self._process.pid}"
 
     def _on_line(self, line: bytes, number: int, t: float) -> None:
-        """Pump thread: the first line matching kill_pattern sends kill_signal to the group."""
-        assert self._kill_re is not None
-        if self._kill_sent is not None or not self._kill_re.search(line.decode("utf-8", errors="replace")):
-            return
-        self._started.wait()
-        process = getattr(self, "_process", None)
-        if process is None:  # Popen failed; nothing to signal
-            return
-        self._kill_sent = (number, process.elapsed_s)
-        process.send_signal(self._kill_sig)
+        """Pump thread: the first line matching kill_pattern sends kill_signal to the group; then the line goes to
+        spec.on_line (display)."""
+        text = line.decode("utf-8", errors="replace")
+        if self._kill_re is not None and self._kill_sent is None and self._kill_re.search(text):
+            self._started.wait()
+            process = getattr(self, "_process", None)
+            if process is not None:  # None: Popen failed, nothing to signal
+                self._kill_sent = (number, process.elapsed_s)
+                process.send_signal(self._kill_sig)
+        if self.spec.on_line is not None:
+            self.spec.on_line(text)
 
     @property
     def pid(self) -> int:

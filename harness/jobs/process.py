@@ -212,15 +212,18 @@ class FileTail:
     the harness's clock: row i of `times_path` = arrival time of line i, in seconds since `t0` (a
     time.monotonic() value), as seen by polling every `interval_s`; the resolution is that interval.
     A file that shrinks (rewritten from the start) is followed from its new start; `restarts` counts
-    that."""
+    that. `on_line(text)` gets each finished line, decoded (a progress view)."""
 
-    def __init__(self, path: Path, times_path: Path, *, t0: float, interval_s: float = 0.2):
+    def __init__(self, path: Path, times_path: Path, *, t0: float, interval_s: float = 0.2,
+                 on_line: Callable[[str], None] | None = None):
         self.path = path
         self.times_path = times_path
         self.t0 = t0
         self.interval_s = interval_s
         self.lines = 0
         self.restarts = 0
+        self._on_line = on_line
+        self._partial = b""
         self._offset = 0
         self._times = open(times_path, "w")
         self._lock = threading.Lock()
@@ -241,7 +244,7 @@ class FileTail:
                 with open(self.path, "rb") as fh:
                     size = os.fstat(fh.fileno()).st_size
                     if size < self._offset:
-                        self._offset, self.restarts = 0, self.restarts + 1
+                        self._offset, self.restarts, self._partial = 0, self.restarts + 1, b""
                     fh.seek(self._offset)
                     data = fh.read(size - self._offset)
             except FileNotFoundError:  # guard: allow fail-fast -- not created yet (the job is still queued)
@@ -252,6 +255,10 @@ class FileTail:
                 self._times.write(f"{t:.6f}\n" * n)
                 self._times.flush()
                 self.lines += n
+            if self._on_line is not None:
+                *done, self._partial = (self._partial + data).split(b"\n")
+                for line in done:
+                    self._on_line(line.decode("utf-8", errors="replace"))
             return n
 
     def close(self) -> None:

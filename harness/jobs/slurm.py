@@ -178,7 +178,7 @@ class SlurmJob(Job):
         if not job_id.isdigit():
             raise SubmitError(f"sbatch accepted job {spec.name!r} but printed {out.stdout!r}, not a job id")
         self.job_id = job_id
-        self._tail = FileTail(spec.log_path, self.line_times_path, t0=self._t0)
+        self._tail = FileTail(spec.log_path, self.line_times_path, t0=self._t0, on_line=spec.on_line)
 
     # --- queries ----------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import re
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -62,6 +63,9 @@ class JobSpec:
     kill_pattern: a regex; when a line of the job's output matches it (searched, not anchored), the
         launcher sends kill_signal ("SIGTERM", "SIGKILL", "SIGUSR1", ...) to the job's whole process
         group, once (local launcher only). The job then ends as it ends; the result says when.
+    on_line: called with each output line (decoded, without its newline) as it reaches the log: on the
+        pump thread that writes it (local) or the thread that follows it (SLURM). For a progress view:
+        it must return quickly and never raise; nothing the launcher decides depends on it.
     SLURM only: partition, time_limit ("" = from timeout_s), gpus_per_node, preempt_signal
         (sbatch --signal, "" = none), requeue (requeue itself after the preemption signal),
         sbatch_extra (more "#SBATCH" option lines, e.g. "--exclusive"), rdzv_port (0 = from job id).
@@ -89,6 +93,7 @@ class JobSpec:
     sandbox: Sandbox | None = None
     kill_pattern: str = ""
     kill_signal: str = "SIGTERM"
+    on_line: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Accept lists and str paths from callers; store immutable / absolute forms.

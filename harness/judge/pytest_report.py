@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-__all__ = ["OPTION", "PREFIX", "TestOutcome", "Reports", "parse_reports", "pytest_addoption", "pytest_runtest_makereport",
-           "pytest_runtest_logreport", "pytest_collectreport", "pytest_sessionfinish"]
+__all__ = ["OPTION", "PREFIX", "TestOutcome", "Reports", "parse_reports", "signed_prefix", "outcome_of", "pytest_addoption",
+           "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_collectreport", "pytest_sessionfinish"]
 
 OPTION = "--judge-token-file"
 PREFIX = "[PYTEST"
@@ -46,7 +46,7 @@ def _take_token() -> None:
 
 
 def _emit(payload: dict[str, object]) -> None:
-    line = f"\n{PREFIX} {_STATE['token']}] {json.dumps(payload, separators=(',', ':'))}\n"
+    line = f"\n{signed_prefix(str(_STATE['token']))}{json.dumps(payload, separators=(',', ':'))}\n"
     sys.stdout.flush()
     sys.stderr.flush()
     os.write(int(_STATE["fd"]), line.encode("utf-8", "replace"))  # type: ignore[call-overload]
@@ -133,9 +133,14 @@ class Reports:
     problems: tuple[str, ...] = ()  # forged or repeated lines: the run's results cannot be trusted
 
 
+def signed_prefix(token: str) -> str:
+    """How every line the plugin writes with this token starts."""
+    return f"{PREFIX} {token}] "
+
+
 def parse_reports(text: str, token: str) -> Reports:
     """The plugin's lines in a log taken from the judge's pipe; anything else mentioning the prefix is forged."""
-    mine = f"{PREFIX} {token}] "
+    mine = signed_prefix(token)
     phases: dict[str, dict[str, dict]] = {}
     problems: list[str] = []
     finished = None
@@ -159,11 +164,12 @@ def parse_reports(text: str, token: str) -> Reports:
         if when in phases.setdefault(node, {}):
             problems.append(f"log line {number}: {node} reported its {when} twice")
         phases[node][when] = payload
-    tests = {node: _outcome(node, reported) for node, reported in phases.items()}
+    tests = {node: outcome_of(node, reported) for node, reported in phases.items()}
     return Reports(tests=tests, finished=finished, problems=tuple(problems))
 
 
-def _outcome(node: str, phases: dict[str, dict]) -> TestOutcome:
+def outcome_of(node: str, phases: dict[str, dict]) -> TestOutcome:
+    """One test's status from its reported phases (payloads by `when`): the first phase that failed or skipped decides."""
     for when in ("collect", "setup", "call", "teardown"):
         p = phases.get(when)
         if p is None:

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,9 +43,11 @@ from typing import Any
 from harness.jobs import JobSpec, Sandbox, launch, probe
 from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, flag_values, load_base
 from harness.judge.hardware import check_requires, wait_watching_gpus
+from harness.judge.live import StepProgress, TestFileProgress
 from harness.judge.metrics import JobOutcome, judge_metrics
 from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch
 from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env, tree_manifest
+from harness.progress import Progress
 from harness.records import RunRecord, scrub_file, scrub_text, write_atomic
 from harness.settings import child_env, data_dir
 from harness.spec import OP_TASKS, GuardsGate, JobGate, glob_match, MetricsGate, Milestone, ProtectedGate, PytestGate, referenced_jobs, render_argv
@@ -128,14 +130,14 @@ class GateRunner:
     """
 
     def __init__(self, *, milestone: Milestone, repo: Path, base: str, record: RunRecord,
-                 progress: Callable[[str, str], None] | None = None, home: Path | None = None,
+                 progress: Progress | None = None, home: Path | None = None,
                  unsandboxed: bool = False):
         self.milestone = milestone
         self.repo = Path(repo)
         self.home = Path(home or repo)
         self.base = base
         self.record = record
-        self.progress = progress or (lambda kind, text: None)
+        self.progress = progress or Progress(quiet=True)
         self.unsandboxed = unsandboxed
         self.logs: dict[str, Path] = {}  # job id -> log, for the agent's read_log tool
         self.base_ids: dict[str, frozenset[str]] = {}  # pytest gate -> test IDs the base collects
@@ -359,6 +361,7 @@ class GateRunner:
 
     def _guards(self, gate: GuardsGate, judging: _Judging) -> GateResult:
         from guards.config import GuardsConfigError, load_config
+        from guards.report import summary as guards_summary
         from guards.runner import check_paths
 
         try:
@@ -372,10 +375,12 @@ class GateRunner:
         violations += [f.to_text() for f in result.findings]
         violations += self._new_suppressions(gate, judging)
         if violations:
+            found = len(violations)
             return GateResult(name=gate.name, kind=gate.kind, passed=False, violations=tuple(violations),
-                              summary=f"{len(violations)} finding(s) in {' '.join(gate.paths)}")
+                              summary=f"{found} finding{'' if found == 1 else 's'} in {' '.join(gate.paths)} "
+                                      f"({result.files} files checked)")
         return GateResult(name=gate.name, kind=gate.kind, passed=True,
-                          summary=f"0 findings in {result.files} files ({', '.join(gate.rules)})")
+                          summary=f"{guards_summary(0, 0, result.files)} ({', '.join(gate.rules)})")
 
     def _new_suppressions(self, gate: GuardsGate, judging: _Judging) -> list[str]:
         """Every `# guard: allow` the candidate's files have beyond the base's, read from the files (never
@@ -391,7 +396,7 @@ class GateRunner:
     # ------------------------------------------------------------------ pytest
 
     def _pytest_run(self, name: str, targets: list[str], args: list[str], judging: _Judging, timeout_s: float,
-                    ignore: tuple[str, ...] = ()) -> tuple[Any, list[tuple[str, str, str]] | None, list[str]]:
+                    ignore: tuple[str, ...] = (), files: int | None = None) -> tuple[Any, list[tuple[str, str, str]] | None, list[str]]:
         """One sandboxed pytest process: (job result, its tests as (node id, status, message) or None when the
         run cannot be read, problems). Outcomes come from the judge's plugin on the judge's pipe, signed with a
         token only that plugin holds (harness/judge/pytest_report.py), never from a file the process wrote; the
@@ -410,9 +415,11 @@ class GateRunner:
                 *(f"--ignore={judging.tree / p}" for p in ignore)]
         # The checkout's code first; then the judge's own, for its plugin (a checkout need not hold harness/).
         path = judging.env_overrides["PYTHONPATH"] + os.pathsep + str(_JUDGE_ROOT)
+        shown = TestFileProgress(token, is_canary=canaries.is_canary, files=files,
+                                 show=lambda text, done, total: self.progress.live("tests", text, done, total))
         spec = JobSpec(name=f"{judging.label}-{name}", argv=argv, cwd=judging.tree, log_path=log, timeout_s=timeout_s,
                        env={**judging.env_overrides, **_cache_env(scratch), "PYTHONPATH": path}, kill_grace_s=5.0,
-                       **self._sandbox_kwargs(judging, writable=(scratch,)))
+                       on_line=shown, **self._sandbox_kwargs(judging, writable=(scratch,)))
         self.logs[spec.name] = log
         result = launch(spec).wait(poll_s=0.2)
         reports = parse_reports(_read(log), token)
@@ -459,8 +466,9 @@ class GateRunner:
         return rel if self.milestone.is_editable(rel) or rel in judging.policy.changed else None
 
     def _pytest(self, gate: PytestGate, judging: _Judging) -> GateResult:
+        files = len({node.partition("::")[0] for node in self.base_ids.get(gate.name, frozenset())}) or None
         result, cases, problems = self._pytest_run(gate.name, list(gate.selectors), list(gate.args), judging,
-                                                   gate.timeout_s, ignore=judging.policy.new_tests)
+                                                   gate.timeout_s, ignore=judging.policy.new_tests, files=files)
         tail = _pytest_tail(result.read_log())
         if result.state == "timeout":
             return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
@@ -558,6 +566,8 @@ class GateRunner:
             torchrun=several, launcher=gate.launcher, nproc=gate.nproc, nodes=gate.nodes, timeout_s=gate.timeout_s,
             env={**gate.env, **caches, **_job_env(judging.env_overrides)}, cwd=judging.tree, log_path=record_dir / gate.log,
             gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0, **kill,
+            on_line=StepProgress(job_id, steps=self._planned_steps(argv) if gate.task == "train" else None,
+                                 show=lambda text, done, total: self.progress.live("step", text, done, total)),
             **self._sandbox_kwargs(judging, writable=(job_dir, *earlier), launcher=gate.launcher, hidden=unnamed),
         )
         self.logs[job_id] = spec.log_path
@@ -699,6 +709,14 @@ class GateRunner:
                                  duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout",
                                  summary=result.detail)
         return result, gpus_seen
+
+    def _planned_steps(self, argv: list[str]) -> int | None:
+        """The steps a train job's argv asks for, by the judge's reading of the base's config (for the progress bar)."""
+        defaults, presets = self._base()
+        try:
+            return int(expected_config(argv, defaults=defaults, presets=presets)["num_steps"])
+        except (ConfigUnknown, KeyError, ValueError):
+            return None
 
     def _checkpoints_to_keep(self, argv: list[str]) -> int:
         """How many per-step checkpoints a CPU job keeps for the judge: every step where they fit in

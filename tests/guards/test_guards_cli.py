@@ -40,6 +40,19 @@ def test_clean_tree_exits_0_in_both_formats():
     assert as_json.returncode == 0 and json.loads(as_json.stdout) == []
 
 
+def test_the_summary_line_says_how_many_files_were_checked_and_what_was_found():
+    """The last line a person reads: "N files checked, no findings", or the findings with the files they are in."""
+    clean = run_cli(["check"], cwd=FIXTURES / "surface_clean")
+    checked = len(list((FIXTURES / "surface_clean").rglob("*.py")))
+    assert re.fullmatch(rf"guards: {checked} files? checked, no findings \(\d+\.\d\d s\)\n", clean.stderr), clean.stderr
+    bad = run_cli(["check", "engine", "--format", "json"], cwd=FIXTURES / "failfast_bad")
+    found = json.loads(bad.stdout)
+    files_with = len({f["path"] for f in found})
+    scanned = len(list((FIXTURES / "failfast_bad" / "engine").rglob("*.py")))
+    assert re.fullmatch(rf"guards: {len(found)} findings? in {files_with} of {scanned} files? checked \(\d+\.\d\d s\)\n",
+                        bad.stderr), bad.stderr
+
+
 def test_default_paths_from_a_subfolder():
     proc = run_cli(["check", "--format", "json"], cwd=FIXTURES / "dag_bad" / "engine" / "model")
     assert proc.returncode == 1

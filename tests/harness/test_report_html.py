@@ -1,10 +1,12 @@
 """The HTML report: self-contained, well-formed, with the plots, the numbers of the jobs and every verdict."""
 
 import base64
+import html
 import html.parser
 import json
 import math
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -204,3 +206,64 @@ def test_report_of_a_crashed_running_run(tmp_path):
     assert ">running<" in page
     with pytest.raises(FileNotFoundError, match="not a run folder"):
         render_report(tmp_path)
+
+
+def test_chart_alt_text_names_what_the_chart_shows(tmp_path):
+    """A CPU job prints mfu=0.0000 (no peak to hold it against): its chart shows step time, and its alt text says so
+    instead of naming an MFU it does not have. A GPU job's chart and alt text name MFU."""
+    record = RunRecord.create(milestone_id="demo-tiny", spec_hash="0" * 64, agent={"backend": "replay"}, base_commit="0" * 40,
+                              branch="b", worktree="/w", runs_root=tmp_path)
+    for name, mfu in (("cpu-train", 0.0), ("gpu-train", 0.42)):
+        job_dir = record.job_dir(name)
+        (job_dir / "log").write_text("".join(
+            f"[LOSS] step={s} global_loss={loss_curve(s):.9e} grad_norm={1.0:.9e} lr={3e-4:.6e} tokens=2048 "
+            f"time_s={0.25:.6f} mfu={mfu:.4f}\n" for s in range(1, 6)))
+    alts = re.findall(r"<img alt='([^']*)'", render_report(record.dir))
+    assert alts == ["loss of every job", "cpu-train: loss and step time (no MFU: CPU job)",
+                    "gpu-train: loss and MFU (engine-reported, Megatron count)"]
+
+
+_BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+# A page beside the report that loads it in a frame and measures what the browser rendered: the report itself is
+# tested unchanged (it carries no script of its own).
+_PROBE = """<!DOCTYPE html><html><body><pre id="probe">not loaded</pre>
+<iframe id="report" src="report.html" style="width:1280px;height:4000px"></iframe>
+<script>
+document.getElementById("report").addEventListener("load", function () {
+  var doc = this.contentDocument;
+  var imgs = Array.prototype.map.call(doc.images, function (img) {
+    var box = img.getBoundingClientRect();
+    return {alt: img.alt, complete: img.complete, natural: [img.naturalWidth, img.naturalHeight],
+            shown: [box.width, box.height], display: getComputedStyle(img).display};
+  });
+  var h2 = Array.prototype.map.call(doc.querySelectorAll("h2"), function (h) { return h.textContent; });
+  document.getElementById("probe").textContent = JSON.stringify({title: doc.title, h2: h2, imgs: imgs});
+});
+</script></body></html>"""
+
+
+@pytest.mark.skipif(_BROWSER is None, reason="no headless Chromium on this machine (apt-get install chromium)")
+def test_report_renders_in_a_real_browser_with_visible_charts_and_no_console_errors(report, tmp_path):
+    record, path, _ = report
+    probe = path.parent / "browser-probe.html"
+    probe.write_text(_PROBE, encoding="utf-8")
+    try:
+        proc = subprocess.run(
+            [_BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0",
+             "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    finally:
+        probe.unlink()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', proc.stdout, re.DOTALL).group(1)))
+    assert seen["title"] == f"Temper run {record.id} (accepted)"
+    assert seen["h2"][-4:] == ["Final verdict", "Jobs", "Attempts", "Timeline"]
+    # The overlay and one figure per job (as in the PNG test above), each decoded and laid out at a readable size.
+    assert [i["alt"] for i in seen["imgs"]] == ["loss of every job", "train: loss and MFU (engine-reported, Megatron count)",
+                                               "train-ref: loss and MFU (engine-reported, Megatron count)",
+                                               "twin-only: loss and MFU (engine-reported, Megatron count)"]
+    for img in seen["imgs"]:
+        assert img["complete"] and img["natural"][0] > 400 and img["natural"][1] > 150, img
+        assert img["display"] != "none" and img["shown"][0] > 400 and img["shown"][1] > 100, img
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []

@@ -4,6 +4,7 @@ No test asserts on wall time; waits for a condition use generous deadlines (2 sh
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -13,12 +14,13 @@ import pytest
 
 from harness.jobs import JobSpec, launch
 from harness.jobs.local import live_group_members
-from tests.proc_helpers import alive
+from tests.proc_helpers import alive, needs_ctrl_c
 
 __all__: list[str] = []
 
 WORKER = Path(__file__).with_name("fixtures") / "rank_worker.py"
 PY = sys.executable
+REPO = Path(__file__).resolve().parents[2]
 
 
 
@@ -131,6 +133,7 @@ def test_cancel_stops_the_job(tmp_path: Path) -> None:
     assert not alive(job.pid)  # type: ignore[attr-defined]
 
 
+@needs_ctrl_c
 def test_ctrl_c_in_wait_cancels_the_job_and_propagates(tmp_path: Path) -> None:
     spec = _spec(tmp_path, "ctrlc", [PY, "-c", "print('up', flush=True); import time; time.sleep(300)"], kill_grace_s=5)
     job = launch(spec)
@@ -142,6 +145,17 @@ def test_ctrl_c_in_wait_cancels_the_job_and_propagates(tmp_path: Path) -> None:
     timer.join()
     assert job.result is not None and job.result.state == "cancelled"
     assert not alive(job.pid)  # type: ignore[attr-defined]
+
+
+def test_ctrl_c_test_skips_with_its_reason_when_sigint_is_ignored() -> None:
+    """Under `nohup ... &` SIGINT is ignored: the Ctrl-C test above must skip and say why, not wait 300 s for a
+    KeyboardInterrupt that never comes."""
+    node = f"{Path(__file__).relative_to(REPO)}::test_ctrl_c_in_wait_cancels_the_job_and_propagates"
+    proc = subprocess.run([PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", node], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout + proc.stderr
+    assert "SIGINT is ignored in this test process" in proc.stdout
 
 
 def test_missing_executable_is_a_clear_error(tmp_path: Path) -> None:

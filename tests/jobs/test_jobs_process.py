@@ -114,7 +114,8 @@ def test_file_tail_stamps_lines_another_process_writes(tmp_path: Path) -> None:
 
     log = tmp_path / "slurm.log"
     t0 = time.monotonic()
-    tail = FileTail(log, tmp_path / "slurm.log.times", t0=t0, interval_s=0.05)
+    seen: list[str] = []
+    tail = FileTail(log, tmp_path / "slurm.log.times", t0=t0, interval_s=0.05, on_line=seen.append)
     time.sleep(0.2)  # not there yet: nothing to stamp
     with log.open("ab") as fh:
         fh.write(b"one\ntw")
@@ -128,6 +129,7 @@ def test_file_tail_stamps_lines_another_process_writes(tmp_path: Path) -> None:
     times = [float(t) for t in (tmp_path / "slurm.log.times").read_text().split()]
     assert len(times) == 3 and 0.2 <= times[0] and times[0] + 0.25 <= times[1] <= times[2] <= time.monotonic() - t0
     assert tail.restarts == 0
+    assert seen == ["one", "two", "three"]  # whole lines only, a line written in two pieces once (progress view)
 
 
 def test_kill_pattern_under_torchrun_reaches_the_workers_not_the_agent(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.jobs import JobSpec, SubmitError, launch
+from tests.proc_helpers import needs_ctrl_c
 
 __all__: list[str] = []
 
@@ -22,28 +23,6 @@ pytestmark = pytest.mark.slurm
 WORKER = Path(__file__).with_name("fixtures") / "rank_worker.py"
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _start_script() -> Path | None:
-    """<repo>/../shared/slurm/start-local-slurm; helper worktrees sit one level deeper, so the
-    nearest ancestor that has shared/slurm wins."""
-    for parent in REPO.parents:
-        script = parent / "shared" / "slurm" / "start-local-slurm"
-        if script.is_file():
-            return script
-    return None
-
-
-@pytest.fixture(scope="session")
-def slurm() -> None:
-    script = _start_script()
-    if script is None:
-        pytest.skip(f"no shared/slurm/start-local-slurm above {REPO}: cannot start a local SLURM")
-    if os.geteuid() != 0:
-        pytest.skip("start-local-slurm needs root (it installs and starts slurmctld, slurmd and munge)")
-    out = subprocess.run([str(script)], capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        pytest.fail(f"{script} failed (exit {out.returncode}): {out.stdout}{out.stderr}")
 
 
 def _spec(tmp_path: Path, name: str, argv: list[str], **kw) -> JobSpec:  # type: ignore[no-untyped-def]
@@ -138,6 +117,7 @@ def test_torchrun_job_under_slurm(slurm: None, tmp_path: Path) -> None:
     assert "rank=0 world=2" in log and "rank=1 world=2" in log
 
 
+@needs_ctrl_c
 def test_ctrl_c_in_wait_scancels(slurm: None, tmp_path: Path) -> None:
     spec = _spec(tmp_path, "ctrlc", ["bash", "-c", "echo up; sleep 300"])
     job = launch(spec)

@@ -9,8 +9,10 @@ attempt 2 passes every gate; the checkout the demo ran from is unchanged.
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,10 @@ def test_temper_demo_fails_a_guard_then_passes_every_gate(tmp_path: Path) -> Non
     assert all(re.match(r"\[ *\d+\.\ds\] ", line) or line.startswith(" ") for line in progress)
     assert "\033[" not in proc.stderr
     assert any("guards FAIL" in line for line in progress) and any("a2-train started" in line for line in progress)
+    # The long silences have live lines: each test file of the pytest gate, each step of the training job.
+    assert any(line.endswith("tests    tests/milestones/test_demo_tiny.py: 4 passed") for line in progress), proc.stderr
+    assert [line.split("step     ", 1)[1].split(" loss")[0] for line in progress if "step     a2-train" in line] == \
+        [f"a2-train step {s}/20" for s in range(1, 21)]
 
     [run_dir] = run_dirs(home)
     ev = events(run_dir)
@@ -65,6 +71,52 @@ def test_temper_demo_fails_a_guard_then_passes_every_gate(tmp_path: Path) -> Non
     assert len(re.findall(r"^\[LOSS\] step=\d+ .*lr=", log, re.MULTILINE)) == 20
     assert (run_dir / "report.html").is_file()
     assert tree_fingerprint(home) == before
+    assert _demo_leftovers(home) == ([], 1) and not (run_dir / "worktree").exists()
+    assert f"left:     only the run's records in {run_dir};" in proc.stdout
+
+
+def _demo_leftovers(home: Path) -> tuple[list[str], int]:
+    """(temper/* branches, registered worktrees) of the repository at `home`: the demo must leave ([], 1)."""
+    branches = git(home, "branch", "--list", "temper/*").split()
+    worktrees = git(home, "worktree", "list", "--porcelain").count("worktree ")
+    return branches, worktrees
+
+
+def _demo(home: Path) -> subprocess.Popen[str]:
+    # Ctrl-C must work even when this suite runs with SIGINT ignored (nohup): the child starts with the default.
+    return subprocess.Popen([sys.executable, "-m", "harness", "demo"], cwd=REPO, env=temper_env(home), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def test_the_demo_removes_its_worktree_and_branch_however_it_ends(tmp_path: Path) -> None:
+    """`temper demo` says the checkout is not modified: it must not leave a branch or a registered worktree behind,
+    when the recorded agent fails half-way and when the user presses Ctrl-C during judging. The records stay."""
+    home = checkout_copy(tmp_path / "checkout")
+    trajectory = home / "milestones/demo/trajectory.jsonl"
+    full = trajectory.read_text()
+    trajectory.write_text("".join(full.splitlines(keepends=True)[:2]))  # the meta line and one turn, then it runs out
+    git(home, "commit", "-qam", "a recording that stops after one turn")
+    proc = _demo(home)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "replay exhausted" in out, out + err
+    assert _demo_leftovers(home) == ([], 1), out + err
+    [first] = run_dirs(home)
+    assert not (first / "worktree").exists() and (first / "events.jsonl").is_file()
+    assert "removed the demo's worktree and branch" in err
+
+    trajectory.write_text(full)
+    git(home, "commit", "-qam", "the whole recording")
+    proc = _demo(home)
+    deadline = time.monotonic() + 300
+    while not any('"gate_started"' in (d / "events.jsonl").read_text() for d in run_dirs(home) if d != first):
+        assert proc.poll() is None and time.monotonic() < deadline, "the demo never reached its first gate"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal does
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "interrupted" in err, out + err
+    assert _demo_leftovers(home) == ([], 1), out + err
+    assert len(run_dirs(home)) == 2 and not any((d / "worktree").exists() for d in run_dirs(home))
 
 
 def test_a_replayed_agent_repairs_the_data_order_and_passes_a_programme_milestone(tmp_path: Path) -> None:
