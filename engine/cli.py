@@ -1,4 +1,4 @@
-"""`python -m engine <command>`: pretrain, prepare, export-hf, warmup-kernels.
+"""`python -m engine <command>`: pretrain, prepare, export-hf, warmup-kernels, batches.
 
 Every EngineConfig field becomes a flag (`--micro-batch-size`, booleans as `--tensorboard` /
 `--no-tensorboard`) with its default and meaning in `--help`. Only the flags a user actually gives
@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     warm = sub.add_parser("warmup-kernels", help="compile the configured kernels into the on-disk cache")
     _add_config_flags(warm)
+
+    batches = sub.add_parser("batches", help="write the token batches given optimizer steps of a run train on",
+                             description="Write <out>/batches.json: the whole global batch of each of --steps for a "
+                                         "pretrain run with these flags (engine/data/batches.py), without training.")
+    _add_config_flags(batches)
+    batches.add_argument("--steps", required=True, help="optimizer steps (1-based, as [LOSS] step=N): 7,8 or 2-8")
+    batches.add_argument("--world-size", type=int, default=1, help="processes the run was launched on (DP = this / --tp)")
+    batches.add_argument("--out", required=True, help="output folder for batches.json")
     return parser
 
 
@@ -107,8 +115,15 @@ def _warmup(args: argparse.Namespace) -> int:
     return warmup_kernels(config_from_args(args))
 
 
+def _batches(args: argparse.Namespace) -> int:
+    from engine.data.batches import parse_steps, write_batches
+
+    write_batches(config_from_args(args), steps=parse_steps(args.steps), world_size=args.world_size, out_dir=args.out)
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "warmup-kernels": _warmup,
+    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "warmup-kernels": _warmup, "batches": _batches,
 }
 
 

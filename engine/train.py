@@ -251,7 +251,7 @@ class Trainer:
                                       peak_mem_gib=mem, print_line=self.step % cfg.log_every == 0 or self.step == cfg.num_steps)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.num_steps:
                     self._evaluate()
-                if cfg.save_every and self.step % cfg.save_every == 0:
+                if (cfg.save_every and self.step % cfg.save_every == 0) or self.step > cfg.num_steps - cfg.save_last:
                     self.save()
                     saved_at = self.step
                 if self._stop_agreed():
