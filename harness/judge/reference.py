@@ -26,12 +26,17 @@ from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-__all__ = ["REQUIRED_FIELDS", "Scalings", "scalings", "logits", "loss", "loss_sum"]
+__all__ = ["REQUIRED_FIELDS", "IGNORE_INDEX", "Scalings", "scalings", "logits", "loss", "loss_sum", "loss_and_grads"]
 
 REQUIRED_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                    "ffn_hidden_size", "rms_norm_eps", "rope_theta", "mup")
 _MUP_FIELDS = ("scale_emb", "scale_depth", "dim_model_base")
+IGNORE_INDEX = -100
+# Above this many parameters loss_and_grads recomputes each layer in backward and takes one row per pass:
+# an 8B model's fp32 activations for 4096 tokens would not fit beside its weights and gradients otherwise.
+_LARGE_MODEL = 200_000_000
 
 
 class Scalings:
@@ -74,7 +79,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor) -> torch.Tensor:
+def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor,
+            recompute: bool = False) -> torch.Tensor:
     sc = scalings(config)
     h, d = int(config["hidden_size"]), int(config["head_dim"])
     nh, nkv, L = int(config["num_heads"]), int(config["num_kv_heads"]), int(config["num_layers"])
@@ -85,7 +91,8 @@ def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], input
     x = F.embedding(inputs, emb) * sc.emb
     cos, sin = _rope_tables(s, d, float(config["rope_theta"]), emb.device, dtype)
     group = nh // nkv
-    for i in range(L):
+
+    def layer(x: torch.Tensor, i: int) -> torch.Tensor:
         p = f"layers.{i}"
         y = _rmsnorm(x, params[f"{p}.attn_norm.weight"], eps)
         q, k, v = (y @ params[f"{p}.attn.qkv"].t()).split([nh * d, nkv * d, nkv * d], dim=-1)
@@ -98,7 +105,10 @@ def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], input
         x = x + sc.residual * (att.transpose(1, 2).reshape(b, s, nh * d) @ params[f"{p}.attn.o"].t())
         y = _rmsnorm(x, params[f"{p}.mlp_norm.weight"], eps)
         gate, up = (y @ params[f"{p}.mlp.fc1"].t()).chunk(2, dim=-1)
-        x = x + sc.residual * ((F.silu(gate) * up) @ params[f"{p}.mlp.fc2"].t())
+        return x + sc.residual * ((F.silu(gate) * up) @ params[f"{p}.mlp.fc2"].t())
+
+    for i in range(L):
+        x = checkpoint(layer, x, i, use_reentrant=False) if recompute else layer(x, i)
     assert x.shape[-1] == h
     return _rmsnorm(x, params["final_norm.weight"], eps) / sc.logit_divisor
 
@@ -124,3 +134,29 @@ def loss(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: 
     """tokens [B, S + 1] -> mean next-token cross-entropy (nats per token) of the fp32 reference."""
     total, count = loss_sum(params, config, tokens)
     return total / count
+
+
+def loss_and_grads(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor,
+                   labels: torch.Tensor, rows_per_pass: int = 0) -> tuple[float, int, dict[str, torch.Tensor]]:
+    """inputs, labels [B, S] -> (mean next-token cross-entropy over the labels that are not -100, their count,
+    its gradient for every parameter). The engine's loss of one optimizer step: the sum over the whole global
+    batch divided by the global count of valid labels. Computed in the parameters' dtype, `rows_per_pass` rows
+    at a time (0: all at once, or one for a large model, which also recomputes each layer in backward)."""
+    _check(config)
+    vocab = int(config["vocab_size"])
+    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+    large = sum(v.numel() for v in leaves.values()) > _LARGE_MODEL
+    rows = rows_per_pass or (1 if large else inputs.shape[0])
+    count = int((labels != IGNORE_INDEX).sum())
+    if count == 0:
+        raise ValueError("the batch has no label that carries a loss")
+    total = 0.0
+    with torch.enable_grad():
+        for i in range(0, inputs.shape[0], rows):
+            out = _hidden(leaves, config, inputs[i:i + rows], recompute=large) @ leaves["lm_head"][:vocab].t()
+            ce = F.cross_entropy(out.reshape(-1, vocab), labels[i:i + rows].reshape(-1), ignore_index=IGNORE_INDEX,
+                                 reduction="sum")
+            (ce / count).backward()
+            total += float(ce.detach().double())
+    grads = {k: v.grad if v.grad is not None else torch.zeros_like(v) for k, v in leaves.items()}
+    return total / count, count, grads

@@ -9,6 +9,9 @@
   engine): logits atol 1e-4, loss rel 1e-5, for the same reasons.
 - muP folding: MiniCPM scalings folded into the weights (as export-hf does) give the same logits
   with mup off, a check that needs neither engine nor transformers.
+- Gradients (loss_and_grads, what the exact-step check holds a step's applied gradient against) vs
+  HF's autograd on the same weights and labels (one masked), in one pass, in passes of one row and with
+  each layer recomputed: relative L2 1e-5 per tensor (fp32 sums in another order, ~1e-7 seen).
 """
 
 import math
@@ -79,6 +82,44 @@ def test_matches_hf_llama_fp32():
     torch.testing.assert_close(ours, hf_logits, atol=1e-4, rtol=1e-4)
     hf_loss = torch.nn.functional.cross_entropy(hf_logits.reshape(-1, cfg["vocab_size"]), tokens[:, 1:].reshape(-1))
     assert reference.loss(params, cfg, tokens) == pytest.approx(hf_loss.item(), rel=1e-5)
+
+
+def _hf_llama(cfg: dict):
+    transformers = pytest.importorskip("transformers")
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["ffn_hidden_size"],
+        num_hidden_layers=cfg["num_layers"], num_attention_heads=cfg["num_heads"],
+        num_key_value_heads=cfg["num_kv_heads"], head_dim=cfg["head_dim"], rms_norm_eps=cfg["rms_norm_eps"],
+        rope_theta=cfg["rope_theta"], max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False,
+        mlp_bias=False, hidden_act="silu", torch_dtype="float32")
+    hf_cfg._attn_implementation = "eager"
+    return transformers.LlamaForCausalLM(hf_cfg).float()
+
+
+@pytest.mark.parametrize("rows_per_pass", [0, 1])
+def test_gradients_match_hf_llama_autograd(rows_per_pass, monkeypatch):
+    cfg = LLAMA
+    params = random_params(cfg, seed=5)
+    model = _hf_llama(cfg)
+    model.load_state_dict(to_hf(cfg, params), strict=False)
+    gen = torch.Generator().manual_seed(6)
+    inputs = torch.randint(0, cfg["vocab_size"], (3, 40), generator=gen)
+    labels = torch.randint(0, cfg["vocab_size"], (3, 40), generator=gen)
+    labels[1, :5] = reference.IGNORE_INDEX
+    logits = model(input_ids=inputs).logits.float()
+    hf_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg["vocab_size"]), labels.reshape(-1),
+                                                ignore_index=reference.IGNORE_INDEX)
+    hf_loss.backward()
+    hf_grads = {name: p.grad for name, p in model.named_parameters()}
+    if rows_per_pass == 1:  # the large-model path: one row per pass, every layer recomputed in backward
+        monkeypatch.setattr(reference, "_LARGE_MODEL", 0)
+    loss, count, grads = reference.loss_and_grads(params, cfg, inputs, labels, rows_per_pass=rows_per_pass)
+    assert count == 3 * 40 - 5 and loss == pytest.approx(hf_loss.item(), rel=1e-5)
+    ours = to_hf(cfg, grads)
+    for name, want in hf_grads.items():
+        assert want.norm() > 0, name
+        assert ((ours[name] - want).norm() / want.norm()).item() < 1e-5, name
+    assert grads["embed.weight"][cfg["vocab_size"]:].abs().max() == 0  # padding rows are never looked up
 
 
 def test_mup_scalings_fold_into_weights():
