@@ -10,6 +10,9 @@ candidate processes print through pipes it owns, and re-derives what they claim 
 - protected.py: manifests of the judged checkout, base-commit hashes, pytest collection;
 - runner.py: the gates in order in a throw-away checkout, candidate code sandboxed;
 - metrics.py, mfu.py, logparse.py: metric rules from judge-owned logs and clocks;
+- evidence.py, checkpoint.py, reference.py: a train job's claims against its own weights (final loss, lr);
+- exactstep.py, batches.py, saveplan.py, keeper.py: each verified step's loss, grad norm and applied gradient
+  against the judge's forward and backward pass on the exact batch the base engine states for it;
 - opcases.py, opjudge.py, tensorfile.py: op milestones (the bench itself, harness/opbench.py, runs sandboxed);
 - hardware.py: what machine the judge itself sees (a milestone's `requires`).
 """
