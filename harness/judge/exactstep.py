@@ -24,17 +24,18 @@ losses) fails here whatever its weights look like from afar.
 
 Tolerances (`tolerances_for`), relative:
 - fp32 compute (CPU): the engine and the reference add the same products in another order (fused QKV,
-  chunked LM head, flat-buffer norms). Measured on tiny / llama-tiny / the long-horizon vocabulary,
-  torch 2.13 CPU: loss <= 3e-7, grad norm <= 2e-6, gradient <= 4e-6, second moment <= 1e-5 (the v
-  recovery divides fp32 rounding by 1 - b2 = 0.05). Bounds: 1e-4, 1e-4, 1e-3, 1e-3, 25x and more above
-  the worst seen. The cheats they must catch are far away: half the samples of a step moves the
-  gradient by 0.3-0.7, a quarter of each sequence by 0.5-0.9, a smoothed curve the loss by 1e-2.
+  chunked LM head, flat-buffer norms, TP partial sums, a DP reduce-scatter). Measured on honest runs,
+  torch 2.13 CPU (tiny 8 steps, llama-tiny 30 steps, tiny TP 2 x DP 2 and DP 2): loss <= 1.6e-7, grad
+  norm <= 1.1e-7, gradient <= 2.9e-7, second moment <= 8.8e-7. Bounds: 1e-4, 1e-4, 1e-3, 1e-3, 600x and
+  more above the worst seen, so other CPUs and torch builds stay inside. The cheats they must catch are
+  far away: another batch of the same text moves the gradient by ~0.3-1 (tests/judge/test_exactstep.py),
+  half the samples the printed loss and norm by percents.
 - bf16 compute (GPU): the engine's forward and backward round every GEMM input to bf16 (unit roundoff
-  2^-8 = 3.9e-3) and accumulate in fp32; over the layers the error averages out, not up. Measured with the
-  engine in bf16 on CPU against this fp32 reference (tiny, llama-tiny): loss <= 2e-3, grad norm <= 6e-3,
-  gradient <= 4e-2, second moment <= 8e-2. Bounds: 2e-2, 5e-2, 0.15, 0.3. Larger models on GPU must be
-  measured on the device (tests/judge/test_exactstep.py, `-m gpu`) before these are trusted there; the
-  cheats they must catch stay several times above them (see above).
+  2^-8 = 3.9e-3) and accumulate in fp32. Measured with the engine in bf16 on CPU against this fp32
+  reference: tiny, 8 steps: 2.4e-4 / 2.0e-3 / 4.2e-3 / 5.6e-3; llama-tiny, 30 steps (small late gradients,
+  where rounding weighs most): 4.5e-4 / 1.1e-2 / 3.7e-2 / 3.6e-2. Bounds: 2e-2, 5e-2, 0.15, 0.2, 4x and
+  more above those. Larger models on a GPU must be measured on the device before the bounds are trusted
+  there (`python -m pytest -m gpu -s tests/judge/test_exactstep.py` prints them).
 """
 
 import math
@@ -60,7 +61,7 @@ class Tolerances:
 
 
 FP32 = Tolerances(loss=1e-4, grad_norm=1e-4, grad=1e-3, second_moment=1e-3)
-BF16 = Tolerances(loss=2e-2, grad_norm=5e-2, grad=0.15, second_moment=0.3)
+BF16 = Tolerances(loss=2e-2, grad_norm=5e-2, grad=0.15, second_moment=0.2)
 
 
 def tolerances_for(config: Mapping[str, Any], device: str) -> Tolerances:

@@ -487,8 +487,8 @@ class GateRunner:
         if verify:
             plan = self._save_plan(argv, job_dir, judging)
             argv = plan.argv
-            if plan.sample_pairs:  # the judge's own folder, out of the job's sight (a private /tmp in the sandbox)
-                judging.scratch.append(Path(tempfile.mkdtemp()))
+            if plan.sample_pairs:  # beside the holder: the same filesystem for hard links, out of the sandbox's sight
+                judging.scratch.append(Path(tempfile.mkdtemp(dir=judging.holder.parent)))
                 keeper = CheckpointKeeper(plan.save_dir, judging.scratch[-1], draw_pairs(plan.num_steps, plan.sample_pairs))
             judging.saves[gate.name] = (plan, keeper)
         several = gate.nproc > 1 or gate.nodes > 1

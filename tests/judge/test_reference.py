@@ -60,9 +60,9 @@ def to_hf(cfg: dict, p: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: t.contiguous() for k, t in out.items()}
 
 
-def test_matches_hf_llama_fp32():
+def _hf_llama(cfg: dict):
+    """transformers' LlamaForCausalLM for a Llama-style config of ours, fp32, eager attention."""
     transformers = pytest.importorskip("transformers")
-    cfg = LLAMA
     hf_cfg = transformers.LlamaConfig(
         vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["ffn_hidden_size"],
         num_hidden_layers=cfg["num_layers"], num_attention_heads=cfg["num_heads"],
@@ -70,7 +70,12 @@ def test_matches_hf_llama_fp32():
         rope_theta=cfg["rope_theta"], max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False,
         mlp_bias=False, hidden_act="silu", torch_dtype="float32")
     hf_cfg._attn_implementation = "eager"
-    model = transformers.LlamaForCausalLM(hf_cfg).float().eval()
+    return transformers.LlamaForCausalLM(hf_cfg).float()
+
+
+def test_matches_hf_llama_fp32():
+    cfg = LLAMA
+    model = _hf_llama(cfg).eval()
     params = random_params(cfg)
     missing, unexpected = model.load_state_dict(to_hf(cfg, params), strict=False)
     assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
@@ -82,18 +87,6 @@ def test_matches_hf_llama_fp32():
     torch.testing.assert_close(ours, hf_logits, atol=1e-4, rtol=1e-4)
     hf_loss = torch.nn.functional.cross_entropy(hf_logits.reshape(-1, cfg["vocab_size"]), tokens[:, 1:].reshape(-1))
     assert reference.loss(params, cfg, tokens) == pytest.approx(hf_loss.item(), rel=1e-5)
-
-
-def _hf_llama(cfg: dict):
-    transformers = pytest.importorskip("transformers")
-    hf_cfg = transformers.LlamaConfig(
-        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["ffn_hidden_size"],
-        num_hidden_layers=cfg["num_layers"], num_attention_heads=cfg["num_heads"],
-        num_key_value_heads=cfg["num_kv_heads"], head_dim=cfg["head_dim"], rms_norm_eps=cfg["rms_norm_eps"],
-        rope_theta=cfg["rope_theta"], max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False,
-        mlp_bias=False, hidden_act="silu", torch_dtype="float32")
-    hf_cfg._attn_implementation = "eager"
-    return transformers.LlamaForCausalLM(hf_cfg).float()
 
 
 @pytest.mark.parametrize("rows_per_pass", [0, 1])
