@@ -128,7 +128,12 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "batches":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # `batches` states the batches of a newer engine's runs too (engine/data/batches.py)
+        print(f"batches: ignoring flags this engine does not know: {' '.join(unknown)}", file=sys.stderr)
     try:
         return _COMMANDS[args.command](args)
     except ConfigError as err:

@@ -17,6 +17,11 @@ Output, `<out>/batches.json` (written atomically):
 
 Step N is the N-th optimizer step (the `[LOSS] step=N` line): the batch the weights of step N - 1 were
 trained on. Labels of -100 carry no loss (none today: every packed token is a label).
+
+Only the fields of DATA_GROUPS decide a step's batch; the others (optimizer and schedule, evaluation,
+output, kernels, performance) are reset to their defaults before the config is resolved, and flags this
+engine does not know are ignored with a note (engine/cli.py). So the flags of a run of a NEWER engine,
+one that accepts a schedule or a flag this one does not, still get their batches from this one.
 """
 
 import dataclasses
@@ -29,10 +34,14 @@ from engine.data.loader import BatchLoader
 from engine.data.sources import build_data
 from engine.errors import ConfigError
 
-__all__ = ["BATCHES_FILE", "BATCHES_FORMAT", "step_batches", "write_batches", "parse_steps"]
+__all__ = ["BATCHES_FILE", "BATCHES_FORMAT", "DATA_GROUPS", "step_batches", "write_batches", "parse_steps"]
 
 BATCHES_FILE = "batches.json"
 BATCHES_FORMAT = "temper-batches"
+# EngineConfig field groups that decide which tokens a step trains on: the seed, the data and tokenizer, the
+# sequence length and batch sizes, the vocabulary size the tokenizer is checked against, and the TP size
+# that with the world size gives the DP size (the model fields come along: resolve checks TP against them).
+DATA_GROUPS = ("run", "model", "batch", "data", "parallel")
 _MAX_STEPS = 10_000
 
 
@@ -59,9 +68,10 @@ def step_batches(cfg: EngineConfig, steps: Sequence[int], *, world_size: int, ca
     if world_size < 1:
         raise ConfigError("--world-size", world_size, "give the number of processes the run had (1 for a single one)",
                           "is out of range")
-    # A resume target or an evaluation does not change what a step trains on; both are left out so that
-    # neither has to exist here.
-    cfg = resolve(dataclasses.replace(cfg, resume="", eval_steps=0), world_size)
+    defaults = EngineConfig()
+    cfg = dataclasses.replace(cfg, **{f.name: getattr(defaults, f.name) for f in dataclasses.fields(EngineConfig)
+                                      if f.metadata["group"] not in DATA_GROUPS})
+    cfg = resolve(dataclasses.replace(cfg, eval_steps=0), world_size)
     dp = world_size // cfg.tp
     data = build_data(cfg, cache_dir=cache_dir, dp_rank=0, dp_size=1)
     loader = BatchLoader(data.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps,

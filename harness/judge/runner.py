@@ -731,7 +731,11 @@ class GateRunner:
             return [f"exact steps: the job left no two consecutive checkpoints in {plan.save_dir} (the judge asked for "
                     f"{plan.scope}), so no step's work can be verified"], {}
         world = outcome.gate.nproc * outcome.gate.nodes
-        batches = self._base_batches(outcome, judging, [int(p.name.removeprefix("step_")) for _, p in pairs], world, expected)
+        # Every step where the job keeps them all: the same request for every job of one data setup (the resumed
+        # runs of a milestone too), answered once.
+        wanted = list(range(2, plan.num_steps + 1)) if plan.scope == "every step" else \
+            [int(p.name.removeprefix("step_")) for _, p in pairs]
+        batches = self._base_batches(outcome, judging, wanted, world, expected)
         if isinstance(batches, str):
             return [batches], {}
         if batches is None:

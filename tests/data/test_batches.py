@@ -69,6 +69,20 @@ def test_the_same_global_batch_on_another_layout_is_the_same_batch(tmp_path):
     assert sorted(a["rows"]) == sorted(b["rows"]) and len(a["rows"]) == 8
 
 
+def test_flags_of_a_newer_engine_get_the_same_batches(tmp_path):
+    """A schedule or a flag this engine does not know (a milestone's job may ask for what its candidate adds) does
+    not decide the data order: the batches are those of the run without them, and the unknown flag is named."""
+    batches(tmp_path / "a", *ARGS, "--micro-batch-size", "2", "--steps", "4")
+    proc = batches(tmp_path / "b", *ARGS, "--micro-batch-size", "2", "--steps", "4", "--lr-schedule", "inverse_sqrt",
+                   "--brand-new-flag", "7")
+    assert "--brand-new-flag" in proc.stderr
+    a, b = (json.loads((tmp_path / p / "batches.json").read_text())["steps"]["4"] for p in "ab")
+    assert a == b
+    pretrain = subprocess.run([sys.executable, "-m", "engine", "pretrain", *ARGS, "--brand-new-flag", "7"], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+    assert pretrain.returncode == 2 and "unrecognized arguments: --brand-new-flag" in pretrain.stderr
+
+
 @pytest.mark.parametrize("steps", ["0", "3-1", "x"])
 def test_bad_steps_exit_2_naming_the_flag(tmp_path, steps):
     proc = batches(tmp_path, *ARGS, "--steps", steps, check=False)
