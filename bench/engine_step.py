@@ -35,7 +35,7 @@ _DEVICE = re.compile(r"device=(.+?) host=")
 def run_variant(name: str, extra: list[str], args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "engine", "pretrain", "--preset", args.preset, "--device", args.device,
-               "--num-steps", str(args.steps), "--eval-steps", "0", "--no-save-final", "--run-dir", tmp,
+               "--num-steps", str(args.steps), "--eval-samples", "0", "--no-save-final", "--run-dir", tmp,
                "--warmup-steps", "0", *args.common.split(), *extra]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

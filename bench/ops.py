@@ -25,6 +25,11 @@ every (op, version), side by side in one process:
   memory       peak bytes allocated during one forward + backward above what was allocated before.
   speedup      baseline time / version time, per op, TP and mode.
 
+attention is benched twice: as the plain causal op, and as `attention+docs`, within synthetic packed
+documents (engine/ops/workloads.synthetic_documents: exponential lengths of mean seq / 4), the
+--document-mask path (baseline: SDPA with a block-diagonal mask; FA4 versions: the varlen kernels).
+Its rate counts the whole window's causal FLOPs, an equivalent dense rate (--no-documents skips it).
+
 gemm_output also gets `torch_naive`: the unfused torch path (bf16 GEMM -> fp32 logits -> torch
 cross-entropy, autograd), the reference of the issue's targets (>= 1.3x, <= 1/4 of its memory).
 At TP > 1 the versions run one rank's work without collectives (workloads.rank_callable).
@@ -33,6 +38,7 @@ JSON (every number) goes to --out; the table prints last.
 """
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -140,16 +146,17 @@ def gemm_floor_fc1(x, w):
     return F.linear(x, w)
 
 
-def bench_op(op, candidates, ref_fn, shapes, device, args) -> list[dict]:
+def bench_op(op, candidates, ref_fn, shapes, device, args, label: str = "") -> list[dict]:
     """Rows for every (version, fn) of one op at one TP size: correctness, memory, then timings.
 
     All versions run on the same input sets and are timed in interleaved rounds (`_interleaved`).
-    A version that fails to load or to run gets a row with `error`; the others still run.
+    A version that fails to load or to run gets a row with `error`; the others still run. `label`
+    names the rows' op (default: the op), e.g. attention+docs.
     """
     sets = [make_inputs(op, shapes, device=device, dtype=torch.bfloat16, seed=s) for s in range(args.sets)]
     rows, fwd, fwd_bwd = [], {}, {}
     for version, fn in candidates:
-        row = {"op": op, "tp": shapes.tp, "version": version}
+        row = {"op": label or op, "tp": shapes.tp, "version": version}
         rows.append(row)
         try:
             fn = fn or rank_callable(op, load_op(op, version), shapes)
@@ -212,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--reps", type=int, default=7, help="pipelined batches of --iters calls (median)")
     parser.add_argument("--sets", type=int, default=3, help="input sets rotated through the timed calls")
+    parser.add_argument("--documents", action=argparse.BooleanOptionalAction, default=True,
+                        help="also bench attention within packed documents (attention+docs rows)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "ops.json"))
     args = parser.parse_args(argv)
     device = torch.device("cuda")
@@ -240,9 +249,13 @@ def main(argv: list[str] | None = None) -> int:
                 candidates.append(("torch_naive", torch_naive_output))
             if op == "gemm_fc1":
                 candidates.append(("gemm_floor", gemm_floor_fc1))
-            for row in bench_op(op, candidates, ref_fn, shapes, device, args):
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+            variants = [(shapes, "")]
+            if op == "attention" and args.documents:
+                variants.append((dataclasses.replace(shapes, documents=True), "attention+docs"))
+            for variant, label in variants:
+                for row in bench_op(op, candidates, ref_fn, variant, device, args, label=label):
+                    rows.append(row)
+                    print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
     for row in rows:
         if "error" in row:
             continue
@@ -261,18 +274,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{meta['device']}  preset {args.preset}  bf16, {args.iters} back-to-back calls over {args.sets} input sets "
           f"(median of {args.reps}); f+b sync: each call alone, median of {args.iters}; "
           f"err = max rel. error vs fp32 reference (tol {TOL}); x = baseline ms / version ms; rate TFLOP/s (rmsnorm GB/s)")
-    head = (f"{'op':<12}{'tp':>3} {'version':<12}{'fwd ms':>8}{'f+b ms':>8}{'rate f+b':>9}{'x fwd':>7}{'x f+b':>7}"
+    head = (f"{'op':<15}{'tp':>3} {'version':<12}{'fwd ms':>8}{'f+b ms':>8}{'rate f+b':>9}{'x fwd':>7}{'x f+b':>7}"
             f"{'x naive':>8}{'peak GiB':>9}{'err':>9}{'f+b sync':>9} ok")
     print(head)
     for r in rows:
         if "error" in r:
-            print(f"{r['op']:<12}{r['tp']:>3} {r['version']:<12} ERROR {r['error'][:90]}")
+            print(f"{r['op']:<15}{r['tp']:>3} {r['version']:<12} ERROR {r['error'][:90]}")
             continue
         rate = r["fwd_bwd_tflops"] or r["fwd_bwd_gbs"] or 0.0
         err = f"{r['max_rel_err']:>9.1e}" if r["max_rel_err"] is not None else f"{'-':>9}"
         verdict = {True: "ok", False: "FAIL", None: "(timing floor, not the op)"}[r["ok"]]
         naive = r.get("speedup_fwd_bwd_vs_torch_naive")
-        print(f"{r['op']:<12}{r['tp']:>3} {r['version']:<12}{r['fwd_ms']:>8.3f}{r['fwd_bwd_ms']:>8.3f}{rate:>9.1f}"
+        print(f"{r['op']:<15}{r['tp']:>3} {r['version']:<12}{r['fwd_ms']:>8.3f}{r['fwd_bwd_ms']:>8.3f}{rate:>9.1f}"
               f"{r.get('speedup_fwd_vs_baseline', 0):>7.2f}{r.get('speedup_fwd_bwd_vs_baseline', 0):>7.2f}"
               f"{(naive if naive else 0):>8.2f}{r['peak_extra_gib']:>9.2f}{err}{r['fwd_bwd_ms_sync']:>9.3f} {verdict}")
     return 0 if all("error" not in r and r["ok"] is not False for r in rows) else 1

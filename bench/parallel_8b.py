@@ -84,7 +84,7 @@ def run(name: str, nproc: int, flags: list[str], args: argparse.Namespace) -> di
     if args.max_connections:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(args.max_connections)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [*launcher, "-m", "engine", "pretrain", "--device", args.device, "--eval-steps", "0", "--no-save-final",
+        cmd = [*launcher, "-m", "engine", "pretrain", "--device", args.device, "--eval-samples", "0", "--no-save-final",
                "--warmup-steps", "0", "--run-dir", tmp, *flags]
         print(f"[{name}] {' '.join(cmd)}", flush=True)
         poller = GpuMemoryPoller()

@@ -1,139 +1,246 @@
-"""Checkpoints with torch.distributed.checkpoint (DCP): sharded, atomic, resumable bit for bit.
+"""Checkpoints with torch.distributed.checkpoint (DCP): sharded, atomic, checksummed, resumable bit for bit.
 
 Layout of a save dir:
-    step_00000050/   DCP shards + .metadata, and meta.json (step, config, layout) for humans/tools
-    latest           the name of the newest complete checkpoint
+    step_00000050/   DCP shards + .metadata; meta.json (step, config, layout, write_seq, schedule
+                     overrides); manifest.json (SHA-256 of every other file, engine/checksums.py)
+    latest           the name of the newest published checkpoint (for people and scripts)
 A checkpoint holds the fp32 masters and Adam moments (the bf16 model weights are derived from the
 masters), the step, the data-loader position and every rank's RNG state: everything a resumed run
 needs to print the same [LOSS] lines as an uninterrupted one. Under data parallelism each rank saves
 only its ZeRO-1 pieces, in a form DCP reshards on load (engine/parallel/zero_state.py): a checkpoint
 resumes on any DP size with the same TP size (`check_compatible`).
 
-Atomicity: all ranks write into `step_N.tmp`; only when every rank has finished does rank 0 write
-meta.json, rename the folder to `step_N` and then rewrite `latest` (tmp + os.replace). A crash at
-any point leaves the previous checkpoint and `latest` intact; stale `.tmp` folders are ignored.
+Atomicity: all ranks write into `step_N.tmp` and hash what they wrote; when every rank has finished,
+rank 0 writes meta.json and manifest.json, fsyncs, renames the folder to `step_N`, and only then
+rewrites `latest` (tmp + os.replace). A crash at any point leaves the previous checkpoints and
+`latest` intact; `.tmp` folders are never read, listed or pruned.
+
+Write order, not step number: a resumed run may write step 6 after an abandoned run wrote step 8.
+meta.json carries `write_seq` (one more than any checkpoint in the save dir), `--keep-last` keeps the
+N newest by it and `--resume auto` takes the newest by it that verifies against its manifest,
+naming each newer one it skipped and why. An explicit `--resume PATH` that does not verify is an
+error. Verification is collective: every rank rehashes a share of the blocks.
 """
 
 import json
 import os
 import re
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from engine.config import EngineConfig, to_dict
+from engine.atomic import fsync_dir, write_text_atomic
+from engine.checksums import check_listing, files_to_hash, hash_files, manifest_text, read_manifest, verify_blocks, MANIFEST
+from engine.config import EngineConfig, flag_name, to_dict
 from engine.errors import ConfigError
+from engine.optim.schedule import schedule_fields
 
-__all__ = ["save_checkpoint", "load_checkpoint", "find_checkpoint", "read_meta", "check_compatible", "meta_for",
-           "write_text_atomic", "MODEL_FIELDS"]
+__all__ = ["save_checkpoint", "load_checkpoint", "select_checkpoint", "newest_checkpoint", "checkpoints_in_write_order",
+           "verify_checkpoint", "read_meta", "check_compatible", "check_schedule", "meta_for", "MODEL_FIELDS"]
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 # Fields that must match between a checkpoint and the run resuming from it.
 MODEL_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                 "head_dim", "ffn_hidden_size", "mup")
+FORMAT = 2  # 2: manifest.json and write_seq
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _barrier() -> None:
+def _barrier(group: Any = None) -> None:
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def _no_dist() -> bool:
     return not dist.is_initialized()
 
 
-def save_checkpoint(save_dir: Path, step: int, state: dict[str, Any], meta: dict[str, Any], *,
-                    is_main: bool, keep_last: int) -> Path:
-    """Collective: every rank calls it with its own `state` (tensors and picklable objects)."""
+def _rank_world(group: Any = None) -> tuple[int, int]:
+    return (dist.get_rank(group), dist.get_world_size(group)) if dist.is_initialized() else (0, 1)
+
+
+def _all_gather(obj: Any, group: Any = None) -> list[Any]:
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+# --- saving ---------------------------------------------------------------------------------------
+
+
+def save_checkpoint(save_dir: Path, step: int, state: dict[str, Any], meta: dict[str, Any], *, keep_last: int,
+                    group: Any = None) -> Path:
+    """Collective over `group` (None: the default group, or a single process): every rank calls it with
+    its own `state` (tensors and picklable objects). Returns the published step_N folder."""
+    rank, world = _rank_world(group)
     final = save_dir / f"step_{step:08d}"
     tmp = save_dir / f"step_{step:08d}.tmp"
-    if is_main:
+    if rank == 0:
         save_dir.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-    _barrier()
+    _barrier(group)
     with warnings.catch_warnings():  # DCP warns that a single process saves without a process group
         warnings.simplefilter("ignore", UserWarning)
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=_no_dist())
-    _barrier()
-    if is_main:
+        dcp.save(state, checkpoint_id=str(tmp), process_group=group, no_dist=_no_dist())
+    # dcp.save returns on every rank after every rank's shards and the .metadata are written and fsynced
+    if rank == 0:
+        meta = {**meta, "write_seq": _next_write_seq(save_dir)}
         write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True))
-        if final.exists():  # re-saving a step (e.g. after a resume): keep the old one until the swap
-            old = save_dir / f"step_{step:08d}.old"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, final)
-        write_text_atomic(save_dir / "latest", final.name + "\n")
-        _prune(save_dir, keep_last)
-    _barrier()
+    digests: dict[str, Any] = {}
+    for part in _all_gather(hash_files(tmp, files_to_hash(tmp, rank, world)), group):
+        digests.update(part)
+    if rank == 0:
+        write_text_atomic(tmp / MANIFEST, manifest_text(digests))
+        _publish(save_dir, tmp, final, keep_last)
+    _barrier(group)
     return final
 
 
-def _complete_steps(save_dir: Path) -> list[Path]:
-    found = [p for p in save_dir.iterdir() if _STEP_DIR.match(p.name) and (p / ".metadata").is_file()
-             and (p / "meta.json").is_file()] if save_dir.is_dir() else []
-    return sorted(found, key=lambda p: p.name)
+def _publish(save_dir: Path, tmp: Path, final: Path, keep_last: int) -> None:
+    """Rank 0, once `tmp` is complete and fsynced: make it step_N, then point `latest` at it, then prune."""
+    if final.exists():  # re-saving a step (e.g. after a resume): keep the old one until the swap
+        old = final.with_name(final.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(save_dir)
+    write_text_atomic(save_dir / "latest", final.name + "\n")
+    _prune(save_dir, keep_last, final)
 
 
-def _prune(save_dir: Path, keep_last: int) -> None:
-    for old in _complete_steps(save_dir)[:-keep_last]:
+def _write_seq(path: Path) -> int:
+    """A checkpoint's place in write order; -1 for one without a readable write_seq (older, or damaged)."""
+    try:
+        seq = json.loads((path / "meta.json").read_text(encoding="utf-8")).get("write_seq")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return -1
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else -1
+
+
+def checkpoints_in_write_order(save_dir: Path) -> list[Path]:
+    """Every step_N folder of save_dir, oldest written first (by write_seq; unknown order first, by step)."""
+    if not save_dir.is_dir():
+        return []
+    found = [p for p in save_dir.iterdir() if _STEP_DIR.match(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: (_write_seq(p), p.name))
+
+
+def _next_write_seq(save_dir: Path) -> int:
+    return 1 + max((_write_seq(p) for p in checkpoints_in_write_order(save_dir)), default=0)
+
+
+def _prune(save_dir: Path, keep_last: int, just_written: Path) -> None:
+    ordered = checkpoints_in_write_order(save_dir)
+    assert ordered and ordered[-1] == just_written, f"{just_written} is not the newest checkpoint of {save_dir}"
+    for old in ordered[:-keep_last]:
         shutil.rmtree(old)
 
 
-def find_checkpoint(resume: str, save_dir: Path) -> Path | None:
-    """'auto' -> the newest complete checkpoint in save_dir (None if there is none);
-    a path -> that checkpoint (a step_* folder, or a save dir meaning its newest)."""
+def newest_checkpoint(save_dir: Path) -> Path | None:
+    ordered = checkpoints_in_write_order(save_dir)
+    return ordered[-1] if ordered else None
+
+
+# --- verifying and choosing -----------------------------------------------------------------------
+
+
+def _meta_problem(path: Path) -> tuple[dict[str, Any] | None, str]:
+    if not (path / "meta.json").is_file() or not (path / ".metadata").is_file():
+        return None, "is an incomplete or corrupt checkpoint (meta.json or .metadata missing)"
+    try:
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        return None, f"is a corrupt checkpoint (meta.json: {err})"
+    if not isinstance(meta, dict):
+        return None, "is a corrupt checkpoint (meta.json is not an object)"
+    for key in ("step", "config", "layout"):
+        if key not in meta:
+            return None, f"is a corrupt checkpoint (meta.json lacks {key!r})"
+    return meta, ""
+
+
+def verify_checkpoint(path: Path) -> list[str]:
+    """Problems with checkpoint `path` (empty: it verifies), the same list on every rank. Collective when
+    a process group is up: each rank rehashes a share of the blocks, then the ranks exchange findings."""
+    rank, world = _rank_world()
+    problems = []
+    _, problem = _meta_problem(path)
+    manifest, why = read_manifest(path)
+    if problem:
+        problems.append(f"{path.name} {problem}")
+    elif manifest is None:
+        problems.append(f"{path.name} {why}")
+    else:
+        problems += [f"{path.name}/{p}" for p in check_listing(path, manifest)]
+        if not problems:
+            problems += [f"{path.name}/{p}" for p in verify_blocks(path, manifest, rank, world)]
+    merged: list[str] = []
+    for part in _all_gather(problems):
+        merged += [p for p in part if p not in merged]
+    return merged
+
+
+def _summary(problems: list[str]) -> str:
+    more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
+    return "; ".join(problems[:2]) + more
+
+
+def select_checkpoint(resume: str, save_dir: Path, flag: str = "--resume") -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume and a line for each one passed over.
+
+    'auto': the newest checkpoint of save_dir in write order that verifies (None when save_dir holds
+    none at all; an error when it holds some and none verifies). A path: that step_* folder, or a save
+    dir meaning its newest; it must verify. Collective, like verify_checkpoint. `flag` names the option
+    in errors."""
     if resume == "":
-        return None
+        return None, []
     if resume == "auto":
-        latest = save_dir / "latest"
-        if latest.is_file():
-            candidate = save_dir / latest.read_text().strip()
-            if candidate.is_dir():
-                return candidate
-        steps = _complete_steps(save_dir)
-        return steps[-1] if steps else None
+        notes = []
+        # rank 0's listing on every rank: a shared filesystem may show a late rank another one, and all
+        # ranks must walk the same candidates through the collective verification
+        for name in _all_gather([p.name for p in reversed(checkpoints_in_write_order(save_dir))])[0]:
+            path = save_dir / name
+            t0 = time.perf_counter()
+            problems = verify_checkpoint(path)
+            if not problems:
+                return path, notes + [f"[CKPT] verified {path} against its manifest in {time.perf_counter() - t0:.1f} s"]
+            notes.append(f"[CKPT] skipped {path}: {_summary(problems)}")
+        if notes:
+            raise ConfigError(flag, "auto", f"delete the damaged checkpoints (or the save dir, to start afresh), or "
+                              f"pass --resume PATH of a good copy", f"found no checkpoint in {save_dir} that verifies "
+                              f"({notes[0].removeprefix('[CKPT] skipped ')})")
+        return None, []
     path = Path(resume)
-    if (path / "meta.json").is_file() or (path / ".metadata").is_file():
-        return path
-    steps = _complete_steps(path)
-    if not steps:
-        raise ConfigError("--resume", resume, "pass a step_* checkpoint folder or a save dir that holds one",
-                          "holds no complete checkpoint")
-    return steps[-1]
+    if not _STEP_DIR.match(path.name) and not (path / "meta.json").is_file():
+        newest = _all_gather(newest_checkpoint(path))[0]
+        if newest is None:
+            raise ConfigError(flag, resume, "pass a step_* checkpoint folder or a save dir that holds one",
+                              "holds no checkpoint")
+        path = newest
+    t0 = time.perf_counter()
+    problems = verify_checkpoint(path)
+    if problems:
+        also = ", or --resume auto to take the newest one that verifies" if flag == "--resume" else ""
+        raise ConfigError(flag, str(path), f"pass an earlier checkpoint{also}", f"fails verification: {_summary(problems)}")
+    return path, [f"[CKPT] verified {path} against its manifest in {time.perf_counter() - t0:.1f} s"]
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    meta_file, dcp_meta = path / "meta.json", path / ".metadata"
-    if not meta_file.is_file() or not dcp_meta.is_file():
-        raise ConfigError("--resume", str(path), "pass an earlier step_* folder or delete this one",
-                          "is an incomplete or corrupt checkpoint (meta.json or .metadata missing)")
-    try:
-        meta = json.loads(meta_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError("--resume", str(path), "pass an earlier step_* folder or delete this one",
-                          f"is a corrupt checkpoint (meta.json: {err})") from err
-    for key in ("step", "config", "layout"):
-        if key not in meta:
-            raise ConfigError("--resume", str(path), "pass an earlier step_* folder or delete this one",
-                              f"is a corrupt checkpoint (meta.json lacks {key!r})")
+    meta, problem = _meta_problem(path)
+    if meta is None:
+        raise ConfigError("--resume", str(path), "pass an earlier step_* folder or delete this one", problem)
     return meta
 
 
@@ -161,8 +268,29 @@ def check_compatible(meta: dict[str, Any], cfg: EngineConfig, path: Path, layout
     return written.get("dp") != layout["dp"]
 
 
-def meta_for(cfg: EngineConfig, step: int, layout: dict[str, int]) -> dict[str, Any]:
-    return {"step": step, "config": to_dict(cfg), "layout": layout, "format": 1}
+def check_schedule(meta: dict[str, Any], cfg: EngineConfig, path: Path) -> list[dict[str, Any]]:
+    """The learning-rate schedule must continue as it was written, unless --override-schedule says a
+    change is meant. Returns the overrides to record in the next checkpoints (the checkpoint's own,
+    plus this resume's when it changes the schedule)."""
+    saved = meta["config"]
+    names = ("lr_schedule",) + tuple(dict.fromkeys(schedule_fields(str(saved.get("lr_schedule")))
+                                                   + schedule_fields(cfg.lr_schedule)))
+    changes = {n: [saved.get(n), getattr(cfg, n)] for n in names if saved.get(n) != getattr(cfg, n)}
+    history = list(meta.get("schedule_overrides", []))
+    if not changes:
+        return history
+    text = ", ".join(f"{flag_name(n)} {old!r} -> {new!r}" for n, (old, new) in changes.items())
+    if not cfg.override_schedule:
+        raise ConfigError("--resume", str(path), f"resume with the checkpoint's values, or pass --override-schedule to "
+                          f"change the schedule from step {meta['step']} on", f"was written with another learning-rate "
+                          f"schedule ({text})")
+    return history + [{"step": meta["step"], "changes": changes}]
+
+
+def meta_for(cfg: EngineConfig, step: int, layout: dict[str, int],
+             schedule_overrides: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"step": step, "config": to_dict(cfg), "layout": layout, "format": FORMAT,
+            "schedule_overrides": schedule_overrides or []}
 
 
 def load_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -177,4 +305,3 @@ def load_checkpoint(path: Path, state: dict[str, Any]) -> None:
         first = text.splitlines()[0][:200] if text else type(err).__name__
         raise ConfigError("--resume", str(path), "pass an earlier step_* folder or delete this one",
                           f"could not be loaded ({first})") from err
-

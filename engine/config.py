@@ -49,6 +49,7 @@ class EngineConfig:
     device: str = _f("auto", "cpu, cuda, or auto (cuda when available)", "run")
     compute_dtype: str = _f("auto", "bf16, fp32, or auto (bf16 on cuda, fp32 on cpu); masters, grads and moments stay fp32", "run")
     num_steps: int = _f(50, "optimizer steps to run (the step count the schedule spans)", "run")
+    deterministic: bool = _f(True, "bitwise-reproducible runs: torch.use_deterministic_algorithms, cuBLAS workspace pinned, deterministic attention backward (see docs/determinism.md for its cost)", "run")
 
     # --- model (presets fill these)
     vocab_size: int = _f(258, "tokenizer vocabulary size; the embedding is padded to --vocab-pad-multiple x TP", "model")
@@ -72,6 +73,11 @@ class EngineConfig:
     micro_batch_size: int = _f(8, "samples per micro-batch per data-parallel rank", "batch")
     grad_accum_steps: int = _f(0, "micro-batches per step (0: derived from --global-batch-size, else 1)", "batch")
     global_batch_size: int = _f(0, "samples per optimizer step = mbs x GAS x DP (0: derived)", "batch")
+    # Packed documents (engine/model/documents.py). Off: Megatron's default; MiniCPM's is undocumented (docs/document-masking.md).
+    document_mask: bool = _f(False, "a token attends only to earlier tokens of its own document (documents end at EOS in "
+                             "the packed window; varlen attention); off: plain causal attention across the window", "batch")
+    reset_position_ids: bool = _f(False, "with --document-mask: RoPE positions restart at 0 at each document (Megatron's "
+                                  "--reset-position-ids); off: positions run 0..seq-1 across the window", "batch")
 
     # --- optimizer and schedule
     lr: float = _f(3e-4, "peak learning rate", "optim")
@@ -84,6 +90,9 @@ class EngineConfig:
     adam_beta2: float = _f(0.95, "AdamW beta2", "optim")
     adam_eps: float = _f(1e-8, "AdamW epsilon", "optim")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0: no clipping)", "optim")
+    skip_spike_factor: float = _f(0.0, "skip the update of a step whose loss exceeds this factor x the mean loss of the last --skip-spike-window steps; the step is retried on the next batch (0: off; else > 1)", "optim")
+    skip_spike_window: int = _f(20, "accepted steps in the running mean --skip-spike-factor compares with (checking starts once it is full)", "optim")
+    skip_spike_max_consecutive: int = _f(5, "stop the run (exit 3) at this many loss spikes in a row", "optim")
 
     # --- data
     hf_dataset: str = _f("", "HF datasets source: a Hub name or local parquet/arrow/json/jsonl files or folder (empty: the bundled tiny corpus)", "data")
@@ -99,7 +108,7 @@ class EngineConfig:
 
     # --- evaluation
     eval_every: int = _f(0, "evaluate every N steps (0: only the final evaluation)", "eval")
-    eval_steps: int = _f(8, "validation micro-batches per evaluation (0: no evaluation at all)", "eval")
+    eval_samples: int = _f(64, "validation sequences (of --seq-length tokens) per evaluation: the first N of the validation split, the same whatever the layout (mbs, GAS, DP, TP); 0: no evaluation at all", "eval")
 
     # --- checkpoints and output
     run_dir: str = _f("", "folder for metrics.jsonl, the resolved config and checkpoints (empty: outputs/<preset>)", "output")
@@ -108,8 +117,13 @@ class EngineConfig:
     save_last: int = _f(0, "also checkpoint after each of the last N steps, whatever --save-every says (a judge holds the "
                            "final step against checkpoints N - 1 and N); --keep-last must keep them", "output")
     save_final: bool = _f(True, "checkpoint after the last step", "output")
-    keep_last: int = _f(3, "keep this many newest checkpoints", "output")
-    resume: str = _f("", "'auto' (newest checkpoint in --save-dir, if any) or a checkpoint path", "output")
+    keep_last: int = _f(3, "keep this many most recently written checkpoints (by write order, not step number)", "output")
+    resume: str = _f("", "'auto' (the newest checkpoint in --save-dir, by write order, that verifies against its checksums; "
+                     "none: start afresh) or a checkpoint path (must verify)", "output")
+    override_schedule: bool = _f(False, "on resume, accept a learning-rate schedule (--num-steps, --lr, --lr-schedule, "
+                                 "--warmup-steps, ...) other than the checkpoint's; recorded in later checkpoints' meta.json", "output")
+    async_save: bool = _f(False, "write checkpoints in a background thread from a host-memory copy, overlapping training "
+                          "(published as `latest` only when complete; one at a time; exit waits for it)", "output")
     log_every: int = _f(1, "print the [LOSS] line every N steps", "output")
     tensorboard: bool = _f(False, "also write TensorBoard scalars under <run_dir>/tensorboard (needs the tensorboard package: pip install 'temper-train[tensorboard]')", "output")
     peak_tflops: float = _f(0.0, "peak bf16 dense TFLOP/s per device for MFU (0: from the GPU model; 989 for H100/H200)", "output")
@@ -242,13 +256,16 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     _choice(cfg, "lr_schedule", LR_SCHEDULES)
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
-              "log_every", "lr", "init_std", "dim_model_base")
-    _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_steps",
+              "log_every", "lr", "init_std", "dim_model_base", "skip_spike_window", "skip_spike_max_consecutive")
+    _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_samples",
               "save_every", "save_last", "weight_decay", "grad_clip", "peak_tflops", allow_zero=True)
     if not cfg.ddp_bucket_mb > 0:
         raise ConfigError("--ddp-bucket-mb", cfg.ddp_bucket_mb, "use a positive size in MB (160 is Megatron's 40M elements)", "is out of range")
     if cfg.num_heads % cfg.num_kv_heads:
         raise ConfigError("--num-kv-heads", cfg.num_kv_heads, f"use a divisor of --num-heads {cfg.num_heads}", "does not divide the query heads")
+    if cfg.skip_spike_factor != 0.0 and not cfg.skip_spike_factor > 1.0:
+        raise ConfigError("--skip-spike-factor", cfg.skip_spike_factor, "use 0 (off) or a factor above 1, e.g. 2",
+                          "would skip ordinary steps")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
         raise ConfigError("--min-lr-ratio", cfg.min_lr_ratio, "use a value in [0, 1]", "is out of range")
     if cfg.warmup_steps > cfg.num_steps:
@@ -258,6 +275,12 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     if cfg.save_last > cfg.keep_last:
         raise ConfigError("--keep-last", cfg.keep_last, f"use at least --save-last {cfg.save_last}",
                           "would delete checkpoints --save-last asks for")
+    if cfg.reset_position_ids and not cfg.document_mask:
+        raise ConfigError("--reset-position-ids", True, "add --document-mask, or leave it out",
+                          "without --document-mask would let a document attend to the previous one at negative distances")
+    if cfg.override_schedule and not cfg.resume:
+        raise ConfigError("--override-schedule", True, "use it with --resume (auto or a path), or leave it out",
+                          "has no checkpoint whose schedule it would override")
     if cfg.resume not in ("", "auto") and not Path(cfg.resume).exists():
         raise ConfigError("--resume", cfg.resume, "pass 'auto' or an existing checkpoint folder", "does not exist")
     for beta in ("adam_beta1", "adam_beta2"):
@@ -266,7 +289,9 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
 
     # Parallel layout: TP groups of consecutive ranks, DP over the rest.
     if world_size % cfg.tp:
-        raise ConfigError("--tp", cfg.tp, f"use a divisor of the world size {world_size}", "does not divide the number of processes")
+        launch = f"launch with torchrun --nproc-per-node {cfg.tp} (or a multiple of {cfg.tp}) -m engine pretrain ..."
+        fix = f"{launch}, or pass --tp 1" if world_size == 1 else f"use a divisor of the world size {world_size}, or {launch}"
+        raise ConfigError("--tp", cfg.tp, fix, f"does not divide the number of processes ({world_size})")
     if cfg.num_heads % cfg.tp:
         raise ConfigError("--tp", cfg.tp, f"use a TP size that divides --num-heads {cfg.num_heads}", "does not divide the query heads")
     if cfg.num_kv_heads % cfg.tp and cfg.tp % cfg.num_kv_heads:

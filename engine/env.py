@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["LaunchEnv", "launch_env", "rendezvous", "op_override", "kernel_cache_dir", "OVERRIDABLE_OPS"]
+__all__ = ["LaunchEnv", "launch_env", "rendezvous", "op_override", "kernel_cache_dir", "pin_cublas_workspace",
+           "OVERRIDABLE_OPS"]
 
 # The ops engine/ops/*/register.toml registers, each with the one variable that overrides its version.
 # Data, not a lookup of the registers: this module is the engine's lowest layer and imports nothing
@@ -93,3 +94,25 @@ def op_override(op_name: str) -> str:
 def kernel_cache_dir() -> str:
     """Where compiled CuTeDSL kernels are cached; "" means the engine's default."""
     return os.environ.get("TEMPER_KERNEL_CACHE", "")
+
+
+# cuBLAS may pick a different reduction split per call unless its workspace is fixed; with one of these
+# settings its GEMMs are bitwise reproducible (cuBLAS docs, "Results reproducibility"; torch's
+# use_deterministic_algorithms refuses CUDA matmuls without it).
+_CUBLAS_REPRODUCIBLE = (":4096:8", ":16:8")
+
+
+def pin_cublas_workspace() -> str:
+    """Set CUBLAS_WORKSPACE_CONFIG to ':4096:8' unless it already holds a reproducible value, and return it.
+
+    torch creates its cuBLAS handles lazily and reads the variable then, so this must run before the
+    process's first CUDA matmul. A value set by the user that is not reproducible raises (never overridden
+    silently)."""
+    current = os.environ.get("CUBLAS_WORKSPACE_CONFIG", "")
+    if current in _CUBLAS_REPRODUCIBLE:
+        return current
+    if current:
+        raise ValueError(f"CUBLAS_WORKSPACE_CONFIG={current!r} makes cuBLAS results depend on the run: unset it, "
+                         f"set it to {_CUBLAS_REPRODUCIBLE[0]!r}, or pass --no-deterministic")
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = _CUBLAS_REPRODUCIBLE[0]
+    return _CUBLAS_REPRODUCIBLE[0]

@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from engine.checkpoint import find_checkpoint, read_meta
+from engine.checkpoint import read_meta, select_checkpoint
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
+from engine.errors import ConfigError
 from engine.model import Transformer
 from engine.model.layers import kv_head_range
 from engine.ops import resolve_ops
@@ -130,13 +131,18 @@ def llama_config(cfg: EngineConfig, dtype: str) -> dict:
     }
 
 
+_WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}  # the CLI's --dtype choices
+
+
 def export_hf(checkpoint: str, out: str, dtype: str = "bfloat16") -> Path:
     """Write out/model*.safetensors (+ index when sharded) and out/config.json, atomically."""
     from safetensors.torch import save_file  # lazy: only export needs safetensors
 
-    path = find_checkpoint(checkpoint, Path(checkpoint)) if not (Path(checkpoint) / "meta.json").is_file() else Path(checkpoint)
+    path, _ = select_checkpoint(checkpoint, Path(checkpoint), flag="--checkpoint")  # verified against its checksums
     cfg, weights = load_full_weights(path)
-    tensors = {k: t.to(getattr(torch, dtype)) for k, t in to_llama_state_dict(cfg, weights).items()}
+    if dtype not in _WEIGHT_DTYPES:
+        raise ConfigError("--dtype", dtype, f"use one of: {', '.join(_WEIGHT_DTYPES)}", "is not a weight dtype export-hf writes")
+    tensors = {k: t.to(_WEIGHT_DTYPES[dtype]) for k, t in to_llama_state_dict(cfg, weights).items()}
     target = Path(out)
     tmp = target.with_name(target.name + ".tmp")
     if tmp.exists():

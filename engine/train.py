@@ -26,25 +26,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.checkpoint import (check_compatible, find_checkpoint, load_checkpoint, meta_for, read_meta,
-                               save_checkpoint, write_text_atomic)
+from engine.async_checkpoint import BackgroundSaver, FinishedSave
+from engine.atomic import write_text_atomic
+from engine.checkpoint import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
+                               save_checkpoint, select_checkpoint)
 from engine.config import EngineConfig, resolve, to_dict
 from engine.data.loader import BatchLoader
 from engine.data.sources import build_data
 from engine.distributed import ParallelState, init_parallel, shutdown_parallel
-from engine.env import launch_env
+from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
 from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
-from engine.metrics import MetricsWriter
-from engine.model import IGNORE_INDEX, Transformer, build_model
+from engine.metrics import MetricsWriter, skip_line
+from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
 from engine.ops import resolve_ops
-from engine.optim import FlatBuffers, MixedPrecisionAdamW, lr_at
+from engine.optim import FlatBuffers, LossSpikeGuard, MixedPrecisionAdamW, describe_multipliers, lr_at, lr_multipliers
 from engine.parallel import (GradSync, ParamGather, apply_tensor_parallel, global_param_count, load_optimizer_state,
                              optimizer_state)
 from engine.runinfo import device_name, header_lines
 
-__all__ = ["pretrain", "resolve_device", "Trainer"]
+__all__ = ["pretrain", "resolve_device", "make_reproducible", "Trainer"]
 
 
 def resolve_device(cfg: EngineConfig) -> tuple[str, torch.dtype]:
@@ -54,6 +56,30 @@ def resolve_device(cfg: EngineConfig) -> tuple[str, torch.dtype]:
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = cfg.compute_dtype if cfg.compute_dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
     return device, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+
+
+def make_reproducible(cfg: EngineConfig, device_type: str) -> None:
+    """--deterministic: every run with one seed computes the same bits (resumes included).
+
+    torch.use_deterministic_algorithms makes torch ops take their deterministic paths (SDPA's flash
+    backward, index_add, ...) and raise for any op without one (fail fast, never silently
+    nondeterministic); cuBLAS gets a fixed workspace (engine/env.py); cuDNN never benchmarks. Our own
+    kernels read torch.are_deterministic_algorithms_enabled(): FA4's backward then orders its dQ / dK /
+    dV accumulation with semaphores instead of racing atomics; the others have no atomics to order
+    (engine/ops/README.md). Must run before the first CUDA matmul of the process."""
+    if not cfg.deterministic:
+        return
+    if device_type == "cuda":
+        try:
+            pin_cublas_workspace()
+        except ValueError as err:
+            raise ConfigError("--deterministic", True, str(err), "needs a reproducible cuBLAS workspace") from err
+    torch.use_deterministic_algorithms(True)
+    # torch also fills every new empty tensor with NaN in this mode, to surface reads of uninitialised memory
+    # (a debugging aid, not a source of determinism): a full memory pass per allocation, ~5 % of a 0.5B step.
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 class _StopFlag:
@@ -87,12 +113,14 @@ class Trainer:
         self.layout = {"tp": par.tp_size, "dp": par.dp_size}
 
         # 2. everything that can reject the input, before anything is written
-        self.resume_from = find_checkpoint(cfg.resume, self.save_dir)
+        self.resume_from, resume_notes = select_checkpoint(cfg.resume, self.save_dir)  # verified against its checksums
         self.resume_meta = None
         self.resharding = False  # resuming a checkpoint written with another DP size
+        self.schedule_overrides: list[dict[str, Any]] = []
         if self.resume_from is not None:
             self.resume_meta = read_meta(self.resume_from)
             self.resharding = check_compatible(self.resume_meta, cfg, self.resume_from, self.layout)
+            self.schedule_overrides = check_schedule(self.resume_meta, cfg, self.resume_from)
         cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else self.run_dir / "data"
         self.data = build_data(cfg, cache_dir=cache, dp_rank=par.dp_rank, dp_size=par.dp_size, global_rank=par.rank,
                                world_size=par.world_size)
@@ -107,36 +135,54 @@ class Trainer:
         self.model: Transformer = build_model(cfg, par, self.ops, dtype)
         grad_sums = apply_tensor_parallel(self.model, cfg, par)
         self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4)
-        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par)
+        self.lr_multipliers = lr_multipliers(self.model, cfg)
+        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers)
         self.grad_sync = GradSync(self.buffers, par, grad_sums, overlap=cfg.overlap_grad_reduce)
         self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
+        self.spike_guard = LossSpikeGuard(cfg, par)
         self.step = 0
         if self.resume_from is not None:
             self._restore(self.resume_from)
+        self.saver = BackgroundSaver(par.world_size) if cfg.async_save else None
+        if self.saver is not None:
+            self._state(with_rng=False, stage=self.saver.reserve)  # host buffers now: a host too small fails here
 
         # 4. outputs
         if par.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.run_dir / "config.json", _json(to_dict(cfg)))
         self.metrics = MetricsWriter(self.run_dir, enabled=par.is_main, tensorboard=cfg.tensorboard,
-                                     append=self.resume_from is not None)
+                                     resume_step=self.step if self.resume_from is not None else None)
         n_params = global_param_count(self.model, par)
         for line in header_lines(device=par.device, launcher=launcher, world=par.world_size, tp=par.tp_size,
                                  dp=par.dp_size, op_versions=self.ops.versions, data=self.data.description,
                                  params=n_params, matmul_params=matmul_params(cfg),
                                  flops_per_token=flops_per_token(cfg), config=to_dict(cfg)):
             self.metrics.info(line)
+        self.metrics.info(describe_multipliers(self.lr_multipliers, cfg))
+        self.metrics.info(f"[RUN] outputs run_dir={self.run_dir.resolve()} save_dir={self.save_dir.resolve()}"
+                          + ("" if cfg.run_dir else f" (no --run-dir: outputs/{cfg.preset} under the current folder)"))
+        for line in resume_notes:
+            self.metrics.info(line)
         if self.resume_from is not None:
             self.metrics.info(f"[RUN] resumed from {self.resume_from} at step {self.step}")
+        if self.metrics.dropped:
+            self.metrics.info(f"[RUN] metrics.jsonl: dropped {self.metrics.dropped} line(s) after step {self.step} "
+                              f"(logged before the interruption; this run logs those steps again)")
+        for override in self.schedule_overrides:
+            changes = ", ".join(f"{name} {old!r} -> {new!r}" for name, (old, new) in override["changes"].items())
+            self.metrics.info(f"[RUN] schedule overridden at step {override['step']} (--override-schedule): {changes}")
         self.stop = _StopFlag()
 
     # --- checkpoint state ---------------------------------------------------------------------------
 
-    def _state(self, with_rng: bool = True) -> dict[str, Any]:
+    def _state(self, with_rng: bool = True, stage: Any = None, with_spike: bool | None = None) -> dict[str, Any]:
         state = {
-            "optim": optimizer_state(self.optimizer, self.par),
+            "optim": optimizer_state(self.optimizer, self.par, stage),
             "trainer": {"step": self.step, "adam_step": self.optimizer.adam_step(), "data": self.loader.state_dict()},
         }
+        if self.spike_guard.enabled if with_spike is None else with_spike:
+            state["trainer"]["spike"] = self.spike_guard.state_dict()
         if with_rng:
             rng = {"cpu": torch.get_rng_state()}
             if self.par.device.type == "cuda":
@@ -144,16 +190,37 @@ class Trainer:
             state[f"rng/rank{self.par.rank}"] = rng
         return state
 
-    def save(self) -> Path:
-        path = save_checkpoint(self.save_dir, self.step, self._state(), meta_for(self.cfg, self.step, self.layout),
-                               is_main=self.par.is_main, keep_last=self.cfg.keep_last)
-        self.metrics.info(f"[CKPT] step={self.step} path={path}")
-        return path
+    def save(self) -> Path | None:
+        """Checkpoint this step: blocking (returns the published folder), or with --async-save stage a host copy
+        and write it in the background (returns None; `_report_save` names the folder once it is published)."""
+        t0 = time.perf_counter()
+        meta = meta_for(self.cfg, self.step, self.layout, self.schedule_overrides)
+        if self.saver is None:
+            path = save_checkpoint(self.save_dir, self.step, self._state(), meta, keep_last=self.cfg.keep_last)
+            self.metrics.info(f"[CKPT] step={self.step} path={path} stall_s={time.perf_counter() - t0:.3f}")
+            return path
+        self._report_save(self.saver.wait())  # the previous save owns the host buffers until it is published
+        state = self._state(stage=self.saver.stage)
+        self.saver.synchronize()
+        step, group = self.step, self.saver.group
+        self.saver.submit(step, lambda: save_checkpoint(self.save_dir, step, state, meta, keep_last=self.cfg.keep_last,
+                                                        group=group))
+        self.metrics.info(f"[CKPT] step={step} staged stall_s={time.perf_counter() - t0:.3f} (async: writing in the "
+                          f"background, becomes latest when complete)")
+        return None
+
+    def _report_save(self, finished: FinishedSave | None) -> None:
+        if finished is not None:
+            self.metrics.info(f"[CKPT] step={finished.step} path={finished.path} write_s={finished.write_s:.3f} (async)")
 
     def _restore(self, path: Path) -> None:
         # Per-rank RNG states belong to the saved layout; a resharded resume keeps this run's own.
-        state = self._state(with_rng=not self.resharding)
+        # The loss-spike window is in the checkpoint only if that run had the skip on; else it starts empty.
+        had_spike = float(self.resume_meta["config"].get("skip_spike_factor", 0.0)) > 0
+        state = self._state(with_rng=not self.resharding, with_spike=self.spike_guard.enabled and had_spike)
         load_checkpoint(path, state)
+        if "spike" in state["trainer"]:
+            self.spike_guard.load_state_dict(state["trainer"]["spike"])
         load_optimizer_state(self.optimizer, state["optim"], self.par, int(state["trainer"]["adam_step"]))
         self.param_gather.start()  # each DP rank restored only its own slices of the parameters
         self.param_gather.wait_all()
@@ -173,18 +240,20 @@ class Trainer:
         return t
 
     def train_step(self) -> tuple[float, float, float]:
-        micro = [(x.to(self.par.device, non_blocking=True), y.to(self.par.device, non_blocking=True))
-                 for x, y in self.loader.next_step()]
+        # --document-mask: each micro-batch's document boundaries, found on the host from its CPU tokens
+        eos = self.data.train.shards.eos_id
+        micro = [(x.to(self.par.device, non_blocking=True), y.to(self.par.device, non_blocking=True),
+                  batch_documents(self.cfg, x, eos, self.par.device)) for x, y in self.loader.next_step()]
         valid = torch.zeros((), dtype=torch.float32, device=self.par.device)
-        for _, labels in micro:
+        for _, labels, _ in micro:
             valid += (labels != IGNORE_INDEX).sum()
         # Async: on NCCL this all-reduce queues behind the parameter all-gathers of the last step;
         # waiting for it only at the first backward lets the first forward overlap them.
         count = dist.all_reduce(valid, group=self.par.dp_group, async_op=True) if self.par.dp_size > 1 else None
         self.buffers.zero_grads()
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)
-        for i, (inputs, labels) in enumerate(micro):
-            loss = self.model(inputs, labels)
+        for i, (inputs, labels, documents) in enumerate(micro):
+            loss = self.model(inputs, labels, documents)
             if count is not None:
                 count.wait()
                 count = None
@@ -196,8 +265,10 @@ class Trainer:
         grad_norm = self.optimizer.grad_norm()
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
             raise TrainingDiverged(self._divergence_report(loss_value, grad_norm))
-        self.optimizer.clip(grad_norm)
         lr = lr_at(self.cfg, self.step)
+        if self.spike_guard.check(loss_value, self.step + 1):
+            return loss_value, grad_norm, lr  # not applied: run() logs a [SKIP] and retries the step on the next batch
+        self.optimizer.clip(grad_norm)
         self.optimizer.step(lr)
         self.param_gather.start()
         return loss_value, grad_norm, lr
@@ -209,7 +280,7 @@ class Trainer:
             norms.append((not math.isfinite(n), n if math.isfinite(n) else 0.0, e.name, n))
         worst = sorted(norms, reverse=True)[:5]
         layers = ", ".join(f"{name}={n:.3e}" for _, _, name, n in worst)
-        last = find_checkpoint("auto", self.save_dir)
+        last = newest_checkpoint(self.save_dir)
         kept = f"last good checkpoint {last} (not overwritten)" if last else "no checkpoint was written"
         return f"step {self.step + 1}: loss={loss} grad_norm={grad_norm}; largest grad norms: {layers}; {kept}"
 
@@ -222,7 +293,7 @@ class Trainer:
         return bool(flag.item())
 
     def _evaluate(self) -> None:
-        if self.cfg.eval_steps == 0 or self.data.validation is None:
+        if self.cfg.eval_samples == 0 or self.data.validation is None:
             return
         val_loss, bpb, tokens = evaluate(self.model, self.data.validation, self.cfg, self.par, self.token_bytes)
         self.metrics.log_eval(step=self.step, val_loss=val_loss, val_bpb=bpb, tokens=tokens)
@@ -244,13 +315,20 @@ class Trainer:
                 if self.par.device.type == "cuda":
                     torch.cuda.current_stream(self.par.device).synchronize()
                 dt = time.perf_counter() - t0
+                if self.spike_guard.skipped:  # a stop request waits for the next applied step (bounded by the guard)
+                    g = self.spike_guard
+                    self.metrics.info(skip_line(self.step + 1, loss, g.running_mean, g.factor, g.consecutive, g.skipped_total))
+                    continue
                 self.step += 1
                 mem = torch.cuda.max_memory_allocated(self.par.device) / 2**30 if self.par.device.type == "cuda" else 0.0
                 self.metrics.log_step(step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=cfg.tokens_per_step,
                                       time_s=dt, mfu=mfu(cfg, cfg.tokens_per_step, dt, self.par.world_size, self.peak),
-                                      peak_mem_gib=mem, print_line=self.step % cfg.log_every == 0 or self.step == cfg.num_steps)
+                                      peak_mem_gib=mem, skipped_batches=self.spike_guard.skipped_total,
+                                      print_line=self.step % cfg.log_every == 0 or self.step == cfg.num_steps)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.num_steps:
                     self._evaluate()
+                if self.saver is not None:
+                    self._report_save(self.saver.poll())
                 if (cfg.save_every and self.step % cfg.save_every == 0) or self.step > cfg.num_steps - cfg.save_last:
                     self.save()
                     saved_at = self.step
@@ -266,8 +344,12 @@ class Trainer:
             return 0
         finally:
             self.param_gather.wait_all()
-            self.stop.uninstall()
-            self.metrics.close()
+            try:
+                if self.saver is not None:  # exit (normal, signal or error) waits for the save in flight
+                    self._report_save(self.saver.wait())
+            finally:
+                self.stop.uninstall()
+                self.metrics.close()
 
 
 def _json(data: dict[str, Any]) -> str:
@@ -280,6 +362,7 @@ def pretrain(cfg: EngineConfig) -> int:
         cfg = resolve(cfg, env.world_size)
         device_type, dtype = resolve_device(cfg)
         cfg = replace(cfg, device=device_type, compute_dtype="bf16" if dtype == torch.bfloat16 else "fp32")
+        make_reproducible(cfg, device_type)
         kv_replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
         par = init_parallel(env, cfg.tp, device_type, kv_replicas=kv_replicas)
     except ConfigError:

@@ -2,7 +2,8 @@
 
 For each of the four ops this resolves the version the run would use (env > --op-* > register
 default, exactly as pretrain does), builds one rank's inputs at the preset's shapes (micro-batch x
-sequence, TP-sharded heads / FFN / vocabulary; see engine/ops/workloads.py) and runs forward +
+sequence, TP-sharded heads / FFN / vocabulary, attention within synthetic documents when
+--document-mask is on; see engine/ops/workloads.py) and runs forward +
 backward twice: the first call compiles (or loads from the on-disk cache under
 TEMPER_KERNEL_CACHE, default ~/.cache/temper/kernels), the second is a warm call. The table shows
 both times, so "first call minus warm call" is what a training run's first step would otherwise
@@ -17,9 +18,10 @@ import time
 import torch
 
 from engine.config import EngineConfig, resolve
-from engine.ops.dispatch import OP_NAMES, load_op, resolve_version
+from engine.ops.dispatch import OP_NAMES, check_documents, load_op, resolve_version
 from engine.ops.kernel_cache import kernel_cache_root
 from engine.ops.workloads import call_op, grad_leaves, make_inputs, op_shapes, rank_callable
+from engine.train import make_reproducible
 
 __all__ = ["warmup_kernels", "warm_op"]
 
@@ -58,19 +60,23 @@ def warmup_kernels(cfg: EngineConfig) -> int:
     if cfg.device == "cpu" or not torch.cuda.is_available():
         print("warmup-kernels: no CUDA device here; CPU runs use the baseline ops, nothing to compile")
         return 0
+    make_reproducible(cfg, "cuda")  # --deterministic compiles the ordered attention backward a run would use
     device = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.float32 if cfg.compute_dtype == "fp32" else torch.bfloat16
     s = op_shapes(cfg)
     print(f"warmup-kernels: preset={cfg.preset} tp={cfg.tp} (shapes of one rank) mbs={cfg.micro_batch_size} "
           f"seq={cfg.seq_length} dtype={dtype} device={torch.cuda.get_device_name(device)} "
           f"cache={kernel_cache_root()}")
-    print(f"  attention q [{s.batch}, {s.seq}, {s.heads_q}, {s.head_dim}] kv heads {s.heads_kv}; "
+    print(f"  attention q [{s.batch}, {s.seq}, {s.heads_q}, {s.head_dim}] kv heads {s.heads_kv}"
+          f"{' within packed documents (--document-mask: the varlen kernels)' if s.documents else ''}; "
           f"fc1 w [{2 * s.ffn_local}, {s.hidden}]; lm head w [{s.vocab_local}, {s.hidden}]; tokens {s.tokens}")
     rows = []
     total = time.perf_counter()
     for op in OP_NAMES:
         version = resolve_version(op, getattr(cfg, f"op_{op}"), "cuda")
         fn = load_op(op, version)
+        if op == "attention":
+            check_documents(cfg, version, fn)
         first, warm = warm_op(op, fn, cfg, device=device, dtype=dtype)
         rows.append((op, version, first, warm))
     total = time.perf_counter() - total

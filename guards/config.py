@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GuardsConfig", "EnvWhitelist", "LayerMap", "GuardsConfigError", "CONFIG_NAME", "load_config",
+__all__ = ["GuardsConfig", "IsolationSettings", "EnvWhitelist", "LayerMap", "GuardsConfigError", "CONFIG_NAME", "load_config",
            "find_config", "parse_whitelist"]
 
 CONFIG_NAME = "guards.toml"
@@ -79,6 +79,17 @@ class LayerMap:
 
 
 @dataclass(kw_only=True, frozen=True)
+class IsolationSettings:
+    """`[isolation]`: the packages that must not reach into the process running them, and their exceptions."""
+
+    packages: tuple[str, ...] = ()
+    forbidden_imports: tuple[str, ...] = ()  # module prefixes never imported (test / judging / raw-memory machinery)
+    argv_modules: tuple[str, ...] = ()  # files (relative paths) that may read sys.argv: the CLI, the run header
+    loader_modules: tuple[str, ...] = ()  # files that may import modules named at run time (the op registry)
+    settable: tuple[str, ...] = ()  # dotted prefixes of library switches meant to be assigned (torch.backends)
+
+
+@dataclass(kw_only=True, frozen=True)
 class GuardsConfig:
     path: Path
     root: Path
@@ -88,6 +99,7 @@ class GuardsConfig:
     layers: dict[str, LayerMap]
     forbidden: dict[str, tuple[str, ...]]
     allow_private: tuple[str, ...] = ()
+    isolation: IsolationSettings = field(default_factory=IsolationSettings)
 
     def private_allowed(self, dotted: str) -> bool:
         for pattern in self.allow_private:
@@ -192,7 +204,7 @@ def load_config(path: Path) -> GuardsConfig:
         raise GuardsConfigError(f"{path}: cannot read ({err})") from err
     except tomllib.TOMLDecodeError as err:
         raise GuardsConfigError(f"{path}: not valid TOML ({err}); fix the syntax") from err
-    _unknown_keys(data, {"ssot", "dag", "public-surface"}, str(path))
+    _unknown_keys(data, {"ssot", "dag", "public-surface", "isolation"}, str(path))
 
     ssot = _table(data, "ssot", str(path))
     _unknown_keys(ssot, {"env_whitelist", "env_modules"}, f"{path} [ssot]")
@@ -220,6 +232,17 @@ def load_config(path: Path) -> GuardsConfig:
     allow_private = _str_list(surface.get("allow_private", []), f"{path} [public-surface] allow_private",
                               re.compile(r"[A-Za-z0-9_.]+\*?"))
 
+    isolation = _table(data, "isolation", str(path))
+    where = f"{path} [isolation]"
+    _unknown_keys(isolation, {"packages", "forbidden_imports", "argv_modules", "loader_modules", "settable"}, where)
+    files = re.compile(r"[^/].*\.py")
+    settings = IsolationSettings(
+        packages=_str_list(isolation.get("packages", []), f"{where} packages"),
+        forbidden_imports=_str_list(isolation.get("forbidden_imports", []), f"{where} forbidden_imports"),
+        argv_modules=_str_list(isolation.get("argv_modules", []), f"{where} argv_modules (relative .py paths)", files),
+        loader_modules=_str_list(isolation.get("loader_modules", []), f"{where} loader_modules (relative .py paths)", files),
+        settable=_str_list(isolation.get("settable", []), f"{where} settable"))
+
     return GuardsConfig(path=path, root=path.parent, whitelist_path=whitelist_path,
                         whitelist=parse_whitelist(whitelist_path), env_modules=dict(env_modules),
-                        layers=layers, forbidden=forbidden, allow_private=allow_private)
+                        layers=layers, forbidden=forbidden, allow_private=allow_private, isolation=settings)

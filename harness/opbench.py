@@ -8,34 +8,48 @@ time or a verdict: the judge times it by the arrival of its `[BENCH]` lines on t
 
 bench
   1. correctness: the cases harness/judge/opcases.py draws from the judge's seed (fresh shapes every
-     judging): outputs and gradients to `case-<i>.tensors`; the judge recomputes them in fp32.
-  2. timing at the milestone's shape: segments of `reps` forward + backward calls, each on fresh inputs
-     (drawn on the device from the seed and the rep number, so nothing can be served from a cache), after
-     an L2 flush, all on the current stream. Overhead segments do the same minus the op, so the judge can
-     subtract input generation, flushing and the checksums. Each call leaves a checksum row (a random
-     projection and the norm of a strided sample of every output and gradient, the sample's start moving
-     with the call) in `checks.tensors`, which the judge holds against the reference process's rows: a
-     skipped or cached call cannot match.
+     judging, in the layouts the model passes and at magnitudes where only a numerically safe form
+     survives): outputs and gradients to `case-<i>.tensors`; the judge recomputes them in fp32.
+  2. timing at the milestone's shape: segments of `reps` forward + backward calls, each on fresh inputs,
+     weights and labels included (redrawn in place on the device from the seed and the rep number, so
+     nothing keyed on a tensor's data, address or identity can be served from a cache), after an L2 flush,
+     all on the current stream. Overhead segments do the same minus the op, so the judge can subtract input
+     generation, flushing and the checksums. Each call leaves a checksum row in `checks.tensors`: for every
+     output and gradient, K random rank-one projections of all of it (new ones every call) and its norm,
+     which the judge holds against the reference process's rows: a skipped, cached or partly computed call
+     cannot match, and the rows together estimate how far the version's timed results are from the
+     baseline's.
+  Protocol lines (`[BENCH] segment=... start|end`) go out with one write(2) each, on a copy of stdout taken
+  before the version was imported: a version's own output cannot split or replace them, and the judge
+  refuses any segment line it did not expect (harness/judge/opjudge.py).
 stress
   The op at the milestone's shape while another thread keeps the GPU busy with GEMMs, 1 GiB copies and
   allocation churn on a stream of its own, its inputs rewritten before every call on a producer stream
   (the op's stream waits on that event: a kernel that ignores the current stream reads half-written
   inputs), for `--seconds`. Every iteration's checksum row goes to `checks.tensors` beside the unloaded one; the
   judge requires them to agree. On CPU, the load is a thread of matmuls.
+
+What the measurement stands on (this module's functions, the case and file modules, the torch callables
+that order, time and checksum the work, the output channel) is checked at every segment boundary; a
+version that rebinds any of it (or swaps a function's code) gets the bench's refusal, exit 3, no results.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
+import os
 import sys
 import threading
 import time
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from harness.judge.opcases import DTYPES, OPS, call_op, draw_cases, grad_names, make_inputs, result_names, timing_case
+from harness.judge.opcases import DTYPES, OPS, call_op, draw_cases, grad_names, make_inputs, redraw, result_names, timing_case
 from harness.judge.tensorfile import write_tensors
 
 __all__ = ["main"]
@@ -43,8 +57,34 @@ __all__ = ["main"]
 _FLUSH_BYTES = 256 * 2**20  # larger than any Hopper L2 (50 MiB)
 
 
+_CHANNEL: list[tuple[int, tuple[int, int]]] = []  # (fd, (st_dev, st_ino)): the protocol's copy of stdout
+
+
+class _Tampered(RuntimeError):
+    """The version changed what the bench measures with; the bench refuses to hand in results."""
+
+
+def _open_channel() -> None:
+    """Take the protocol's own copy of stdout, before any version code runs."""
+    fd = os.dup(1)
+    st = os.fstat(fd)
+    _CHANNEL[:] = [(fd, (st.st_dev, st.st_ino))]
+
+
 def _say(text: str) -> None:
-    print(f"[BENCH] {text}", flush=True)
+    """One protocol line in one write(2) (atomic on the judge's pipe: nothing can land inside it), on the
+    bench's own copy of stdout; refused when that copy no longer is the pipe it was (dup2 over it). Python's
+    buffered output goes first, and the line starts with a newline of its own: whatever a version printed
+    before (a line without its end, a progress bar) never shares the protocol line."""
+    if not _CHANNEL:
+        _open_channel()
+    fd, identity = _CHANNEL[0]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != identity:
+        raise _Tampered("the bench's output channel was replaced")
+    os.write(fd, f"\n[BENCH] {text}\n".encode())
 
 
 def _sync(device: torch.device) -> None:
@@ -81,48 +121,60 @@ def _run(fn, case, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return _results(case, inputs, outs)
 
 
-class _Checksums:
-    """One row per call: for each result, the dot product of a strided sample of it with a fixed random vector,
-    and the sample's norm (fp32). The sample's start moves with the call (drawn from the seed, the same in both
-    processes), so every call is checked at other places; sampling keeps the checksum a small fraction of even
-    a bandwidth-bound op's time, so the overhead the judge subtracts stays small and symmetric."""
+def _matrix(shape: torch.Size) -> tuple[int, int]:
+    """(rows, columns) a result is read as: its last dimension against all the others (a scalar: 1 x 1)."""
+    columns = shape[-1] if len(shape) and shape[-1] else 1
+    return max(1, int(torch.Size(shape).numel()) // columns), columns
 
-    STRIDE = 61  # prime: the sample does not line up with rows of power-of-two widths
+
+class _Checksums:
+    """One row per call: for each result, K rank-one random projections of all of it, `pr^T M pc` with M the
+    result as a (rows x columns) matrix, and its norm (fp32). Every element counts, so a call computed only
+    where a sample would look cannot match; the projections are drawn anew for every call (from the seed and
+    the row, the same in both processes), and E[(pr^T D pc)^2] = ||D||^2 lets the judge estimate the relative
+    difference of two processes' results from the rows alone. Reading each result once (a GEMM with K columns,
+    fp32 accumulation) keeps the checksum to about the cost of writing the result, which the overhead
+    segments measure and the judge subtracts."""
+
+    K = 4
 
     def __init__(self, case, shapes: dict[str, torch.Size], device: torch.device, seed: int, rows: int,
                  moving: bool = True):
-        g = torch.Generator(device=device).manual_seed(seed ^ 0x5EED)
         self.names = result_names(case)
-        self.seed, self.moving = seed, moving  # stress: one sample for every call (they must all agree)
-        self.stride = {n: self.STRIDE if shapes[n].numel() >= 64 * self.STRIDE else 1 for n in self.names}
-        self.length = {n: shapes[n].numel() // self.stride[n] for n in self.names}
-        self.proj = {n: torch.randn(self.length[n], generator=g, device=device) for n in self.names}
-        self.rows = torch.zeros(rows, len(self.names), 2, device=device)
+        self.seed, self.moving, self.device = seed, moving, device  # stress: one projection for every call
+        self.dims = {n: _matrix(shapes[n]) for n in self.names}
+        self.rows = torch.zeros(rows, len(self.names), self.K + 1, device=device)
+        self._g = torch.Generator(device=device)
+        self._fixed = None if moving else self._draw(0)
 
-    def record(self, row: int, results: dict[str, torch.Tensor], *, into: torch.Tensor | None = None) -> None:
-        """Row `row` of `into` (default: the rows kept for the judge) from `results`, on the device."""
+    def _draw(self, row: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        self._g.manual_seed((self.seed ^ 0x5EED) * 1_000_003 + row)
+        return {n: (torch.randn(r, self.K, generator=self._g, device=self.device),
+                    torch.randn(c, self.K, generator=self._g, device=self.device)) for n, (r, c) in self.dims.items()}
+
+    def record(self, row: int, results: dict[str, torch.Tensor], *, into: torch.Tensor | None = None,
+               draw_row: int | None = None) -> None:
+        """Row `row` of `into` (default: the rows kept for the judge) from `results`, on the device;
+        `draw_row`: whose projections to use (default `row`; the overhead segments draw as the op's call would)."""
         rows = self.rows if into is None else into
+        projections = self._fixed if self._fixed is not None else self._draw(row if draw_row is None else draw_row)
         with torch.no_grad():  # outputs carry autograd history: a row written from them would keep every graph
             for j, name in enumerate(self.names):
-                stride, length = self.stride[name], self.length[name]
-                start = (self.seed + (7919 * row if self.moving else 0)) % stride
-                sample = results[name].detach().reshape(-1)[start: start + length * stride: stride].float()
-                rows[row, j, 0] = torch.dot(sample, self.proj[name])
-                rows[row, j, 1] = torch.linalg.vector_norm(sample)
+                m = results[name].detach().reshape(self.dims[name])
+                pr, pc = projections[name]
+                y = torch.mm(m, pc.to(m.dtype))  # fp32 accumulation, one rounding to the result's dtype
+                rows[row, j, : self.K] = (y.float() * pr).sum(dim=0)
+                rows[row, j, self.K] = torch.linalg.vector_norm(m, dtype=torch.float32)
 
 
 def _fresh(case, inputs: dict[str, torch.Tensor], g: torch.Generator, seed: int, rep: int) -> None:
-    """Redraw the activations (never the weights) in place, from (seed, rep): every call sees new data."""
+    """Redraw every input but the upstream gradients in place (weights and labels too), from (seed, rep)."""
     g.manual_seed(seed * 1_000_003 + rep)
-    with torch.no_grad():
-        for name in {"attention": ("q", "k", "v"), "rmsnorm": ("x", "residual"), "gemm_fc1": ("x",),
-                     "gemm_output": ("h",)}[case.op]:
-            if name in inputs:
-                t = inputs[name]
-                t.copy_(torch.randn(t.shape, generator=g, device=t.device, dtype=torch.float32))
+    redraw(case, inputs, g)
 
 
-def bench(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtype, out: Path) -> None:
+def bench(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtype, out: Path,
+          watch: Callable[[str], None] = lambda stage: None) -> None:
     for i, case in enumerate(draw_cases(args.op, args.seed, args.cases, scale=args.case_scale)):
         inputs = make_inputs(case, dtype=dtype, device=device)
         results = _run(fn, case, inputs)
@@ -135,22 +187,25 @@ def bench(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtype
     first = _run(fn, case, inputs)
     dummies = {k: torch.zeros_like(v) for k, v in first.items()}  # what the overhead segments checksum
     checks = _Checksums(case, {k: v.shape for k, v in first.items()}, device, args.seed, rows=args.reps * args.segments)
-    discard = torch.zeros(1, len(checks.names), 2, device=device)
+    discard = torch.zeros(1, len(checks.names), checks.K + 1, device=device)
     del first
 
     def segment(kind: str, index: int) -> None:
+        watch(f"before {kind} segment {index}")
         _sync(device)
         _say(f"segment={kind} index={index} reps={args.reps} start")
         for rep in range(args.reps):
-            _fresh(case, inputs, g, args.seed, index * args.reps + rep)
+            call = index * args.reps + rep
+            _fresh(case, inputs, g, args.seed, call)
             if flush is not None:
                 flush.zero_()
             if kind == "op":
-                checks.record(index * args.reps + rep, _run(fn, case, inputs))
+                checks.record(call, _run(fn, case, inputs))
             else:
-                checks.record(0, dummies, into=discard)
+                checks.record(0, dummies, into=discard, draw_row=call)
         _sync(device)
         _say(f"segment={kind} index={index} end")
+        watch(f"after {kind} segment {index}")
 
     for rep in range(args.warmup):
         _fresh(case, inputs, g, args.seed, 10**6 + rep)
@@ -181,7 +236,8 @@ def _load_thread(device: torch.device, stop: threading.Event, count: list[int]) 
         count[0] += 1
 
 
-def stress(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtype, out: Path) -> None:
+def stress(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtype, out: Path,
+           watch: Callable[[str], None] = lambda stage: None) -> None:
     case = timing_case(args.op, _shape(args.shape), args.seed)
     pristine = make_inputs(case, dtype=dtype, device=device)
     inputs = {k: (v.detach().clone().requires_grad_(v.requires_grad)) for k, v in pristine.items()}
@@ -217,41 +273,65 @@ def stress(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtyp
             stop.set()
             loader.join(timeout=60)
         _say(f"iterations={iterations} load_rounds={loads[0]}")
+    watch("after the loaded iterations")
     write_tensors(out / "checks.tensors", {"rows": checks.rows[: iterations + 1]})
     _say("done")
 
 
-# What the measurement stands on: this module, the modules it draws cases and writes files with, and the torch
-# callables that order, time and checksum the work. The op runs in this process, so a version could rebind any
-# of them (a no-op synchronize would end a timed segment before the GPU does); main() refuses to hand in
-# results when one of them is not the object it was before the version was imported.
+# What the measurement stands on: this module, the modules it draws cases and writes files with, the torch
+# callables that order, time and checksum the work, and the process's output. The op runs in this process, so a
+# version could rebind any of them (a no-op synchronize would end a timed segment before the GPU does, a stdout
+# filter could drop the bench's lines); the bench refuses to hand in results when one of them is not the object
+# it was before the version was imported, or a function of them runs other code (`__code__` swapped).
 _GUARDED_MODULES = ("harness.judge.opcases", "harness.judge.tensorfile")
 _GUARDED_TORCH = (
-    (torch, ("dot", "randn", "zeros", "zeros_like", "empty", "manual_seed", "Generator")),
+    (torch, ("dot", "mm", "randn", "randint", "rand", "zeros", "zeros_like", "empty", "manual_seed", "Generator")),
     (torch.linalg, ("vector_norm",)), (torch.autograd, ("backward",)),
     (torch.cuda, ("synchronize", "Event", "Stream", "stream", "current_stream", "set_device")),
-    (torch.Tensor, ("copy_", "zero_", "float", "reshape", "detach", "__setitem__")),
+    (torch.Tensor, ("copy_", "zero_", "float", "reshape", "detach", "__setitem__", "__mul__", "sum", "to")),
+    (sys, ("stdout", "stderr")),
 )
 
 
-def _snapshot() -> dict[tuple[str, ...], object]:
+# torch rebinds some of its own callables when a lazily imported part of it first loads: torch._dynamo wraps
+# torch.manual_seed (torch/_dynamo/__init__.py). A version that uses torch.compile, or a library that imports
+# dynamo (flash-attn-4, quack), would look like a version that rebinds the bench's tools: these parts are
+# loaded before the snapshot is taken.
+_TORCH_SELF_PATCHING = ("torch._dynamo",)
+
+
+def _load_self_patching_torch() -> None:
+    for name in _TORCH_SELF_PATCHING:
+        importlib.import_module(name)
+
+
+def _held(value: object) -> tuple[object, ...]:
+    """What must stay the same of a guarded value: the object, and for a function the code it runs."""
+    if isinstance(value, types.FunctionType):
+        return (value, value.__code__, value.__defaults__, value.__kwdefaults__)
+    return (value,)
+
+
+def _snapshot() -> dict[tuple[str, ...], tuple[object, ...]]:
     import builtins
 
-    snap: dict[tuple[str, ...], object] = {("builtins", "print"): builtins.print}
+    snap: dict[tuple[str, ...], tuple[object, ...]] = {("builtins", "print"): _held(builtins.print),
+                                                      ("os", "write"): _held(os.write), ("os", "fstat"): _held(os.fstat)}
     for module in (sys.modules[__name__], *(sys.modules[m] for m in _GUARDED_MODULES)):
         for name, value in vars(module).items():
-            snap[(module.__name__, name)] = value
+            snap[(module.__name__, name)] = _held(value)
             if isinstance(value, type) and value.__module__ == module.__name__:
-                snap.update({(module.__name__, name, attr): v for attr, v in vars(value).items()})
+                snap.update({(module.__name__, name, attr): _held(v) for attr, v in vars(value).items()})
     for owner, names in _GUARDED_TORCH:
-        snap.update({(getattr(owner, "__name__", str(owner)), name): getattr(owner, name) for name in names})
+        snap.update({(getattr(owner, "__name__", str(owner)), name): _held(getattr(owner, name)) for name in names})
     return snap
 
 
-def _rebound(before: dict[tuple[str, ...], object]) -> list[str]:
-    """Names of `before` that no longer hold the same object."""
+def _rebound(before: dict[tuple[str, ...], tuple[object, ...]]) -> list[str]:
+    """Names of `before` that no longer hold the same object (or run the same code)."""
     now = _snapshot()
-    return sorted(".".join(key) for key, value in before.items() if now.get(key) is not value)
+    return sorted(".".join(key) for key, held in before.items()
+                  if len(now.get(key, ())) != len(held) or any(a is not b for a, b in zip(now[key], held)))
 
 
 def _shape(text: str) -> dict[str, int]:
@@ -280,23 +360,30 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.cuda.set_device(0)
+    _load_self_patching_torch()
     torch.manual_seed(args.seed)
+    _open_channel()
     before = _snapshot()
-    version, fn = _load(args.op, args.version, device)
-    _say(f"task={args.task} op={args.op} version={version} device={torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    for stage in ("import", "run"):
+
+    def watch(stage: str) -> None:
         rebound = _rebound(before)
         if rebound:
-            for path in args.out.glob("*.tensors"):
-                path.unlink()
-            sys.stderr.write(f"[BENCH] refused: the op version rebound what the bench measures with ({stage}): "
-                             f"{', '.join(rebound[:10])}\n")
-            return 3
-        if stage == "import":
-            (bench if args.task == "bench" else stress)(args, fn, device, DTYPES[args.dtype], args.out)
-    return 0
+            raise _Tampered(f"the op version rebound what the bench measures with ({stage}): {', '.join(rebound[:10])}")
 
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        version, fn = _load(args.op, args.version, device)
+        watch("import")
+        _say(f"task={args.task} op={args.op} version={version} "
+             f"device={torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
+        (bench if args.task == "bench" else stress)(args, fn, device, DTYPES[args.dtype], args.out, watch)
+        watch("run")
+    except _Tampered as err:
+        for path in args.out.glob("*.tensors"):
+            path.unlink()
+        os.write(2, f"[BENCH] refused: {err}\n".encode())
+        return 3
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

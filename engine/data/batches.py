@@ -71,7 +71,7 @@ def step_batches(cfg: EngineConfig, steps: Sequence[int], *, world_size: int, ca
     defaults = EngineConfig()
     cfg = dataclasses.replace(cfg, **{f.name: getattr(defaults, f.name) for f in dataclasses.fields(EngineConfig)
                                       if f.metadata["group"] not in DATA_GROUPS})
-    cfg = resolve(dataclasses.replace(cfg, eval_steps=0), world_size)
+    cfg = resolve(dataclasses.replace(cfg, eval_samples=0), world_size)
     dp = world_size // cfg.tp
     data = build_data(cfg, cache_dir=cache_dir, dp_rank=0, dp_size=1)
     loader = BatchLoader(data.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps,

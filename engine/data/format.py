@@ -27,10 +27,11 @@ import engine.data.prepare, never pay for importing torch.
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from engine.atomic import write_text_atomic
 
 __all__ = [
     "FORMAT_NAME",
@@ -43,7 +44,6 @@ __all__ = [
     "itemsize",
     "shard_file_name",
     "write_json_atomic",
-    "fsync_dir",
 ]
 
 FORMAT_NAME = "temper-token-shards"
@@ -75,22 +75,6 @@ def shard_file_name(index: int) -> str:
     return f"tokens-{index:05d}.bin"
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename inside `path` durable (POSIX needs the directory itself synced)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temp file in the same folder, fsync, then os.replace it into place."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, ensure_ascii=False, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    """JSON through the engine's one atomic writer (engine/atomic.py: temp file, fsync, os.replace, fsync the folder)."""
+    write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False, sort_keys=True) + "\n")

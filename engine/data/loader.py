@@ -26,7 +26,7 @@ import torch
 
 from engine.errors import ConfigError
 
-__all__ = ["TokenSource", "PackedSamples", "BatchLoader", "eval_batches", "LOADER_STATE_VERSION"]
+__all__ = ["TokenSource", "PackedSamples", "BatchLoader", "eval_batches", "check_eval_samples", "LOADER_STATE_VERSION"]
 
 LOADER_STATE_VERSION = 1
 
@@ -173,17 +173,21 @@ class BatchLoader:
         assert self.consumed_samples == state["consumed_samples"], "inconsistent loader state"
 
 
-def eval_batches(samples: PackedSamples, *, micro_batch_size: int, num_batches: int, dp_rank: int,
+def check_eval_samples(samples: PackedSamples, num_samples: int) -> None:
+    """An evaluation reads the first `num_samples` validation samples: refuse more than there are."""
+    if num_samples > len(samples):
+        raise ConfigError("--eval-samples", num_samples, f"use at most {len(samples)} (or a smaller --seq-length, or more "
+                          "validation data)", f"needs more validation samples than the {len(samples)} of "
+                          f"--seq-length {samples.seq_length} there are")
+
+
+def eval_batches(samples: PackedSamples, *, num_samples: int, micro_batch_size: int, dp_rank: int,
                  dp_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Validation micro-batches, unshuffled and identical every evaluation: batch b of rank r is
-    samples [(b * dp + r) * mbs, ... + mbs), so the DP ranks together cover the first
-    num_batches x mbs x dp samples once."""
-    need = num_batches * micro_batch_size * dp_size
-    if need > len(samples):
-        most = len(samples) // (micro_batch_size * dp_size)
-        raise ConfigError("--eval-steps", num_batches, f"use at most {most} (or a smaller --micro-batch-size / --seq-length)",
-                          f"needs {need} validation samples but the validation data has {len(samples)} of "
-                          f"--seq-length {samples.seq_length}")
-    for b in range(num_batches):
-        start = (b * dp_size + dp_rank) * micro_batch_size
-        yield samples.batch(list(range(start, start + micro_batch_size)))
+    """Validation micro-batches, unshuffled and identical every evaluation: the first `num_samples`
+    samples, sample i on DP rank i % dp_size, in micro-batches of up to micro_batch_size. The ranks
+    together cover those samples once whatever mbs and DP are, so a summed loss over them depends on
+    num_samples alone (GAS never enters; TP ranks of one DP rank read the same rows)."""
+    check_eval_samples(samples, num_samples)
+    mine = list(range(dp_rank, num_samples, dp_size))
+    for start in range(0, len(mine), micro_batch_size):
+        yield samples.batch(mine[start:start + micro_batch_size])

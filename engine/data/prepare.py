@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from engine.atomic import fsync_dir
 from engine.data.embedded import EMBEDDED_SPLITS, embedded_file, read_embedded
 from engine.data.format import (
-    FORMAT_NAME, FORMAT_VERSION, INDEX_FILE, SHARD_MAX_BYTES, dtype_for_vocab, fsync_dir, itemsize,
+    FORMAT_NAME, FORMAT_VERSION, INDEX_FILE, SHARD_MAX_BYTES, dtype_for_vocab, itemsize,
     shard_file_name, write_json_atomic,
 )
 from engine.config import EngineConfig
@@ -222,6 +223,7 @@ def _encode_all(batches: Iterable[dict[str, list[Any]]], encoder: _Encoder, num_
             return
         # spawn, not fork: the parent may hold torch / tokenizers threads, which fork would copy
         # in whatever state they are in.
+        # guard: allow isolation -- asks only whether spawn workers can re-import the main program
         main = sys.modules.get("__main__")
         main_file = getattr(main, "__file__", None)
         if main_file is not None and getattr(main, "__spec__", None) is None and not os.path.exists(main_file):
@@ -457,7 +459,7 @@ class _Job:
     split_flag: str
     target: Path
     files: list[str] = field(default_factory=list)
-    optional: bool = False  # a validation split that may be absent (--eval-steps 0): dropped if missing
+    optional: bool = False  # a validation split that may be absent (--eval-samples 0): dropped if missing
     missing_fix: str = ""  # extra advice when the split turns out not to exist
     staging: _Staging | None = None
     dataset: Any = None  # datasets.Dataset, or a list of records for "embedded"
@@ -737,7 +739,7 @@ def check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
 
 
 def _val_plan(cfg: EngineConfig, out: Path) -> _Job | None:
-    """The validation job, or None when there is none and none is needed (--eval-steps 0)."""
+    """The validation job, or None when there is none and none is needed (--eval-samples 0)."""
     source = cfg.hf_val_dataset or cfg.hf_dataset
     separate = bool(cfg.hf_val_dataset)
     source_flag = "--hf-val-dataset" if separate else "--hf-dataset"
@@ -745,19 +747,19 @@ def _val_plan(cfg: EngineConfig, out: Path) -> _Job | None:
     if separate and is_local_source(source) and not Path(source).expanduser().is_dir():
         split = "train"  # a file or glob is one split: it is the validation set whatever --hf-val-split says
     config_name = "" if separate and is_local_source(source) else cfg.hf_dataset_config
-    fix = (", or pass --hf-val-dataset FILES, or --eval-steps 0 to train without validation")
+    fix = (", or pass --hf-val-dataset FILES, or --eval-samples 0 to train without validation")
     if not separate and split == cfg.hf_split:
-        if cfg.eval_steps == 0:
+        if cfg.eval_samples == 0:
             return None
         raise ConfigError("--hf-val-split", split, "pick a held-out split" + fix,
                           f"is the training split (--hf-split {cfg.hf_split}): evaluating on training data")
     try:
         job = _plan(source, config_name, split, source_flag, "--hf-val-split", out / "validation")
     except _MissingSplit as err:
-        if cfg.eval_steps == 0 and not separate:
+        if cfg.eval_samples == 0 and not separate:
             return None
         raise _unknown_split(split, "--hf-val-split", source, err, fix) from None
-    job.optional = cfg.eval_steps == 0 and not separate
+    job.optional = cfg.eval_samples == 0 and not separate
     job.missing_fix = fix
     return job
 
@@ -768,7 +770,7 @@ def prepare_from_config(cfg: EngineConfig, out_dir: str | Path, num_proc: int = 
     Source: --hf-dataset (validation from --hf-val-dataset, else --hf-val-split of --hf-dataset),
     or the embedded corpus when --hf-dataset is empty. Tokenizer: --tokenizer-path (empty: bytes).
     Everything that can be checked (tokenizer vocab vs --vocab-size, splits, text fields) is checked
-    before anything is written. Validation may be absent only with --eval-steps 0.
+    before anything is written. Validation may be absent only with --eval-samples 0.
     """
     out = Path(out_dir)
     tokenizer = load_tokenizer(cfg.tokenizer_path)

@@ -29,7 +29,7 @@ import torch
 from engine.config import EngineConfig
 from engine.data.embedded import embedded_file, read_embedded
 from engine.data.format import COMPLETE_FILE, FAILED_FILE, INDEX_FILE, write_json_atomic
-from engine.data.loader import PackedSamples
+from engine.data.loader import PackedSamples, check_eval_samples
 from engine.data.prepare import TextRenderer, check_vocab, is_local_source, prepare_from_config, resolve_local_splits
 from engine.data.shards import InMemoryTokens, TokenShards, read_index
 from engine.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
@@ -151,7 +151,7 @@ def cache_key(cfg: EngineConfig, tokenizer: Tokenizer) -> str:
     ident = {"v": 1, "source": where(cfg.hf_dataset), "config": cfg.hf_dataset_config, "split": cfg.hf_split,
              "val_source": where(cfg.hf_val_dataset), "val_split": cfg.hf_val_split,
              "text_field": "" if cfg.hf_text_template else cfg.hf_text_field, "template": cfg.hf_text_template,
-             "tokenizer": tokenizer.name, "eos": tokenizer.eos_id, "want_val": cfg.eval_steps > 0,
+             "tokenizer": tokenizer.name, "eos": tokenizer.eos_id, "want_val": cfg.eval_samples > 0,
              "files": _local_stamp(cfg.hf_dataset, "--hf-dataset") + _local_stamp(cfg.hf_val_dataset, "--hf-val-dataset")}
     return "hf-" + hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -197,7 +197,8 @@ def build_data(cfg: EngineConfig, *, cache_dir: Path, dp_rank: int, dp_size: int
 
     `global_rank` (default: dp_rank) picks the one process that prepares an --hf-dataset: pass it
     under tensor parallelism, where several processes share dp_rank 0. Raises ConfigError for a
-    tokenizer larger than --vocab-size, and for missing validation data while --eval-steps > 0.
+    tokenizer larger than --vocab-size, for missing validation data while --eval-samples > 0, and for
+    fewer validation samples than --eval-samples.
     """
     assert 0 <= dp_rank < dp_size, f"dp_rank {dp_rank} outside dp_size {dp_size}"
     rank = dp_rank if global_rank is None else global_rank
@@ -206,7 +207,7 @@ def build_data(cfg: EngineConfig, *, cache_dir: Path, dp_rank: int, dp_size: int
         tokenizer, train, val = _from_folder(folder, cfg, "--data-path")
         kind = f"prepared shards {folder}"
         missing = ("--data-path", cfg.data_path, f"prepare it with a validation split (`python -m engine prepare --out "
-                   f"{folder}` with --hf-val-split / --hf-val-dataset), or pass --eval-steps 0")
+                   f"{folder}` with --hf-val-split / --hf-val-dataset), or pass --eval-samples 0")
     elif cfg.hf_dataset:
         tokenizer = load_tokenizer(cfg.tokenizer_path)
         check_vocab(tokenizer, cfg.vocab_size)
@@ -215,7 +216,7 @@ def build_data(cfg: EngineConfig, *, cache_dir: Path, dp_rank: int, dp_size: int
         _, train, val = _from_folder(folder, cfg, "--data-cache-dir", tokenizer)
         kind = f"{cfg.hf_dataset} [{cfg.hf_split}] prepared in {folder}"
         missing = ("--hf-val-split", cfg.hf_val_split, "name an existing split, or pass --hf-val-dataset FILES, "
-                   "or --eval-steps 0")
+                   "or --eval-samples 0")
     else:
         tokenizer = load_tokenizer(cfg.tokenizer_path)
         check_vocab(tokenizer, cfg.vocab_size)
@@ -223,7 +224,9 @@ def build_data(cfg: EngineConfig, *, cache_dir: Path, dp_rank: int, dp_size: int
         train = PackedSamples(embedded_tokens("train", tokenizer, renderer), cfg.seq_length)
         val = PackedSamples(embedded_tokens("validation", tokenizer, renderer), cfg.seq_length)
         kind = "embedded corpus (engine/data/corpus, Standard Ebooks, public domain)"
-        missing = ("--eval-steps", cfg.eval_steps, "unreachable: the embedded corpus has validation")
-    if val is None and cfg.eval_steps > 0:
-        raise ConfigError(missing[0], missing[1], missing[2], "gives no validation data but --eval-steps > 0")
+        missing = ("--eval-samples", cfg.eval_samples, "unreachable: the embedded corpus has validation")
+    if val is None and cfg.eval_samples > 0:
+        raise ConfigError(missing[0], missing[1], missing[2], "gives no validation data but --eval-samples > 0")
+    if val is not None:
+        check_eval_samples(val, cfg.eval_samples)
     return DataBundle(tokenizer=tokenizer, train=train, validation=val, description=_describe(kind, train, val, tokenizer))

@@ -10,6 +10,9 @@ math through the op dispatcher (`OpSet`), so kernels and TP slot in without chan
   reduce-scatter (engine.distributed.tp_linear), and attention reshapes by `seq_len`.
 - TP backward overlaps each column-parallel input-gradient collective with a weight-gradient GEMM
   (engine/distributed/tp_linear.py says how, and why FC1 overlaps with FC2's wgrad).
+- --document-mask: attention gets the micro-batch's document boundaries (engine/model/documents.py)
+  for the whole [b, s] sequence, on every TP rank alike; under sequence parallelism QKV is gathered
+  to the full sequence before attention, so the same boundaries hold there too.
 
 Every parameter also knows how to initialise its shard from the full, layout-independent tensor
 (`init_shard`), so TP = 1 and TP = 2 start from the same model bit for bit.
@@ -24,6 +27,7 @@ from torch import nn
 from engine.config import EngineConfig
 from engine.distributed import (ParallelState, TPComm, column_input, column_parallel_linear, copy_to_tp,
                                 linear_deferred_wgrad, mlp_region, reduce_from_tp, row_output)
+from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
 from engine.ops import OpSet
 
@@ -76,11 +80,15 @@ class Rotary(nn.Module):
             self.cos.copy_(emb.cos())
             self.sin.copy_(emb.sin())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [b, s, h, d] -> rotated, in x's dtype."""
-        s = x.shape[1]
-        cos = self.cos[:s].to(x.dtype)[None, :, None, :]
-        sin = self.sin[:s].to(x.dtype)[None, :, None, :]
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [b, s, h, d] -> rotated, in x's dtype. positions [b, s]: each token's position (default 0..s-1)."""
+        if positions is None:
+            s = x.shape[1]
+            cos = self.cos[:s].to(x.dtype)[None, :, None, :]
+            sin = self.sin[:s].to(x.dtype)[None, :, None, :]
+        else:
+            cos = self.cos[positions].to(x.dtype)[:, :, None, :]
+            sin = self.sin[positions].to(x.dtype)[:, :, None, :]
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -121,7 +129,8 @@ class Attention(nn.Module):
         q = self.q_heads * self.head_dim
         return q, q + 2 * self.kv_heads * self.head_dim
 
-    def forward(self, x: torch.Tensor, rotary: Rotary, seq_len: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary: Rotary, seq_len: int,
+                documents: DocumentLayout | None = None) -> torch.Tensor:
         if self.tp.size == 1:
             b, s, _ = x.shape
             x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
@@ -132,10 +141,15 @@ class Attention(nn.Module):
             b, s = qkv.shape[:2]
         d = self.head_dim
         q, k, v = qkv.split([self.q_heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        q = rotary(q.view(b, s, self.q_heads, d))
-        k = rotary(k.view(b, s, self.kv_heads, d))
+        positions = documents.positions if documents is not None else None
+        q = rotary(q.view(b, s, self.q_heads, d), positions)
+        k = rotary(k.view(b, s, self.kv_heads, d), positions)
         v = v.view(b, s, self.kv_heads, d)
-        out = self.ops.attention(q, k, v, softmax_scale=self.softmax_scale)
+        if documents is None:  # versions without document support keep working for plain causal runs
+            out = self.ops.attention(q, k, v, softmax_scale=self.softmax_scale)
+        else:
+            out = self.ops.attention(q, k, v, softmax_scale=self.softmax_scale, cu_seqlens=documents.cu_seqlens,
+                                     max_seqlen=documents.max_seqlen)
         out = F.linear(out.reshape(b, s, self.q_heads * d), self.o)
         if self.tp.size == 1:
             return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
@@ -215,13 +229,14 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = RMSNormWeight(cfg.hidden_size, device, dtype)
         self.mlp = MLP(cfg, par, ops, device, dtype)
 
-    def forward(self, residual: torch.Tensor, branch: torch.Tensor | None, rotary: Rotary, seq_len: int):
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor | None, rotary: Rotary, seq_len: int,
+                documents: DocumentLayout | None = None):
         if branch is None:  # first layer: the residual stream is the embedding output
             hidden = self.ops.rmsnorm(residual, self.attn_norm.weight, eps=self.eps)
         else:
             hidden, residual = self.ops.rmsnorm(branch, self.attn_norm.weight, eps=self.eps,
                                                 residual=residual, residual_scale=self.residual_scale)
-        branch = self.attn(hidden, rotary, seq_len)
+        branch = self.attn(hidden, rotary, seq_len, documents)
         hidden, residual = self.ops.rmsnorm(branch, self.mlp_norm.weight, eps=self.eps,
                                             residual=residual, residual_scale=self.residual_scale)
         return residual, self.mlp(hidden)

@@ -3,6 +3,10 @@
 MiniCPM's muP scalings (cfg.mup): embedding output x scale_emb; residual branches x
 scale_depth / sqrt(num_layers) (in DecoderLayer); LM head input / (hidden / dim_model_base).
 With cfg.mup off every scaling is 1 and the model is exactly HF's LlamaForCausalLM.
+
+With cfg.document_mask every forward takes the micro-batch's DocumentLayout (engine/model/documents.py)
+and a token attends only within its document; a forward without one raises rather than quietly
+attending across documents.
 """
 
 import torch
@@ -13,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from engine.config import EngineConfig
 from engine.distributed import ParallelState, column_input
 from engine.distributed.collectives import all_gather_new
+from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
 from engine.model.layers import DecoderLayer, RMSNormWeight, Rotary, VocabEmbedding, tp_comm
 from engine.ops import OpSet
@@ -51,9 +56,19 @@ class Transformer(nn.Module):
         full = init.matrix("lm_head", (self.embed.padded, self.cfg.hidden_size))
         self.lm_head.copy_(full[self.embed.start:self.embed.start + self.embed.local])
 
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _check_documents(self, documents: DocumentLayout | None) -> None:
+        if self.cfg.document_mask and documents is None:
+            raise ValueError("--document-mask is on but the forward got no DocumentLayout: build one per micro-batch "
+                             "with engine.model.documents.batch_documents")
+        if documents is not None and (not self.cfg.document_mask
+                                      or (documents.positions is not None) != self.cfg.reset_position_ids):
+            raise ValueError(f"the DocumentLayout does not match the config (document_mask={self.cfg.document_mask}, "
+                             f"reset_position_ids={self.cfg.reset_position_ids}): build it with batch_documents")
+
+    def hidden_states(self, tokens: torch.Tensor, documents: DocumentLayout | None = None) -> torch.Tensor:
         """tokens [b, s] -> final normed hidden states [b, s, h], already divided for the LM head.
         Sequence parallel: this TP rank's block of rows of them, [b * s / tp, h]."""
+        self._check_documents(documents)
         seq_len = tokens.shape[1]
         residual = self.embed(tokens)
         if self.emb_scale != 1.0:
@@ -61,30 +76,32 @@ class Transformer(nn.Module):
         branch = None
         for layer in self.layers:
             if self.checkpoint_layers and torch.is_grad_enabled():
-                residual, branch = checkpoint(layer, residual, branch, self.rotary, seq_len, use_reentrant=False)
+                residual, branch = checkpoint(layer, residual, branch, self.rotary, seq_len, documents,
+                                              use_reentrant=False)
             else:
-                residual, branch = layer(residual, branch, self.rotary, seq_len)
+                residual, branch = layer(residual, branch, self.rotary, seq_len, documents)
         hidden, _ = self.ops.rmsnorm(branch, self.final_norm.weight, eps=self.cfg.rms_norm_eps,
                                      residual=residual, residual_scale=self.residual_scale)
         if self.logit_divisor != 1.0:
             hidden = hidden / self.logit_divisor
         return hidden
 
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor,
+                documents: DocumentLayout | None = None) -> torch.Tensor:
         """Sum of cross-entropy over tokens whose label is not -100 (fp32 scalar).
 
         The caller divides by the global count of valid tokens (across micro-batches and DP ranks),
         so every token weighs the same however the batch is split.
         """
-        hidden = self.hidden_states(tokens)
+        hidden = self.hidden_states(tokens, documents)
         hidden = column_input(hidden.reshape(-1, hidden.shape[-1]), self.tp)
         return self.ops.gemm_output(hidden, self.lm_head, labels.reshape(-1), vocab_start=self.embed.start,
                                     vocab_size=self.cfg.vocab_size, tp_group=self.par.tp_group)
 
     @torch.no_grad()
-    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+    def logits(self, tokens: torch.Tensor, documents: DocumentLayout | None = None) -> torch.Tensor:
         """Full logits [b, s, vocab_size] in fp32, gathered across TP: for tests and export checks only."""
-        hidden = self.hidden_states(tokens)
+        hidden = self.hidden_states(tokens, documents)
         if self.tp.sequence_parallel:
             hidden = all_gather_new(hidden, self.par.tp_group, self.par.tp_size)[0].view(*tokens.shape, -1)
         local = hidden.float() @ self.lm_head.float().t()

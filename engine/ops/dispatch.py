@@ -28,9 +28,15 @@ to `baseline` (the default is chosen for CUDA); a version that was requested exp
 not list the device raises instead of being swapped for another. A resolved version that fails to
 import raises KernelLoadError: there is no silent fallback to `baseline`, because a run that
 believes it measures a kernel must not quietly measure another.
+
+--document-mask needs the attention version to take document boundaries (`cu_seqlens`,
+`max_seqlen`, keyword-only; engine/ops/README.md): `resolve_ops` refuses a version whose signature
+lacks them, at start. A catch-all `**kwargs` does not count: it could swallow the boundaries and
+attend across documents without a word.
 """
 
 import importlib
+import inspect
 import re
 import tomllib
 from collections.abc import Callable
@@ -56,6 +62,9 @@ __all__ = [
     "resolve_version",
     "load_op",
     "resolve_ops",
+    "DOCUMENT_KEYWORDS",
+    "takes_documents",
+    "check_documents",
 ]
 
 OP_NAMES = ("attention", "rmsnorm", "gemm_fc1", "gemm_output")
@@ -277,6 +286,27 @@ def load_op(op: str, version: str, *, ops_root: Path | None = None) -> Callable[
     return func
 
 
+DOCUMENT_KEYWORDS = ("cu_seqlens", "max_seqlen")
+
+
+def takes_documents(fn: Callable[..., Any]) -> bool:
+    """Whether an attention version names the contract's document-boundary keywords (keyword-only)."""
+    params = inspect.signature(fn).parameters
+    return all(name in params and params[name].kind is inspect.Parameter.KEYWORD_ONLY for name in DOCUMENT_KEYWORDS)
+
+
+def check_documents(cfg: EngineConfig, version: str, fn: Callable[..., Any], *, ops_root: Path | None = None) -> None:
+    """Raise ConfigError when --document-mask is on and attention version `fn` cannot take the boundaries."""
+    if not cfg.document_mask or takes_documents(fn):
+        return
+    entry = load_register("attention", ops_root).versions[version].entry
+    raise ConfigError("--document-mask", True,
+                      "choose a version that takes them with --op-attention (baseline does; engine/ops/README.md "
+                      "lists the others), or run without --document-mask",
+                      f"needs document boundaries (keywords {', '.join(DOCUMENT_KEYWORDS)}), which attention "
+                      f"version {version!r} ({entry}) does not take")
+
+
 def resolve_ops(cfg: EngineConfig, device: torch.device | str, *, ops_root: Path | None = None) -> OpSet:
     """Resolve and load every op for a run on `device` (config fields op_<op>, env overrides)."""
     device_type = torch.device(device).type
@@ -285,4 +315,5 @@ def resolve_ops(cfg: EngineConfig, device: torch.device | str, *, ops_root: Path
     for op in OP_NAMES:
         versions[op] = resolve_version(op, getattr(cfg, f"op_{op}"), device_type, ops_root=ops_root)
         funcs[op] = load_op(op, versions[op], ops_root=ops_root)
+    check_documents(cfg, versions["attention"], funcs["attention"], ops_root=ops_root)
     return OpSet(versions=versions, **funcs)

@@ -78,6 +78,7 @@ def configure_fa4_cache() -> Path:
         fa_cache.CUTE_DSL_CACHE_ENABLED = True
         fa_cache.CUTE_DSL_CACHE_DIR = str(folder)
         for entry, name in _FA4_CACHES:
+            # guard: allow isolation -- entry is a name of the literal table _FA4_CACHES
             fn = getattr(fa_interface, entry, None)
             if fn is not None:
                 fn.compile_cache = fa_cache.get_jit_cache(name)

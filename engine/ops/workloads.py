@@ -4,7 +4,8 @@ Shared by `python -m engine warmup-kernels` (compile every configured op on the 
 bench/ops.py (time and check every version) and the GPU tests, so all three exercise the same calls
 the model makes (engine/model/layers.py, transformer.py):
 
-    attention    q [b, s, hq/TP, d], k and v [b, s, hkv/TP (at least 1), d]
+    attention    q [b, s, hq/TP, d], k and v [b, s, hkv/TP (at least 1), d]; with --document-mask also
+                 cu_seqlens / max_seqlen of synthetic documents (`synthetic_documents`)
     rmsnorm      x, residual [b * s, hidden], residual_scale = scale_depth / sqrt(L) (muP) or 1
     gemm_fc1     x [b * s, hidden], w [2 * ffn / TP, hidden]
     gemm_output  h [b * s, hidden], w [padded vocab / TP, hidden], labels [b * s]
@@ -24,7 +25,7 @@ import torch
 from engine.config import EngineConfig
 
 __all__ = ["OpShapes", "op_shapes", "make_inputs", "grad_leaves", "call_op", "op_flops", "op_bytes",
-           "rank_callable"]
+           "rank_callable", "synthetic_documents"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -44,6 +45,7 @@ class OpShapes:
     tp: int
     eps: float
     residual_scale: float
+    documents: bool = False  # attention within packed documents (--document-mask)
 
     @property
     def tokens(self) -> int:
@@ -60,7 +62,24 @@ def op_shapes(cfg: EngineConfig, tp: int | None = None, tp_rank: int = 0) -> OpS
     return OpShapes(batch=cfg.micro_batch_size, seq=cfg.seq_length, hidden=cfg.hidden_size,
                     heads_q=cfg.num_heads // tp, heads_kv=max(1, cfg.num_kv_heads // tp), head_dim=cfg.head_dim,
                     ffn_local=cfg.ffn_hidden_size // tp, vocab_local=vocab_local, vocab_size=cfg.vocab_size,
-                    vocab_start=tp_rank * vocab_local, tp=tp, eps=cfg.rms_norm_eps, residual_scale=residual_scale)
+                    vocab_start=tp_rank * vocab_local, tp=tp, eps=cfg.rms_norm_eps, residual_scale=residual_scale,
+                    documents=cfg.document_mask)
+
+
+def synthetic_documents(batch: int, seq: int, *, seed: int, device: torch.device | str) -> tuple[torch.Tensor, int]:
+    """(cu_seqlens int32 on `device`, max_seqlen) of documents packed into `batch` rows of `seq` tokens, as
+    engine/model/documents.py lays them out. Lengths are exponential with mean seq / 4 (a few documents
+    per window, some short, one cut by each row's end), drawn on the host from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    offsets, longest = [0], 1
+    for row in range(batch):
+        start, end = row * seq, (row + 1) * seq
+        while start < end:
+            n = min(end - start, 1 + int(torch.empty(()).exponential_(4.0 / seq, generator=g)))
+            start += n
+            offsets.append(start)
+            longest = max(longest, n)
+    return torch.tensor(offsets, dtype=torch.int32, device=device), longest
 
 
 def make_inputs(op: str, s: OpShapes, *, device: torch.device | str, dtype: torch.dtype, seed: int,
@@ -73,8 +92,11 @@ def make_inputs(op: str, s: OpShapes, *, device: torch.device | str, dtype: torc
         return (t * std).to(dtype).requires_grad_()
 
     if op == "attention":
-        return {"q": rand(s.batch, s.seq, s.heads_q, s.head_dim), "k": rand(s.batch, s.seq, s.heads_kv, s.head_dim),
-                "v": rand(s.batch, s.seq, s.heads_kv, s.head_dim)}
+        inputs = {"q": rand(s.batch, s.seq, s.heads_q, s.head_dim), "k": rand(s.batch, s.seq, s.heads_kv, s.head_dim),
+                  "v": rand(s.batch, s.seq, s.heads_kv, s.head_dim)}
+        if s.documents:
+            inputs["cu_seqlens"], inputs["max_seqlen"] = synthetic_documents(s.batch, s.seq, seed=seed, device=device)
+        return inputs
     if op == "rmsnorm":
         weight = (1.0 + 0.1 * torch.randn(s.hidden, generator=g, device=device)).to(dtype).requires_grad_()
         inputs = {"x": rand(s.tokens, s.hidden), "weight": weight}
@@ -99,7 +121,8 @@ def grad_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
 def call_op(op: str, fn: Callable[..., Any], inputs: dict[str, Any], s: OpShapes) -> list[torch.Tensor]:
     """One forward call as the model makes it; returns the op's outputs as a list."""
     if op == "attention":
-        return [fn(inputs["q"], inputs["k"], inputs["v"], softmax_scale=1.0 / math.sqrt(s.head_dim))]
+        documents = {k: inputs[k] for k in ("cu_seqlens", "max_seqlen") if k in inputs}
+        return [fn(inputs["q"], inputs["k"], inputs["v"], softmax_scale=1.0 / math.sqrt(s.head_dim), **documents)]
     if op == "rmsnorm":
         if "residual" in inputs:
             out, summed = fn(inputs["x"], inputs["weight"], eps=s.eps, residual=inputs["residual"],
@@ -120,6 +143,7 @@ def rank_callable(op: str, fn: Callable[..., Any], s: OpShapes) -> Callable[...,
     (that path minus its collectives); everything else is the op itself.
     """
     if op == "gemm_output" and s.tp > 1:
+        # guard: allow isolation -- the version's own module, which the registry imported
         local = getattr(sys.modules.get(fn.__module__), "gemm_output_vocab_parallel_local", None)
         if local is not None:
             return local
@@ -131,6 +155,8 @@ def op_flops(op: str, s: OpShapes, *, backward: bool) -> float:
 
     GEMMs: 2 m n k forward, twice that backward. Causal attention: 2 matmuls of b hq s^2 d / 2
     multiply-adds forward (4 b hq s^2 d / 2 FLOPs), backward 2.5x forward (FlashAttention's count).
+    Attention within documents is counted as the whole window's causal attention (as MFU counts it):
+    its rate is an equivalent dense one.
     """
     if op == "attention":
         fwd = 2.0 * s.batch * s.heads_q * s.seq * s.seq * s.head_dim

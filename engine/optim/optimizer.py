@@ -8,6 +8,12 @@ parameter that lies in an owned range; with DP = 1 every parameter is one whole 
 
 Weight decay applies to matrices and embeddings (ndim >= 2), never to norm gains.
 
+Per-parameter lr multipliers (muP, engine/optim/mup.py): torch param groups are keyed by (multiplier,
+decay), and `step(lr)` sets each group's lr to lr x multiplier. Segments never straddle two
+parameters, so a ZeRO-1 shard of the flat buffers (any element range, any bucket) gives every element
+the multiplier of the parameter it belongs to. Decay is torch's decoupled AdamW: p -= group lr x wd x p,
+so it scales with the multiplier too.
+
 Grad norm under TP: every element must count once. A parameter marked `tp_replicated` (norm gains,
 identical on every TP rank) counts on TP rank 0 only; a parameter with `tp_duplicate = (lo, hi)`
 (the K/V rows of QKV when several TP ranks hold the same KV head) skips those flattened elements on
@@ -15,6 +21,7 @@ every rank but the first of the ones sharing them. engine/parallel/tensor_parall
 """
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -51,8 +58,11 @@ class Segment:
 
 
 class MixedPrecisionAdamW:
-    def __init__(self, buffers: FlatBuffers, cfg: EngineConfig, par: ParallelState):
+    def __init__(self, buffers: FlatBuffers, cfg: EngineConfig, par: ParallelState, lr_multipliers: Mapping[str, float]):
+        """`lr_multipliers`: parameter name -> factor on the scheduled lr (every trainable parameter)."""
         self.buffers, self.cfg, self.par = buffers, cfg, par
+        missing = [e.name for e in buffers.entries if e.name not in lr_multipliers]
+        assert not missing, f"no lr multiplier for {missing}"
         self.segments: list[Segment] = []
         for lo, hi in buffers.shard_ranges(par.dp_rank):
             for e in buffers.entries:
@@ -61,12 +71,13 @@ class MixedPrecisionAdamW:
                     master = buffers.params[a:b].detach().float().clone()
                     master.grad = buffers.grads[a:b]
                     self.segments.append(Segment(e, a, b, master))
-        decay = [s.master for s in self.segments if s.entry.param.ndim >= 2]
-        no_decay = [s.master for s in self.segments if s.entry.param.ndim < 2]
-        groups = [g for g in ({"params": decay, "weight_decay": cfg.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+        groups: dict[tuple[float, bool], list[torch.Tensor]] = {}
+        for s in self.segments:
+            groups.setdefault((float(lr_multipliers[s.entry.name]), s.entry.param.ndim >= 2), []).append(s.master)
+        param_groups = [{"params": params, "lr_mult": mult, "weight_decay": cfg.weight_decay if decay else 0.0}
+                        for (mult, decay), params in sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0]))]
         impl = {"fused": True} if par.device.type == "cuda" else {"foreach": True}
-        self.adam = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+        self.adam = torch.optim.AdamW(param_groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                       eps=cfg.adam_eps, **impl)
 
     @torch.no_grad()
@@ -103,7 +114,7 @@ class MixedPrecisionAdamW:
     @torch.no_grad()
     def step(self, lr: float) -> None:
         for group in self.adam.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_mult"]
         self.adam.step()
         for s in self.segments:
             self.buffers.params[s.lo:s.hi].copy_(s.master)

@@ -13,7 +13,17 @@ import math
 
 from engine.config import EngineConfig
 
-__all__ = ["lr_at"]
+__all__ = ["lr_at", "schedule_fields"]
+
+
+def schedule_fields(lr_schedule: str) -> tuple[str, ...]:
+    """The EngineConfig fields `lr_at` reads under `lr_schedule` (besides the name itself): a resume
+    that changes one of them changes the learning rate of the steps still to come."""
+    if lr_schedule == "constant":
+        return ("lr", "warmup_steps")
+    if lr_schedule == "wsd":
+        return ("lr", "min_lr_ratio", "warmup_steps", "decay_steps", "num_steps")
+    return ("lr", "min_lr_ratio", "warmup_steps", "num_steps")
 
 
 def lr_at(cfg: EngineConfig, step: int) -> float:

@@ -16,7 +16,7 @@ The TP size must match (parameters are sliced differently per TP size); engine.c
 a checkpoint of another TP size with both layouts named.
 """
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 # guard: allow public-surface -- DCP reshards irregular 1-D pieces only as ShardedTensor, which torch keeps in _shard
@@ -59,17 +59,21 @@ def _sharded(local: torch.Tensor, numel: int, pieces: list[tuple[int, int, int]]
     return st.ShardedTensor._init_from_local_shards_and_global_metadata(mine, meta)  # guard: allow public-surface -- see the import
 
 
-def optimizer_state(optimizer: MixedPrecisionAdamW, par: ParallelState) -> dict[str, Any]:
-    """This rank's masters and moments, keyed for DCP (the masters themselves, so a load is in place)."""
+def optimizer_state(optimizer: MixedPrecisionAdamW, par: ParallelState,
+                    stage: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
+    """This rank's masters and moments, keyed for DCP: the masters themselves, so a load is in place,
+    or `stage(key, tensor)` of each (an asynchronous save's host copy, which training cannot change)."""
     prefix = _prefix(par)
+    copy = stage or (lambda key, t: t)
     if par.dp_size == 1:
-        return {prefix + k: v for k, v in optimizer.state_tensors().items()}
+        return {prefix + k: copy(prefix + k, v) for k, v in optimizer.state_tensors().items()}
     pieces = _pieces(optimizer.buffers, par)
     out: dict[str, Any] = {}
     for s in optimizer.segments:
         exp_avg, exp_avg_sq = optimizer.moments(s)
         for kind, tensor in zip(KINDS, (s.master, exp_avg, exp_avg_sq)):
-            out[f"{prefix}{kind}/{s.entry.name}"] = _sharded(tensor, s.entry.numel, pieces[s.entry.name], par.rank)
+            key = f"{prefix}{kind}/{s.entry.name}"
+            out[key] = _sharded(copy(key, tensor), s.entry.numel, pieces[s.entry.name], par.rank)
     return out
 
 

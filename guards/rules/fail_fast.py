@@ -5,13 +5,15 @@ Every way Python can drop an exception is a finding:
 * `except Exception` / `except BaseException` (also `except*`, in a tuple, through an alias such as
   `E = Exception` or `ERRORS = (KeyError, Exception)`, or `builtins.Exception`) whose body does not
   re-raise or exit on every path and does not hand the exception object on (returned, stored in an
-  attribute / item, or passed to a method such as `errors.append(err)`). Logging, printing or
-  warning is not handing on: log-and-continue is swallowing;
+  attribute / item, or passed to a method such as `errors.append(err)`, not of a container made on
+  the spot: `[].append(err)`). Logging, printing or warning is not handing on: log-and-continue is
+  swallowing;
 * `contextlib.suppress(...)` of a broad exception, however `suppress` was imported or aliased;
 * `return` / `break` / `continue` in a `finally` block: they discard the exception in flight;
 * replacing `sys.excepthook`, `sys.unraisablehook` or `threading.excepthook` (assignment or setattr);
 * a context manager `__exit__` / `__aexit__` that may return a true value: it suppresses the
-  exception of its `with` block.
+  exception of its `with` block; so does an exit callback pushed on a `contextlib.ExitStack`
+  (`stack.push(lambda *exc: True)`), which is the same hook without the class.
 Narrow handlers (`except KeyError: pass`) stay allowed: they name the one failure they expect.
 """
 
@@ -32,6 +34,10 @@ _LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exceptio
 _EXITS = frozenset({"sys.exit", "os._exit", "os.abort"})
 _HOOKS = frozenset({"sys.excepthook", "sys.unraisablehook", "threading.excepthook"})
 _SUPPRESS = "contextlib.suppress"
+_EXIT_STACKS = frozenset({"contextlib.ExitStack", "contextlib.AsyncExitStack"})
+_EXIT_PUSHES = frozenset({"push", "push_async_exit"})
+# A container made on the spot: `[].append(err)` hands the exception to nothing.
+_THROWAWAY = (ast.List, ast.Dict, ast.Set, ast.Tuple, ast.ListComp, ast.DictComp, ast.SetComp)
 
 
 class _Names:
@@ -126,9 +132,14 @@ def _hands_on(handler: ast.ExceptHandler, imports: ImportTable) -> bool:
                     any(isinstance(t, (ast.Attribute, ast.Subscript)) for t in node.targets):
                 return True
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not _is_report(node, imports) \
+                    and not isinstance(node.func.value, _THROWAWAY) \
                     and any(mentions(a) for a in (*node.args, *(k.value for k in node.keywords))):
                 return True
     return False
+
+
+def _may_be_true(value: ast.AST) -> bool:
+    return not (isinstance(value, ast.Constant) and value.value in (None, False))
 
 
 def _jumps_out_of_finally(body: list[ast.stmt]) -> Iterator[ast.stmt]:
@@ -163,6 +174,7 @@ class FailFastRule(Rule):
         yield from self._finally(module)
         yield from self._hooks(module, imports)
         yield from self._exit_methods(module)
+        yield from self._exit_stack_pushes(module, imports)
 
     def _handlers(self, module: SourceModule, imports: ImportTable, names: _Names) -> Iterator[Finding]:
         for handler in module.nodes(ast.ExceptHandler):
@@ -215,3 +227,30 @@ class FailFastRule(Rule):
                 if value is not None and not (isinstance(value, ast.Constant) and value.value in (None, False)):
                     yield module.finding(self.id, f"`{func.name}` returning a true value suppresses the exception of "
                                                   "its `with` block; return None (or False)", node)
+
+    def _exit_stack_pushes(self, module: SourceModule, imports: ImportTable) -> Iterator[Finding]:
+        """`stack.push(f)` on a contextlib.ExitStack, where f may return a true value: an `__exit__` by another name."""
+        def is_stack(node: ast.AST) -> bool:
+            return isinstance(node, ast.Call) and imports.qualify(node.func) in _EXIT_STACKS
+
+        stacks = {item.optional_vars.id for w in (*module.nodes(ast.With), *module.nodes(ast.AsyncWith))
+                  for item in w.items if is_stack(item.context_expr) and isinstance(item.optional_vars, ast.Name)}
+        stacks |= {t.id for a in module.nodes(ast.Assign) if is_stack(a.value) for t in a.targets if isinstance(t, ast.Name)}
+        functions = {f.name: f for f in (*module.nodes(ast.FunctionDef), *module.nodes(ast.AsyncFunctionDef))}
+        for call in module.nodes(ast.Call):
+            func = call.func
+            if not (isinstance(func, ast.Attribute) and func.attr in _EXIT_PUSHES and call.args
+                    and ((isinstance(func.value, ast.Name) and func.value.id in stacks) or is_stack(func.value))):
+                continue
+            callback = call.args[0]
+            if isinstance(callback, ast.Lambda):
+                suppresses = _may_be_true(callback.body)
+            elif isinstance(callback, ast.Name) and callback.id in functions:
+                suppresses = any(n.value is not None and _may_be_true(n.value)
+                                 for n in ast.walk(functions[callback.id]) if isinstance(n, ast.Return))
+            else:
+                suppresses = True  # a callable this file does not define may return True
+            if suppresses:
+                yield module.finding(self.id, "an exit callback pushed on an ExitStack that may return a true value "
+                                              "suppresses the exception of the `with` block; return None (or use "
+                                              "`stack.callback`, which never suppresses)", call)

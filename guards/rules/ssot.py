@@ -15,7 +15,8 @@ Stray handles. Outside those forms, anything that can reach the environment with
 reference the checks above can see is a finding everywhere, the env module included:
 * the os / posix / nt module itself used other than `os.<attribute>` (passed on, assigned `o = os`,
   `vars(os)`, `os.__dict__`), imported dynamically (`importlib.import_module("os")`,
-  `__import__("os")`) or fetched from `sys.modules["os"]`;
+  `__import__("os")`), fetched from `sys.modules["os"]`, or reached through another module that
+  imported it (`torch.os`, `getattr(shutil, "os")`);
 * an attribute named like an env accessor (`.environ`, `.getenv`, `.putenv`, `.expandvars`, ...) on a
   base that is not the os module as imported (`o.environ` after `o = os`, `libc.getenv`);
 * a string naming one (`"environ"`, `"getenv"`, also built by `+`: `vars(os)["environ"]`,
@@ -301,6 +302,14 @@ class _StrayScan:
         for node in module.nodes(ast.Subscript):
             if imports.qualify(node.value) == "sys.modules" and _literal(node.slice) in _ENV_MODULES:
                 yield self._finding(node, f"fetches the os module from sys.modules; {_FIX}")
+        for node in module.nodes(ast.Attribute):  # `torch.os`, `shutil.os`: the os module through another module
+            if node.attr in _ENV_MODULES and imports.qualify(node.value) is not None:
+                yield self._finding(node, f"reaches the {node.attr} module through {imports.qualify(node.value)}, which "
+                                          f"hides its environment accesses; {_FIX}")
+        for call in module.nodes(ast.Call):  # getattr(shutil, "os")
+            if len(call.args) >= 2 and is_builtin(call.func, "getattr", imports) and _literal(call.args[1]) in _ENV_MODULES \
+                    and imports.qualify(call.args[0]) not in _ENV_MODULES:
+                yield self._finding(call, f"fetches the {_literal(call.args[1])} module by name from another object; {_FIX}")
         handles = {name for name, target in imports.bindings.items() if target in _ENV_MODULES}
         if not handles:
             return

@@ -6,9 +6,11 @@
 every path a milestone lets an agent edit and never imports the engine or the tests: it reads what
 candidate processes print through pipes it owns, and re-derives what they claim with its own code.
 
-- policy.py: what a patch may touch (editable globs, honest new tests, no binaries or symlinks);
+- policy.py: what a patch may touch (editable globs, honest new tests, no binaries, symlinks or submodules);
 - protected.py: manifests of the judged checkout, base-commit hashes, pytest collection;
 - runner.py: the gates in order in a throw-away checkout, candidate code sandboxed;
+- pytest_report.py, canary.py: test outcomes signed on the judge's pipe by its own pytest plugin, and canary
+  tests that must come out as written (the tested process runs candidate code);
 - metrics.py, mfu.py, logparse.py: metric rules from judge-owned logs and clocks;
 - evidence.py, checkpoint.py, reference.py: a train job's claims against its own weights (final loss, lr);
 - exactstep.py, batches.py, saveplan.py, keeper.py: each verified step's loss, grad norm and applied gradient

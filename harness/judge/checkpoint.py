@@ -8,7 +8,8 @@ and engine/export_hf.py, and re-stated here:
         optim.[tp{r}/]{master,exp_avg,exp_avg_sq}/<param name>   fp32, FLATTENED (1-D, numel)
         trainer.{step, adam_step, data...}                        small Python objects (DCP bytes)
         rng/rank{k}.*                                             ignored here
-    meta.json: {"step", "config" (EngineConfig as a dict), "layout": {"tp", "dp"}, "format"}
+    meta.json: {"step", "config" (EngineConfig as a dict), "layout": {"tp", "dp"}, "format", "write_seq", ...}
+    manifest.json: SHA-256 per 64 MiB block of every other file; checked first when present (manifest.py)
 
 Under data parallelism (ZeRO-1) each key was saved as a ShardedTensor of the flattened parameter:
 DCP stores every rank's piece with its offset, so reading the key into one whole 1-D tensor
@@ -43,6 +44,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+from harness.judge.manifest import manifest_problems
 
 __all__ = ["CheckpointError", "JudgeCheckpoint", "load_checkpoint", "list_checkpoints", "full_shapes",
            "read_meta", "size_mismatches", "KINDS", "SHAPE_FIELDS"]
@@ -312,6 +315,10 @@ def load_checkpoint(path: Path | str, *, kinds: Iterable[str] = KINDS, names: It
     """
     path = Path(path)
     meta = _read_meta(path)
+    damaged = manifest_problems(path)
+    if damaged:
+        more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        raise CheckpointError(f"checkpoint {path}: {damaged[0]}{more}")
     cfg, tp = meta["config"], int(meta["layout"]["tp"])
     kinds = tuple(kinds)
     bad = [k for k in kinds if k not in KINDS]

@@ -14,7 +14,8 @@ b. Loss. The judge draws `num_samples` windows of seq_length + 1 tokens from the
    tokens (the caller reads them from the base commit, never from the candidate's tree) with a
    torch.Generator seeded by `seed`, a number the judge picks per judging, and computes the mean
    cross-entropy of the final weights (judge_val_loss) and, when the checkpoint of step N - 1 is
-   there, of those weights (judge_val_loss_prev). Then:
+   there, of those weights (judge_val_loss_prev), reading packed documents as the EXPECTED config says
+   (document_mask, reset_position_ids; absent = off) with the EOS of the judge's own tokenization. Then:
    - the claimed [EVAL] val_loss of the final step is compared with judge_val_loss (same weights,
      same split; different samples): relative tolerance `val_rtol`;
    - the claimed [LOSS] global_loss of the final step N was computed on the weights of step N - 1
@@ -27,9 +28,14 @@ c. Learning rate. From checkpoints N - 1 and N, torch's AdamW step is
        w_N = w_{N-1} - lr * wd * w_{N-1} - lr * m_hat / (sqrt(v_hat) + eps),
        m_hat = m_N / (1 - b1^t), v_hat = v_N / (1 - b2^t), t = N,
    linear in (lr, lr * wd). Both are fitted by least squares over every element of a tensor (fp64),
-   so the weight decay, which a run might misstate, does not bias lr. The comparison uses
-   embed.weight, which trains at the plain lr (muP may one day scale hidden matrices' lr, issue
-   13); the other tensors' estimates are reported. t is the printed final step, which must equal
+   so the weight decay, which a run might misstate, does not bias lr. Every fitted tensor is held
+   to the printed lr times its muP multiplier (`lr_multiplier`, restated here from the EXPECTED
+   config's mup / hidden_size / dim_model_base, never from the engine): with muP the hidden
+   matrices (attn.qkv, attn.o, mlp.fc1, mlp.fc2) train at lr / (hidden_size / dim_model_base); the
+   embedding, the norm gains and the LM head (the readout, whose forward is already divided by that
+   width ratio: muP-Adam, Tensor Programs V) at lr. So an engine that silently drops or changes the
+   multipliers is caught on the hidden matrices, and one that scales a vector-like tensor on it.
+   embed.weight's estimate is the headline (`lr_estimate`). t is the printed final step, which must equal
    the checkpoint's step and Adam step (a changed t would bend the bias corrections). Betas and eps
    come from the expected config when it has them (else meta.json). The moments themselves are
    checked for consistency: g = (m_N - b1 m_{N-1}) / (1 - b1) must satisfy
@@ -59,7 +65,7 @@ from harness.judge.checkpoint import (SHAPE_FIELDS, CheckpointError, JudgeCheckp
                                       load_checkpoint, read_meta, size_mismatches)
 
 __all__ = ["Evidence", "TokenStream", "embedded_tokens", "shard_tokens", "verify_train_run", "estimate_lr",
-           "scheduled_lr",
+           "scheduled_lr", "lr_multiplier", "HIDDEN_MATRICES",
            "VAL_RTOL", "TRAIN_RTOL", "TRAJECTORY_RTOL", "LR_RTOL", "MOMENT_RTOL", "BYTE_EOS", "BYTE_VOCAB"]
 
 # Claimed final [EVAL] val_loss vs the judge's loss of the same weights on other validation
@@ -75,6 +81,8 @@ LR_RTOL = 0.01
 # sum(v_N - b2 v_{N-1}) vs (1 - b2) sum(g^2): fp32 rounding of the moments only.
 MOMENT_RTOL = 0.01
 LR_TENSOR = "embed.weight"
+# muP hidden matrices (both dimensions grow with the width), by the engine's parameter names.
+HIDDEN_MATRICES = (".attn.qkv", ".attn.o", ".mlp.fc1", ".mlp.fc2")
 
 BYTE_VOCAB, BYTE_EOS = 258, 257  # the engine's byte tokenizer: ids 0..255 bytes, 256 BOS, 257 EOS
 
@@ -82,7 +90,8 @@ BYTE_VOCAB, BYTE_EOS = 258, 257  # the engine's byte tokenizer: ids 0..255 bytes
 # optimizer constants the lr estimate relies on). Derived fields (batch sizes) are not compared.
 CHECKED_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                   "head_dim", "ffn_hidden_size", "rms_norm_eps", "rope_theta", "mup", "scale_emb", "scale_depth",
-                  "dim_model_base", "seq_length", "adam_beta1", "adam_beta2", "adam_eps", "tp")
+                  "dim_model_base", "seq_length", "adam_beta1", "adam_beta2", "adam_eps", "tp", "document_mask",
+                  "reset_position_ids")
 
 
 @dataclass
@@ -99,6 +108,7 @@ class Evidence:
     lr_estimate: float | None = None  # on embed.weight
     wd_estimate: float | None = None  # (lr * wd) / lr on embed.weight
     lr_by_tensor: dict[str, float] = field(default_factory=dict)
+    lr_multipliers: dict[str, float] = field(default_factory=dict)  # expected factor on the printed lr, per fitted tensor
     trajectory: dict[int, float] = field(default_factory=dict)
     judge_train_loss: float | None = None  # step N - 1's weights on training-split windows  # step -> judge's loss of the weights before it
     moment_residual: float | None = None
@@ -121,6 +131,7 @@ class TokenStream:
     tokens: torch.Tensor  # int64, documents each followed by EOS
     vocab_size: int
     description: str
+    eos_id: int  # the EOS every document ends with (where --document-mask starts a new one)
 
 
 def embedded_tokens(jsonl: bytes, *, text_field: str = "text", text_template: str = "") -> TokenStream:
@@ -141,7 +152,7 @@ def embedded_tokens(jsonl: bytes, *, text_field: str = "text", text_template: st
         docs += 1
     digest = hashlib.sha256(jsonl).hexdigest()[:12]
     return TokenStream(torch.tensor(ids, dtype=torch.int64), BYTE_VOCAB,
-                       f"embedded corpus ({docs} documents, {len(ids)} byte tokens, sha256 {digest})")
+                       f"embedded corpus ({docs} documents, {len(ids)} byte tokens, sha256 {digest})", BYTE_EOS)
 
 
 def shard_tokens(folder: Path | str, *, verify_sha256: bool = True) -> TokenStream:
@@ -163,7 +174,8 @@ def shard_tokens(folder: Path | str, *, verify_sha256: bool = True) -> TokenStre
         parts.append(torch.frombuffer(bytearray(raw), dtype=signed).to(torch.int64) & mask)
     tokens = torch.cat(parts)
     return TokenStream(tokens, int(index["tokenizer"]["vocab_size"]),
-                       f"prepared shards {folder} ({tokens.numel()} tokens, tokenizer {index['tokenizer']['name']})")
+                       f"prepared shards {folder} ({tokens.numel()} tokens, tokenizer {index['tokenizer']['name']})",
+                       int(index["tokenizer"]["eos_id"]))
 
 
 def _draw_windows(stream: TokenStream, seq_length: int, num_samples: int, seed: int) -> torch.Tensor:
@@ -177,11 +189,11 @@ def _draw_windows(stream: TokenStream, seq_length: int, num_samples: int, seed: 
 
 
 def _judge_loss(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], windows: torch.Tensor,
-                batch: int, device: str) -> tuple[float, int]:
+                batch: int, device: str, eos_id: int) -> tuple[float, int]:
     p = {k: v.to(device=device, dtype=torch.float32) for k, v in params.items()}
     total, count = 0.0, 0
     for i in range(0, windows.shape[0], batch):
-        s, c = reference.loss_sum(p, config, windows[i:i + batch].to(device))
+        s, c = reference.loss_sum(p, config, windows[i:i + batch].to(device), eos_id=eos_id)
         total, count = total + s, count + c
     return total / count, count
 
@@ -216,6 +228,16 @@ def scheduled_lr(config: Mapping[str, Any], step: int) -> float:
     if kind == "cosine":
         return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown lr_schedule {kind!r}")
+
+
+def lr_multiplier(name: str, config: Mapping[str, Any]) -> float:
+    """The factor on the scheduled lr that parameter `name` trains with under the expected config:
+    muP-Adam (Tensor Programs V; MiniCPM) puts hidden matrices at 1 / (hidden_size / dim_model_base)
+    and keeps vector-like tensors (embedding, norm gains, the width-scaled LM head) at 1; without
+    muP every tensor is at 1. Raises KeyError when the config lacks a field it needs."""
+    if not config["mup"] or not name.endswith(HIDDEN_MATRICES):
+        return 1.0
+    return int(config["dim_model_base"]) / int(config["hidden_size"])
 
 
 def estimate_lr(w_prev: torch.Tensor, w: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, t: int,
@@ -325,6 +347,8 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
     cfg = dict(final.config)
     cfg.update({k: expected_config[k] for k in reference.REQUIRED_FIELDS + ("scale_emb", "scale_depth", "dim_model_base")
                 if k in expected_config})
+    # How packed documents are read is what the job was asked for, never what its meta.json says.
+    cfg.update({k: bool(expected_config.get(k, False)) for k in reference.DOCUMENT_FIELDS})
     seq = int(expected_config.get("seq_length", cfg.get("seq_length")))
     prev: JudgeCheckpoint | None = None
     prev_path = next((p for p in reversed(found[:-1]) if p.name == f"step_{final.step - 1:08d}"), None)
@@ -340,9 +364,9 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
         ev.violations.append(f"config: the validation tokenizer has {validation.vocab_size} ids, the model {cfg['vocab_size']}")
         return ev
     windows = _draw_windows(validation, seq, num_samples, seed)
-    ev.judge_val_loss, ev.judge_tokens = _judge_loss(final.masters, cfg, windows, batch_size, device)
+    ev.judge_val_loss, ev.judge_tokens = _judge_loss(final.masters, cfg, windows, batch_size, device, validation.eos_id)
     if prev is not None:
-        ev.judge_val_loss_prev, _ = _judge_loss(prev.masters, cfg, windows, batch_size, device)
+        ev.judge_val_loss_prev, _ = _judge_loss(prev.masters, cfg, windows, batch_size, device, validation.eos_id)
     if not math.isfinite(ev.judge_val_loss):
         ev.violations.append(f"val loss: the judge's loss of the final weights is {ev.judge_val_loss}")
     claimed_eval = _by_step(printed_evals, final.step)
@@ -355,7 +379,8 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
                                  f"(relative difference {rel:.3g} > {val_rtol})")
     if ev.claimed_train_loss is not None and training is not None:
         weights = prev.masters if prev is not None else final.masters
-        ev.judge_train_loss, _ = _judge_loss(weights, cfg, _draw_windows(training, seq, num_samples, seed), batch_size, device)
+        ev.judge_train_loss, _ = _judge_loss(weights, cfg, _draw_windows(training, seq, num_samples, seed), batch_size, device,
+                                             training.eos_id)
     if ev.claimed_train_loss is not None:
         ref = ev.judge_train_loss if ev.judge_train_loss is not None else (
             ev.judge_val_loss_prev if ev.judge_val_loss_prev is not None else ev.judge_val_loss)
@@ -370,7 +395,8 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
     # Printed training losses are losses on training batches: held against training-split windows when the
     # judge has them (the validation split can sit a few percent away from it on a small corpus).
     train_windows = _draw_windows(training, seq, num_samples, seed) if training is not None else windows
-    _check_trajectory(ev, found[:-1], prev, steps, cfg, train_windows, batch_size, device)
+    train_eos = training.eos_id if training is not None else validation.eos_id
+    _check_trajectory(ev, found[:-1], prev, steps, cfg, train_windows, batch_size, device, train_eos)
 
     # c. learning rate
     _check_lr(ev, final, prev, expected_config, last, require_lr_check, lr_rtol, moment_rtol)
@@ -380,7 +406,7 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
 
 
 def _check_trajectory(ev: Evidence, earlier: Sequence[Path], prev: JudgeCheckpoint | None, steps: Sequence[Any],
-                      cfg: Mapping[str, Any], windows: torch.Tensor, batch_size: int, device: str) -> None:
+                      cfg: Mapping[str, Any], windows: torch.Tensor, batch_size: int, device: str, eos_id: int) -> None:
     """The printed training loss of step k + 1 against the judge's loss of step k's weights, for every
     checkpoint the run left besides the last two (which the final-step check covers). A made-up curve
     with honest final weights is caught here; a run that keeps no other checkpoint is not checked.
@@ -401,7 +427,7 @@ def _check_trajectory(ev: Evidence, earlier: Sequence[Path], prev: JudgeCheckpoi
         except CheckpointError as err:
             ev.violations.append(f"checkpoint: {err}")
             return
-        judged, _ = _judge_loss(masters, cfg, windows, batch_size, device)
+        judged, _ = _judge_loss(masters, cfg, windows, batch_size, device, eos_id)
         ev.trajectory[step + 1] = judged
         rel = _rel(printed.loss, judged)
         rtol = max(TRAJECTORY_RTOL, 3.0 / math.sqrt(printed.tokens)) if printed.tokens else TRAIN_RTOL
@@ -474,6 +500,12 @@ def _check_lr(ev: Evidence, final: JudgeCheckpoint, prev: JudgeCheckpoint | None
     if prev.adam_step != t - 1:
         ev.violations.append(f"learning rate: cannot be verified, Adam step of {prev.path} is {prev.adam_step}, not {t - 1}")
         return
+    try:
+        ev.lr_multipliers = {name: lr_multiplier(name, expected) for name in final.exp_avg}
+    except KeyError as err:
+        ev.violations.append(f"learning rate: cannot be verified, the expected config lacks {err} (needed for the muP "
+                             f"lr multipliers)")
+        return
     for name in final.exp_avg:
         w = final.masters[name]
         decay = w.ndim >= 2
@@ -498,3 +530,17 @@ def _check_lr(ev: Evidence, final: JudgeCheckpoint, prev: JudgeCheckpoint | None
         ev.violations.append(f"learning rate: step {t} printed lr={ev.lr_claimed:.6g}; the optimizer state applied "
                              f"{ev.lr_estimate:.6g} to {name} (from checkpoints {prev.step} and {final.step}; relative "
                              f"difference {rel:.3g} > {lr_rtol})")
+    _check_multipliers(ev, t, lr_rtol)
+
+
+def _check_multipliers(ev: Evidence, t: int, lr_rtol: float) -> None:
+    """Every fitted tensor but the headline one against the printed lr x its expected multiplier."""
+    wrong = []
+    for name, fitted in ev.lr_by_tensor.items():
+        want = ev.lr_claimed * ev.lr_multipliers[name]
+        if name != LR_TENSOR and not _rel(fitted, want) <= lr_rtol:
+            wrong.append(f"{name} {fitted:.6g} (expected lr x {ev.lr_multipliers[name]:.6g} = {want:.6g})")
+    if wrong:
+        ev.violations.append(f"learning rate: step {t} printed lr={ev.lr_claimed:.6g}; the optimizer state applied another "
+                             f"lr to {len(wrong)} tensor(s), muP multipliers restated from the expected config: "
+                             f"{'; '.join(wrong[:4])}{' ...' if len(wrong) > 4 else ''} (relative tolerance {lr_rtol})")

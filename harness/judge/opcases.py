@@ -5,13 +5,23 @@ Shared by the bench job (harness/opbench.py runs a version of the op on these in
 and the judge (which regenerates the same inputs from the seed and recomputes every output and gradient
 here, independently of engine/). The contracts are engine/ops/README.md's:
 
-    attention    (q, k, v, *, softmax_scale) -> out                causal GQA, [b, s, h, d]
+    attention    (q, k, v, *, softmax_scale, cu_seqlens=None, max_seqlen=None) -> out
+                                                                   causal GQA, [b, s, h, d]; with
+                                                                   cu_seqlens causal within each document
     rmsnorm      (x, weight, *, eps, residual=None, residual_scale=1.0) -> y | (y, s)
     gemm_fc1     (x, w) -> silu(x W_gate^T) * (x W_up^T)           w = [W_gate; W_up]
     gemm_output  (h, w, labels, *, vocab_start, vocab_size) -> fp32 CE sum over valid labels
 
 Inputs are generated on the CPU with a seeded generator (the same bits in every process and on every
-machine), scaled so outputs are O(1) like a trained model's.
+machine), scaled so outputs are O(1) like a trained model's. A third of the attention cases (index 1, 4,
+...) pack documents into each row (`args["documents"]`: their lengths in the flattened b x s tokens,
+rows never shared): the version gets `cu_seqlens` and `max_seqlen` as --document-mask runs pass them,
+and must attend within each document only. A version that ignores them, or raises, fails those cases.
+The drawn cases also come in the variants a version meets in the model and random data alone would never
+show (by case index, so any three cases cover them): the layouts the model passes (q, k, v split from one
+fused QKV buffer, so non-contiguous; [batch, seq, hidden] activations), and activations large or small
+enough that a version without the numerically safe form fails (softmax and log-sum-exp past exp's fp32
+range unless the max is subtracted, rmsnorm's sum of squares past fp16's range or below eps).
 """
 
 from __future__ import annotations
@@ -25,8 +35,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["OPS", "DTYPES", "SHAPE_KEYS", "Case", "draw_cases", "timing_case", "make_inputs", "call_op", "reference",
-           "grad_names", "result_names"]
+__all__ = ["OPS", "DTYPES", "SHAPE_KEYS", "MAGNITUDES", "Case", "draw_cases", "timing_case", "make_inputs", "redraw",
+           "call_op", "reference", "grad_names", "result_names"]
 
 OPS = ("attention", "rmsnorm", "gemm_fc1", "gemm_output")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # a bench's `dtype` names
@@ -37,6 +47,12 @@ SHAPE_KEYS: dict[str, tuple[str, ...]] = {
     "gemm_fc1": ("tokens", "hidden", "ffn"),
     "gemm_output": ("tokens", "hidden", "vocab_local", "vocab_size"),
 }
+# The activation scales of the large-magnitude cases (1.0 elsewhere). attention: q, k of std 6 give scores of
+# std 36 and row maxima past 88, where exp overflows fp32; gemm_output: logits of std 30, the same past 88;
+# rmsnorm: 1e3 puts the sum of squares past fp16's 65504, 1e-3 puts the mean square at eps; gemm_fc1: 8.
+MAGNITUDES: dict[str, tuple[float, ...]] = {"attention": (6.0,), "gemm_output": (30.0,), "rmsnorm": (1e3, 1e-3),
+                                            "gemm_fc1": (8.0,)}
+_MODEL_LAYOUT = ("attention", "rmsnorm", "gemm_fc1")  # ops the model calls with other layouts than [n, h]
 
 
 @dataclass(frozen=True)
@@ -47,9 +63,13 @@ class Case:
     dims: dict[str, int] = field(default_factory=dict)
     args: dict[str, Any] = field(default_factory=dict)  # eps, residual_scale, softmax_scale, residual
     seed: int = 0
+    layout: str = "flat"  # "flat": contiguous [n, h] / [b, s, h, d]; "model": as the model passes them
+    magnitude: float = 1.0  # scale of the activations
 
     def label(self) -> str:
-        return f"{self.op}(" + ", ".join(f"{k}={v}" for k, v in {**self.dims, **self.args}.items()) + ")"
+        extra = {"layout": self.layout} if self.layout != "flat" else {}
+        extra.update({"magnitude": self.magnitude} if self.magnitude != 1.0 else {})
+        return f"{self.op}(" + ", ".join(f"{k}={v}" for k, v in {**self.dims, **self.args, **extra}.items()) + ")"
 
 
 def _multiple(rng: random.Random, low: int, high: int, step: int) -> int:
@@ -72,6 +92,9 @@ def draw_cases(op: str, seed: int, count: int, *, scale: float = 1.0) -> list[Ca
             dims = {"batch": rng.choice((1, 2)), "seq": _multiple(rng, 32, cap(1024, 64), 16),
                     "heads_q": heads_kv * rng.choice((1, 2, 4, 8)), "heads_kv": heads_kv, "head_dim": head_dim}
             args: dict[str, Any] = {"softmax_scale": 1.0 / math.sqrt(head_dim)}
+            if i % 3 == 1:  # from a generator of their own: the other cases stay what the seed always drew
+                args["documents"] = _documents(random.Random(f"attention-documents:{seed}:{i}"), dims["batch"],
+                                               dims["seq"])
         elif op == "rmsnorm":
             dims = {"tokens": _multiple(rng, 16, cap(4096, 64), 8), "hidden": _multiple(rng, 128, cap(8192, 256), 64)}
             args = {"eps": rng.choice((1e-6, 1e-5)), "residual": rng.random() < 0.75,
@@ -85,8 +108,24 @@ def draw_cases(op: str, seed: int, count: int, *, scale: float = 1.0) -> list[Ca
             dims = {"tokens": _multiple(rng, 16, cap(2048, 64), 8), "hidden": _multiple(rng, 128, cap(2048, 256), 64),
                     "vocab_local": vocab_local, "vocab_size": vocab_local - rng.randint(0, 127)}
             args = {}
-        cases.append(Case(op=op, dims=dims, args=args, seed=rng.randrange(1, 2**31 - 1) ^ i))
+        layout = "model" if i % 2 == 1 and op in _MODEL_LAYOUT else "flat"
+        magnitude = rng.choice(MAGNITUDES[op]) if i % 3 == 2 else 1.0
+        cases.append(Case(op=op, dims=dims, args=args, seed=rng.randrange(1, 2**31 - 1) ^ i, layout=layout,
+                          magnitude=magnitude))
     return cases
+
+
+def _documents(rng: random.Random, batch: int, seq: int) -> tuple[int, ...]:
+    """Lengths of the documents packed into `batch` rows of `seq` tokens: 1 to 6 per row, one-token ones
+    included, each row split on its own."""
+    lengths: list[int] = []
+    for _ in range(batch):
+        cuts = set(rng.sample(range(1, seq), rng.randint(0, 5)))
+        if rng.random() < 0.5:
+            cuts.add(seq - 1)  # a one-token document at the row's end
+        edges = [0, *sorted(cuts), seq]
+        lengths += [b - a for a, b in zip(edges, edges[1:])]
+    return tuple(lengths)
 
 
 def timing_case(op: str, shape: dict[str, int], seed: int) -> Case:
@@ -103,41 +142,73 @@ def timing_case(op: str, shape: dict[str, int], seed: int) -> Case:
     return Case(op=op, dims=dims, args=args, seed=seed)
 
 
+def _laws(case: Case) -> dict[str, tuple[tuple[int, ...], str, float]]:
+    """Each input's (shape, law, scale), in drawing order: "normal" (mean 0, std scale), "gain" (1 + scale x
+    normal: a norm weight), "labels" (token ids, 5 % ignored), "positive" (a scalar in [0.5, 1.5))."""
+    d, m = case.dims, case.magnitude
+    if case.op == "attention":
+        b, s, hq, hkv, hd = d["batch"], d["seq"], d["heads_q"], d["heads_kv"], d["head_dim"]
+        return {"q": ((b, s, hq, hd), "normal", m), "k": ((b, s, hkv, hd), "normal", m), "v": ((b, s, hkv, hd), "normal", 1.0),
+                "dout.0": ((b, s, hq, hd), "normal", 1.0)}
+    if case.op == "rmsnorm":
+        n, h = d["tokens"], d["hidden"]
+        laws = {"x": ((n, h), "normal", m), "weight": ((h,), "gain", 0.1), "dout.0": ((n, h), "normal", 1.0)}
+        if case.args.get("residual"):
+            laws.update({"residual": ((n, h), "normal", m), "dout.1": ((n, h), "normal", 1.0)})
+        return laws
+    if case.op == "gemm_fc1":
+        n, h, f = d["tokens"], d["hidden"], d["ffn"]
+        return {"x": ((n, h), "normal", m), "w": ((2 * f, h), "normal", h ** -0.5), "dout.0": ((n, f), "normal", 1.0)}
+    if case.op == "gemm_output":
+        n, h, v = d["tokens"], d["hidden"], d["vocab_local"]
+        return {"h": ((n, h), "normal", m), "w": ((v, h), "normal", h ** -0.5), "labels": ((n,), "labels", 0.0),
+                "dout.0": ((), "positive", 0.0)}
+    raise ValueError(f"unknown op {case.op!r}")
+
+
+def _draw(case: Case, shape: tuple[int, ...], law: str, scale: float, g: torch.Generator, device: str) -> torch.Tensor:
+    if law == "normal":
+        return torch.randn(*shape, generator=g, device=device) * scale
+    if law == "gain":
+        return 1.0 + scale * torch.randn(*shape, generator=g, device=device)
+    if law == "labels":
+        labels = torch.randint(0, case.dims["vocab_size"], shape, generator=g, device=device)
+        labels[torch.rand(shape, generator=g, device=device) < 0.05] = -100
+        return labels
+    return torch.rand(shape, generator=g, device=device) + 0.5  # "positive"
+
+
 def make_inputs(case: Case, *, dtype: torch.dtype, device: str | torch.device = "cpu",
                 generator_device: str = "cpu") -> dict[str, torch.Tensor]:
     """The case's inputs (float ones require grad) and `dout`, the upstream gradient of each output.
     Drawn on `generator_device` (the CPU by default: the same bits in every process) and moved."""
     g = torch.Generator(device=generator_device).manual_seed(case.seed)
-    d = case.dims
-
-    def rand(*shape: int, std: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g, device=generator_device) * std).to(device=device, dtype=dtype)
-
-    if case.op == "attention":
-        b, s, hq, hkv, hd = d["batch"], d["seq"], d["heads_q"], d["heads_kv"], d["head_dim"]
-        out = {"q": rand(b, s, hq, hd), "k": rand(b, s, hkv, hd), "v": rand(b, s, hkv, hd), "dout.0": rand(b, s, hq, hd)}
-    elif case.op == "rmsnorm":
-        n, h = d["tokens"], d["hidden"]
-        out = {"x": rand(n, h), "weight": (1.0 + 0.1 * torch.randn(h, generator=g, device=generator_device)).to(device=device, dtype=dtype),
-               "dout.0": rand(n, h)}
-        if case.args.get("residual"):
-            out["residual"] = rand(n, h)
-            out["dout.1"] = rand(n, h)
-    elif case.op == "gemm_fc1":
-        n, h, f = d["tokens"], d["hidden"], d["ffn"]
-        out = {"x": rand(n, h), "w": rand(2 * f, h, std=h ** -0.5), "dout.0": rand(n, f)}
-    elif case.op == "gemm_output":
-        n, h, v = d["tokens"], d["hidden"], d["vocab_local"]
-        labels = torch.randint(0, d["vocab_size"], (n,), generator=g, device=generator_device)
-        labels[torch.rand(n, generator=g, device=generator_device) < 0.05] = -100
-        out = {"h": rand(n, h), "w": rand(v, h, std=h ** -0.5), "labels": labels.to(device),
-               "dout.0": (torch.rand((), generator=g, device=generator_device) + 0.5).to(device=device, dtype=torch.float32)}
-    else:
-        raise ValueError(f"unknown op {case.op!r}")
-    for name, tensor in out.items():
-        if tensor.is_floating_point() and not name.startswith("dout."):
-            tensor.requires_grad_()
+    out = {}
+    for name, (shape, law, scale) in _laws(case).items():
+        t = _draw(case, shape, law, scale, g, generator_device)
+        # gemm_output's upstream gradient is the loss scale: kept in fp32 as the trainer passes it.
+        t = t.to(device) if law == "labels" else t.to(device=device, dtype=torch.float32 if law == "positive" else dtype)
+        if t.is_floating_point() and not name.startswith("dout."):
+            t.requires_grad_()
+        out[name] = t
+    if "documents" in case.args:  # not drawn: the boundaries of the case's documents
+        offsets = [0]
+        for n in case.args["documents"]:
+            offsets.append(offsets[-1] + n)
+        out["cu_seqlens"] = torch.tensor(offsets, dtype=torch.int32, device=device)
     return out
+
+
+def redraw(case: Case, inputs: dict[str, torch.Tensor], g: torch.Generator) -> None:
+    """Refill every input but the upstream gradients in place (weights and labels too), with the case's laws,
+    from `g` (on the inputs' device): each timed call sees new data at the same addresses, so nothing keyed on
+    a tensor's identity or address (a cached transposed weight, say) stays right."""
+    with torch.no_grad():
+        for name, (shape, law, scale) in _laws(case).items():
+            if name.startswith("dout.") or name not in inputs:
+                continue
+            target = inputs[name]
+            target.copy_(_draw(case, shape, law, scale, g, str(target.device)))
 
 
 def grad_names(case: Case) -> list[str]:
@@ -152,18 +223,44 @@ def result_names(case: Case) -> list[str]:
     return [f"out.{i}" for i in range(outputs)] + [f"grad.{n}" for n in grad_names(case)]
 
 
-def call_op(fn: Callable[..., Any], case: Case, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """One forward call of an op version as the model makes it; its outputs as a list."""
-    a = case.args
+def _as_model_passes(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inputs in the layout of the case: "model" makes attention's q, k, v views of one fused buffer
+    (engine/model/layers.py splits the QKV projection: strided, non-contiguous) and rmsnorm's and gemm_fc1's
+    activations [batch, seq, hidden] (the model's [b, s, h]). Gradients flow back to the flat inputs."""
+    if case.layout != "model":
+        return inputs
+    shaped = dict(inputs)
     if case.op == "attention":
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        shaped["q"], shaped["k"], shaped["v"] = torch.cat([q, k, v], dim=2).split([q.shape[2], k.shape[2], v.shape[2]], dim=2)
+    else:
+        for name in ("x", "residual"):
+            if name in inputs:
+                t = inputs[name]
+                shaped[name] = t.view(2, t.shape[0] // 2, t.shape[1])
+    return shaped
+
+
+def call_op(fn: Callable[..., Any], case: Case, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """One forward call of an op version as the model makes it (in the case's layout); its outputs as a list,
+    shaped as the flat contract's (what `reference` returns)."""
+    a = case.args
+    inputs = _as_model_passes(case, inputs)
+    if case.op == "attention":
+        if "documents" in a:
+            return [fn(inputs["q"], inputs["k"], inputs["v"], softmax_scale=a["softmax_scale"],
+                       cu_seqlens=inputs["cu_seqlens"], max_seqlen=max(a["documents"]))]
         return [fn(inputs["q"], inputs["k"], inputs["v"], softmax_scale=a["softmax_scale"])]
     if case.op == "rmsnorm":
         if a.get("residual"):
-            return list(fn(inputs["x"], inputs["weight"], eps=a["eps"], residual=inputs["residual"],
+            outs = list(fn(inputs["x"], inputs["weight"], eps=a["eps"], residual=inputs["residual"],
                            residual_scale=a["residual_scale"]))
-        return [fn(inputs["x"], inputs["weight"], eps=a["eps"])]
+        else:
+            outs = [fn(inputs["x"], inputs["weight"], eps=a["eps"])]
+        return [o.reshape(-1, o.shape[-1]) if case.layout == "model" else o for o in outs]
     if case.op == "gemm_fc1":
-        return [fn(inputs["x"], inputs["w"])]
+        out = fn(inputs["x"], inputs["w"])
+        return [out.reshape(-1, out.shape[-1]) if case.layout == "model" else out]
     if case.op == "gemm_output":
         return [fn(inputs["h"], inputs["w"], inputs["labels"], vocab_start=0, vocab_size=case.dims["vocab_size"])]
     raise ValueError(f"unknown op {case.op!r}")
@@ -172,14 +269,18 @@ def call_op(fn: Callable[..., Any], case: Case, inputs: dict[str, torch.Tensor])
 # ---------------------------------------------------------------- the contracts in fp32 (the judge's own math)
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float) -> torch.Tensor:
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
+               documents: tuple[int, ...] | None = None) -> torch.Tensor:
     group = q.shape[2] // k.shape[2]
     k = k.repeat_interleave(group, dim=2)  # query head i reads KV head i // group
     v = v.repeat_interleave(group, dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
-    s = q.shape[1]
-    causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
-    probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    b, s = q.shape[:2]
+    allowed = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()[None, None]
+    if documents is not None:  # document number of every token, row by row: keys of other documents are out
+        number = torch.repeat_interleave(torch.arange(len(documents)), torch.tensor(documents)).view(b, s)
+        allowed = allowed & (number[:, None, :, None] == number[:, None, None, :]).to(q.device)
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
     return torch.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
@@ -203,7 +304,8 @@ def reference(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Te
               for k, v in inputs.items()}
     a = case.args
     if case.op == "attention":
-        outs = [_attention(leaves["q"], leaves["k"], leaves["v"], softmax_scale=a["softmax_scale"])]
+        outs = [_attention(leaves["q"], leaves["k"], leaves["v"], softmax_scale=a["softmax_scale"],
+                           documents=a.get("documents"))]
     elif case.op == "rmsnorm":
         if a.get("residual"):
             s = leaves["residual"] + a["residual_scale"] * leaves["x"]

@@ -9,11 +9,19 @@ arrival times of their `[BENCH]` lines on the judge's pipe:
   the contract in fp32 (harness/judge/opcases.py). Each output and gradient of the candidate must be within
   MAX_REL_ERR of it (relative Frobenius error) and within BASE_FACTOR x the base baseline's own error +
   BASE_SLACK (a version may round differently, not worse than twice as much);
-- every timed call's checksum row (a fixed random projection and the norm of each result) must match the
-  reference process's row for the same fresh inputs within CHECK_TOL of the result's norm: a call that was
-  skipped, or answered from a cache, cannot;
-- time per call = (op segments - overhead segments) / calls, by the judge's clock; speedup = the median
-  reference time / the median candidate time over the rounds;
+- every timed call's checksum row (K random rank-one projections of all of each result, new every call, and its
+  norm) must match the reference process's row for the same fresh inputs within CHECK_TOL of the result's norm:
+  a call that was skipped, answered from a cache or computed only in part cannot. Over all timed calls the rows
+  estimate the relative difference of the candidate's results from the baseline's (E[(p^T D q)^2] = ||D||^2),
+  which must stay within TIMED_REL_DIFF: a version that computes less exactly at the timed shape than on the
+  drawn cases (say in fp8 there) is caught;
+- the bench's protocol: exactly the segment lines it prints, in its order (overhead 0, op 0, overhead 1, ...),
+  each once, with the milestone's reps; a line a version printed (anywhere in a line) makes the run's timing void;
+- time per call = (the span from the first segment's start to the last one's end, gaps included, minus the
+  overhead segments) / calls, by the judge's clock. The overhead a candidate subtracts is at most the reference
+  process's (the same bench code on the same shapes): work a version hides in a thread while the bench's own
+  overhead is timed cannot buy it time, and overhead far above the reference's (OVERHEAD_FACTOR) rejects.
+  speedup = the median reference time / the median candidate time over the rounds;
 - stress: every loaded iteration agrees with the unloaded call within STRESS_TOL, and the unloaded call
   with the reference process's within CHECK_TOL.
 """
@@ -31,14 +39,21 @@ from harness.judge.logparse import pipe_mismatch, read_line_times
 from harness.judge.opcases import DTYPES, draw_cases, make_inputs, reference, result_names
 from harness.judge.tensorfile import TensorFileError, read_tensors
 
-__all__ = ["OpRun", "judge_bench", "judge_stress", "segment_times", "MAX_REL_ERR", "BASE_FACTOR", "BASE_SLACK",
-           "CHECK_TOL", "STRESS_TOL"]
+__all__ = ["OpRun", "Timing", "judge_bench", "judge_stress", "segment_times", "MAX_REL_ERR", "BASE_FACTOR", "BASE_SLACK",
+           "CHECK_TOL", "TIMED_REL_DIFF", "STRESS_TOL", "OVERHEAD_FACTOR"]
 
 MAX_REL_ERR = 1e-2  # bf16 outputs of a correct kernel sit near 4e-3 (one rounding of O(1) values)
 BASE_FACTOR, BASE_SLACK = 2.0, 1e-3
 CHECK_TOL = 5e-2  # two correct bf16 versions differ by ~1e-2 of a result's norm; a stale result by ~1.4x
+# Candidate vs baseline results over the timed calls, relative: two correct bf16 versions sit near 3e-3-6e-3 (each
+# ~2e-3-4e-3 from fp32, independent roundings); fp8 arithmetic is 3e-2 and more. The correctness bound on the
+# drawn cases is 1e-2 from fp32, so 2e-2 between two versions leaves room for both roundings.
+TIMED_REL_DIFF = 2e-2
 STRESS_TOL = 1e-3  # the same inputs twice: only a kernel's nondeterministic reduction order may differ
-_SEGMENT = re.compile(r"^\[BENCH\] segment=(op|overhead) index=(\d+)(?: reps=(\d+))? (start|end)\s*$")
+# The candidate's overhead segments run the bench's own code on the same shapes as the reference's: more than
+# OVERHEAD_FACTOR x the reference's overhead (+ OVERHEAD_SLACK_S per call, for clock noise) is work hidden there.
+OVERHEAD_FACTOR, OVERHEAD_SLACK_S = 3.0, 1e-4
+_SEGMENT = re.compile(r"\[BENCH\] segment=")
 
 
 @dataclass(frozen=True)
@@ -52,32 +67,48 @@ class OpRun:
     line_times_path: Path | None
 
 
-def segment_times(run: OpRun) -> tuple[dict[str, float], int, list[str]]:
-    """(seconds per segment kind, calls timed, problems) from the judge's log and line times of a bench run."""
+@dataclass(frozen=True)
+class Timing:
+    """A bench run's timed phase by the judge's clock: its whole span, its overhead segments, the calls timed."""
+
+    span_s: float  # from the first segment's start line to the last one's end line, gaps included
+    overhead_s: float  # the overhead segments together
+    calls: int  # op calls timed (= overhead calls)
+
+
+def _expected_lines(segments: int, reps: int) -> list[str]:
+    lines = []
+    for index in range(segments):
+        for kind in ("overhead", "op"):
+            lines += [f"[BENCH] segment={kind} index={index} reps={reps} start", f"[BENCH] segment={kind} index={index} end"]
+    return lines
+
+
+def segment_times(run: OpRun, *, segments: int, reps: int) -> tuple[Timing | None, list[str]]:
+    """(the run's timing, problems) from the judge's log and line times. The segment lines must be exactly the
+    bench's, in its order, each whole on a line of its own: any other line that mentions a segment (a version
+    printing the protocol to end a segment early, or gluing text to the bench's line) voids the run's timing."""
     text = run.log_path.read_bytes().decode("utf-8", errors="replace") if run.log_path.is_file() else ""
     lines = text.splitlines()
+    who = f"{run.role} round {run.round}"
     if run.line_times_path is None or not run.line_times_path.is_file():
-        return {}, 0, [f"{run.role} round {run.round}: the judge has no line times for its log"]
+        return None, [f"{who}: the judge has no line times for its log"]
     times = read_line_times(run.line_times_path)
     if mismatch := pipe_mismatch(text, times):
-        return {}, 0, [f"{run.role} round {run.round}: {mismatch}"]
-    open_at: dict[tuple[str, str], float] = {}
-    total = {"op": 0.0, "overhead": 0.0}
-    calls = {"op": 0, "overhead": 0}
-    for number, line in enumerate(lines):
-        m = _SEGMENT.match(line)
-        if not m:
-            continue
-        kind, index, reps, edge = m.groups()
-        if edge == "start":
-            open_at[(kind, index)] = times[number]
-            calls[kind] += int(reps or 0)
-        elif (kind, index) in open_at:
-            total[kind] += times[number] - open_at.pop((kind, index))
-    if open_at or not calls["op"] or calls["op"] != calls["overhead"]:
-        return {}, 0, [f"{run.role} round {run.round}: its timed segments are incomplete (the job stopped early or "
-                       "printed out of order)"]
-    return total, calls["op"], []
+        return None, [f"{who}: {mismatch}"]
+    found = [(number, line) for number, line in enumerate(lines) if _SEGMENT.search(line)]
+    expected = _expected_lines(segments, reps)
+    got = [line for _, line in found]
+    if got != expected:
+        first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+        saw = got[first] if first < len(got) else "(none: the job stopped early)"
+        want = expected[first] if first < len(expected) else "(no more)"
+        return None, [f"{who}: the bench's protocol lines are not the bench's: {len(got)} segment line(s), expected "
+                      f"{len(expected)}; at line {first + 1} of them the log has {saw!r} where the bench prints {want!r} "
+                      "(a line printed by the version, or a segment cut short)"]
+    at = [times[number] for number, _ in found]
+    overhead = sum(at[i + 1] - at[i] for i in range(0, len(at), 4))
+    return Timing(span_s=at[-1] - at[0], overhead_s=overhead, calls=segments * reps), []
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -123,47 +154,89 @@ def _correctness(op: str, seed: int, count: int, scale: float, dtype: torch.dtyp
     return worst
 
 
+def _differences(rows: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per call and result of [calls, results, K projections + norm] rows: the estimated relative difference of
+    the results (RMS of the projections' differences over the reference's norm) and of their norms."""
+    norm = ref[..., -1].abs() + 1e-12
+    projections = ((rows[..., :-1] - ref[..., :-1]) ** 2).mean(dim=-1).sqrt() / norm
+    norms = (rows[..., -1] - ref[..., -1]).abs() / norm
+    return projections, norms
+
+
 def _match_rows(rows: torch.Tensor, ref: torch.Tensor, tol: float, names: list[str], what: str) -> list[str]:
-    """Rows [calls, results, (dot, norm)] against ref rows of the same layout."""
+    """Rows [calls, results, K + 1] against ref rows of the same layout: every call within `tol`."""
     if rows.shape != ref.shape:
         return [f"{what}: {rows.shape[0] if rows.dim() else 0} checksum rows, the reference has {ref.shape[0]} "
                 "(calls skipped or added)"]
-    norm = ref[..., 1].abs()
-    bad = ((rows - ref).abs() > tol * norm.unsqueeze(-1) + 1e-12).any(dim=-1)
-    if not torch.isfinite(rows).all():
-        bad |= ~torch.isfinite(rows).all(dim=-1)
+    projections, norms = _differences(rows, ref)
+    bad = (projections > tol) | (norms > tol) | ~torch.isfinite(rows).all(dim=-1)
     if not bad.any():
         return []
     call, result = (int(i) for i in bad.nonzero()[0])
     return [f"{what}: {int(bad.any(dim=1).sum())} of {rows.shape[0]} calls disagree with the reference process on the "
             f"same inputs beyond {tol:g} of the result's norm (first: call {call}, {names[result]}): a call skipped, "
-            "cached or computed on other data"]
+            "cached, computed in part or on other data"]
+
+
+def _timed_difference(rows: torch.Tensor, ref: torch.Tensor, names: list[str], what: str) -> tuple[list[str], float]:
+    """(problems, the largest relative difference over the timed calls of one result from the reference's)."""
+    if rows.shape != ref.shape or not torch.isfinite(rows).all():
+        return [], float("nan")  # _match_rows names it
+    projections, _ = _differences(rows, ref)
+    per_result = (projections ** 2).mean(dim=0).sqrt()
+    worst = int(per_result.argmax())
+    value = float(per_result[worst])
+    if value > TIMED_REL_DIFF:
+        return [f"{what}: over the {rows.shape[0]} timed calls its {names[worst]} differs from the baseline's by "
+                f"{value:.2e} (relative, estimated from the checksums); the limit is {TIMED_REL_DIFF:g}: the version "
+                "computes less exactly at the timed shape than on the drawn cases"], value
+    return [], value
 
 
 def judge_bench(*, op: str, seed: int, cases: int, case_scale: float, dtype: str, timing_names: list[str],
-                runs: list[OpRun]) -> tuple[list[str], dict[str, float]]:
+                runs: list[OpRun], segments: int, reps: int) -> tuple[list[str], dict[str, float]]:
     """(problems, metrics) of a bench gate's runs: correctness, per-call checksums, speedup by the clock."""
     problems: list[str] = []
     worst = _correctness(op, seed, cases, case_scale, DTYPES[dtype], runs, problems)
+    metrics = {"max_rel_err": worst}
     ref_rows = None
-    per_call: dict[str, list[float]] = {"reference": [], "candidate": []}
+    timings: dict[str, list[Timing]] = {"reference": [], "candidate": []}
     for run in runs:
         rows = _read(run.out_dir / "checks.tensors", f"{run.role} round {run.round} checksums", problems)
         if rows is not None and "rows" in rows:
             if run.role == "reference" and ref_rows is None:
                 ref_rows = rows["rows"]
             elif run.role == "candidate" and ref_rows is not None:
-                problems += _match_rows(rows["rows"], ref_rows, CHECK_TOL, timing_names, f"candidate round {run.round}")
-        totals, calls, trouble = segment_times(run)
+                what = f"candidate round {run.round}"
+                problems += _match_rows(rows["rows"], ref_rows, CHECK_TOL, timing_names, what)
+                trouble, diff = _timed_difference(rows["rows"], ref_rows, timing_names, what)
+                problems += trouble
+                metrics["timed_rel_diff"] = max(metrics.get("timed_rel_diff", 0.0), diff)
+        timing, trouble = segment_times(run, segments=segments, reps=reps)
         problems += trouble
-        if calls:
-            seconds = (totals["op"] - totals["overhead"]) / calls
+        if timing is not None:
+            timings[run.role].append(timing)
+    if not timings["reference"] or not timings["candidate"]:
+        return problems, metrics
+    ref_overhead = statistics.median(t.overhead_s / t.calls for t in timings["reference"])
+    per_call: dict[str, list[float]] = {"reference": [], "candidate": []}
+    for role, runs_of_role in timings.items():
+        for number, t in enumerate(runs_of_role, start=1):
+            own = t.overhead_s / t.calls
+            if role == "candidate" and own > OVERHEAD_FACTOR * ref_overhead + OVERHEAD_SLACK_S:
+                problems.append(f"candidate round {number}: its overhead segments took {own * 1e3:.3g} ms per call, the "
+                                f"reference process's {ref_overhead * 1e3:.3g} ms for the same bench code: the version "
+                                "did work outside its calls while the bench's own work was timed (a thread or a stream)")
+            # A candidate subtracts at most the reference's overhead: hidden work cannot buy it time.
+            overhead = own if role == "reference" else min(own, ref_overhead)
+            seconds = t.span_s / t.calls - overhead
             if seconds <= 0:
-                problems.append(f"{run.role} round {run.round}: its op segments took no longer than the overhead "
-                                "ones by the judge's clock: the shape is too small to time, or calls were skipped")
+                problems.append(f"{role} round {number}: its op calls took no longer than the overhead by the judge's "
+                                "clock: the shape is too small to time, or calls were skipped")
             else:
-                per_call[run.role].append(seconds)
-    metrics = {"max_rel_err": worst}
+                per_call[role].append(seconds)
+    metrics.update({"reference_overhead_ms": ref_overhead * 1e3,
+                    "candidate_overhead_ms": statistics.median(t.overhead_s / t.calls for t in timings["candidate"]) * 1e3})
     if per_call["reference"] and per_call["candidate"]:
         ref_s, cand_s = statistics.median(per_call["reference"]), statistics.median(per_call["candidate"])
         metrics.update({"reference_ms": ref_s * 1e3, "candidate_ms": cand_s * 1e3, "speedup": ref_s / cand_s})
@@ -178,7 +251,7 @@ def judge_stress(*, timing_names: list[str], runs: list[OpRun], min_iterations: 
     metrics: dict[str, float] = {}
     for run in (r for r in runs if r.role == "candidate"):
         got = _read(run.out_dir / "checks.tensors", f"candidate round {run.round} checksums", problems)
-        if got is None or "rows" not in got or got["rows"].dim() != 3 or got["rows"].shape[0] < 1:
+        if got is None or "rows" not in got or got["rows"].dim() != 3 or got["rows"].shape[0] < 1 or got["rows"].shape[-1] < 2:
             problems.append(f"candidate round {run.round}: no checksum rows")
             continue
         rows = got["rows"]

@@ -11,7 +11,7 @@ A path may change only when a milestone `editable` glob names it and no protecte
 exception is an honest test addition: a new `tests/**/test_*.py` file (never a conftest.py, never an
 edit of an existing test), which the pytest gate runs in a process of its own. Binary content is
 refused unless a `binary` glob of the milestone allows it; symlinks are refused everywhere (a link can
-make an editable path alias a protected one).
+make an editable path alias a protected one), and so are submodules (gitlinks: content the patch does not carry).
 """
 
 import subprocess
@@ -129,4 +129,6 @@ def check_policy(milestone: Milestone, view: PatchView, changed: Mapping[str, st
     for line in view.modes:
         if "120000" in line:  # a symlink created or a file turned into one
             violations.append(f"patch summary: {line}: symlinks are refused")
+        elif "160000" in line:  # a gitlink: another repository's commit at that path
+            violations.append(f"patch summary: {line}: submodules are refused (their content is not in the patch)")
     return PolicyResult(violations=tuple(dict.fromkeys(violations)), changed=dict(changed), new_tests=tuple(new_tests))

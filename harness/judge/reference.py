@@ -19,6 +19,14 @@ with RMSNorm(x) = x * rsqrt(mean(x^2) + eps) * gain, RoPE in HF's rotate-half la
 rope_theta, positions 0..S-1), GQA with query head j reading KV head j // (H / KV), causal softmax
 attention scaled by 1 / sqrt(d), SwiGLU = silu(gate) * up. With `mup` false every scaling is 1:
 this is HF's LlamaForCausalLM exactly.
+
+Packed documents (config `document_mask`, `reset_position_ids`; the engine's --document-mask): a
+row's documents are its runs of tokens ending at an EOS (`eos_id`, which the caller takes from the
+judge's own tokenization), the first token of a row starting one. Written here as the judge reads
+it: document number = running count of document starts along the row; a query sees a key when both
+numbers match and the key is not later (an explicit boolean mask); with `reset_position_ids`, RoPE
+position = distance from the document's first token. A config with `document_mask` and no `eos_id`
+raises: the reference never quietly attends across documents.
 """
 
 import math
@@ -28,11 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["REQUIRED_FIELDS", "IGNORE_INDEX", "Scalings", "scalings", "logits", "loss", "loss_sum", "loss_and_grads"]
+__all__ = ["REQUIRED_FIELDS", "DOCUMENT_FIELDS", "IGNORE_INDEX", "Scalings", "scalings", "logits", "loss", "loss_sum",
+           "loss_and_grads"]
 
 REQUIRED_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                    "ffn_hidden_size", "rms_norm_eps", "rope_theta", "mup")
 _MUP_FIELDS = ("scale_emb", "scale_depth", "dim_model_base")
+DOCUMENT_FIELDS = ("document_mask", "reset_position_ids")  # absent = off, as engines before them trained
 IGNORE_INDEX = -100
 # Above this many parameters loss_and_grads recomputes each layer in backward and takes one row per pass:
 # an 8B model's fp32 activations for 4096 tokens would not fit beside its weights and gradients otherwise.
@@ -63,24 +73,45 @@ def _rmsnorm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * gain
 
 
-def _rope_tables(seq: int, d: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    # HF Llama's default rope: fp32 inverse frequencies, outer product with positions, [f, f].
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
-    pos = torch.arange(seq, device=device, dtype=torch.int64).float()
-    freqs = torch.outer(pos, inv_freq)
+def _rope_tables(pos: torch.Tensor, d: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [..., d] at integer positions `pos` (HF Llama's default rope: fp32 inverse frequencies,
+    outer product with positions, [f, f])."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=pos.device).float() / d))
+    freqs = pos.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def _documents(config: Mapping[str, Any], inputs: torch.Tensor,
+               eos_id: int | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(attention mask [b, 1, s, s] or None for plain causal, RoPE positions [b, s] or [s])."""
+    b, s = inputs.shape
+    plain = torch.arange(s, device=inputs.device)
+    if not config.get("document_mask", False):
+        if config.get("reset_position_ids", False):
+            raise ValueError("reference forward: reset_position_ids without document_mask is not a configuration the "
+                             "engine runs")
+        return None, plain
+    if eos_id is None:
+        raise ValueError("reference forward: the config has document_mask on; pass the EOS id of the tokens' tokenizer")
+    after_eos = torch.cat([torch.zeros(b, 1, dtype=torch.bool, device=inputs.device), inputs[:, :-1] == eos_id], dim=1)
+    doc = torch.cumsum(after_eos.long(), dim=1)  # document number of each token in its row
+    allowed = (doc[:, :, None] == doc[:, None, :]) & (plain[None, :, None] >= plain[None, None, :])
+    if not config.get("reset_position_ids", False):
+        return allowed[:, None], plain
+    first = torch.stack([torch.searchsorted(doc[r], doc[r]) for r in range(b)])  # index of each document's first token
+    return allowed[:, None], plain[None, :] - first
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [b, heads, s, d]; cos/sin [s, d]."""
+    """x [b, heads, s, d]; cos/sin [s, d] or [b, 1, s, d]."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
 
 def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor,
-            recompute: bool = False) -> torch.Tensor:
+            eos_id: int | None = None, recompute: bool = False) -> torch.Tensor:
     sc = scalings(config)
     h, d = int(config["hidden_size"]), int(config["head_dim"])
     nh, nkv, L = int(config["num_heads"]), int(config["num_kv_heads"]), int(config["num_layers"])
@@ -89,7 +120,10 @@ def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], input
     dtype = emb.dtype
     b, s = inputs.shape
     x = F.embedding(inputs, emb) * sc.emb
-    cos, sin = _rope_tables(s, d, float(config["rope_theta"]), emb.device, dtype)
+    mask, positions = _documents(config, inputs, eos_id)
+    cos, sin = _rope_tables(positions, d, float(config["rope_theta"]), dtype)
+    if positions.dim() == 2:  # per-row positions: broadcast over heads
+        cos, sin = cos[:, None], sin[:, None]
     group = nh // nkv
 
     def layer(x: torch.Tensor, i: int) -> torch.Tensor:
@@ -101,7 +135,10 @@ def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], input
         v = v.view(b, s, nkv, d).transpose(1, 2)
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(d))
+        if mask is None:
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(d))
+        else:
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(d))
         x = x + sc.residual * (att.transpose(1, 2).reshape(b, s, nh * d) @ params[f"{p}.attn.o"].t())
         y = _rmsnorm(x, params[f"{p}.mlp_norm.weight"], eps)
         gate, up = (y @ params[f"{p}.mlp.fc1"].t()).chunk(2, dim=-1)
@@ -113,35 +150,42 @@ def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], input
     return _rmsnorm(x, params["final_norm.weight"], eps) / sc.logit_divisor
 
 
-@torch.no_grad()
-def logits(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor) -> torch.Tensor:
-    """inputs [B, S] token ids -> logits [B, S, vocab_size] (padding columns dropped)."""
-    hidden = _hidden(params, config, inputs)
+def logits(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor, *,
+           eos_id: int | None = None) -> torch.Tensor:
+    """inputs [B, S] token ids -> logits [B, S, vocab_size] (padding columns dropped). `eos_id`: needed
+    when the config has document_mask on. Differentiable (tests train this forward as an independent
+    model); the judge's losses run under no_grad."""
+    hidden = _hidden(params, config, inputs, eos_id)
     return hidden @ params["lm_head"][: int(config["vocab_size"])].t()
 
 
 @torch.no_grad()
-def loss_sum(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: torch.Tensor) -> tuple[float, int]:
+def loss_sum(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: torch.Tensor, *,
+             eos_id: int | None = None) -> tuple[float, int]:
     """tokens [B, S + 1] -> (summed next-token cross-entropy in nats, number of predicted tokens),
     accumulated in fp64 so batches can be combined exactly."""
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    out = logits(params, config, inputs)
+    out = logits(params, config, inputs, eos_id=eos_id)
     ce = F.cross_entropy(out.reshape(-1, out.shape[-1]), labels.reshape(-1), reduction="none")
     return float(ce.double().sum()), int(labels.numel())
 
 
-def loss(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: torch.Tensor) -> float:
+def loss(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: torch.Tensor, *,
+         eos_id: int | None = None) -> float:
     """tokens [B, S + 1] -> mean next-token cross-entropy (nats per token) of the fp32 reference."""
-    total, count = loss_sum(params, config, tokens)
+    total, count = loss_sum(params, config, tokens, eos_id=eos_id)
     return total / count
 
 
 def loss_and_grads(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor,
-                   labels: torch.Tensor, rows_per_pass: int = 0) -> tuple[float, int, dict[str, torch.Tensor]]:
+                   labels: torch.Tensor, rows_per_pass: int = 0, *,
+                   eos_id: int | None = None) -> tuple[float, int, dict[str, torch.Tensor]]:
     """inputs, labels [B, S] -> (mean next-token cross-entropy over the labels that are not -100, their count,
     its gradient for every parameter). The engine's loss of one optimizer step: the sum over the whole global
     batch divided by the global count of valid labels. Computed in the parameters' dtype, `rows_per_pass` rows
-    at a time (0: all at once, or one for a large model, which also recomputes each layer in backward)."""
+    at a time (0: all at once, or one for a large model, which also recomputes each layer in backward); every
+    row starts a document, so passes of rows see the documents of the whole batch. `eos_id`: needed when the
+    config has document_mask on."""
     _check(config)
     vocab = int(config["vocab_size"])
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
@@ -153,7 +197,7 @@ def loss_and_grads(params: Mapping[str, torch.Tensor], config: Mapping[str, Any]
     total = 0.0
     with torch.enable_grad():
         for i in range(0, inputs.shape[0], rows):
-            out = _hidden(leaves, config, inputs[i:i + rows], recompute=large) @ leaves["lm_head"][:vocab].t()
+            out = _hidden(leaves, config, inputs[i:i + rows], eos_id, recompute=large) @ leaves["lm_head"][:vocab].t()
             ce = F.cross_entropy(out.reshape(-1, vocab), labels[i:i + rows].reshape(-1), ignore_index=IGNORE_INDEX,
                                  reduction="sum")
             (ce / count).backward()

@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 import tomllib
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -70,6 +69,23 @@ class GateError(ValueError):
 
 def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
+
+
+def _pytest_tail(text: str) -> str:
+    """The tail of a pytest log as a reader wants it: without the judge's report lines."""
+    from harness.judge.pytest_report import PREFIX
+
+    return _tail("\n".join(line for line in text.splitlines() if line and not line.startswith(PREFIX)))
+
+
+def _append_counts(log: Path, cases: list[tuple[str, str, str]], canaries: int) -> None:
+    """End a pytest log with the judge's own count of the tests it judges: pytest's summary line above also
+    counts the judge's canary tests, one of which fails by design, and a reader must not take that for theirs."""
+    counts = {status: sum(1 for _, s, _ in cases if s == status) for status in ("passed", "failed", "error", "skipped")}
+    line = ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "no tests"
+    with log.open("a", encoding="utf-8") as f:
+        f.write(f"[judge] the tests judged: {line} (pytest's counts above include the judge's {canaries} canary tests, "
+                "one of which fails by design)\n")
 
 
 def _read(path: Path) -> str:
@@ -380,34 +396,84 @@ class GateRunner:
     # ------------------------------------------------------------------ pytest
 
     def _pytest_run(self, name: str, targets: list[str], args: list[str], judging: _Judging, timeout_s: float,
-                    ignore: tuple[str, ...] = ()) -> tuple[Any, list[tuple[str, str, str]] | None, Path]:
-        """One sandboxed pytest process: (job result, junit cases or None, log)."""
+                    ignore: tuple[str, ...] = ()) -> tuple[Any, list[tuple[str, str, str]] | None, list[str]]:
+        """One sandboxed pytest process: (job result, its tests as (node id, status, message) or None when the
+        run cannot be read, problems). Outcomes come from the judge's plugin on the judge's pipe, signed with a
+        token only that plugin holds (harness/judge/pytest_report.py), never from a file the process wrote; the
+        judge's canary tests run in the same process and must come out as written (harness/judge/canary.py)."""
+        from harness.judge.canary import canary_problems, write_canaries
+        from harness.judge.pytest_report import OPTION, parse_reports
+
         scratch = _neutral(judging.holder)
-        xml = scratch / "report.xml"
+        token = secrets.token_hex(16)
+        token_file = scratch / "token"
+        token_file.write_text(token, encoding="utf-8")
+        canaries = write_canaries(_neutral(judging.holder))
         log = judging.log_dir / f"{name}.log"
-        argv = [*self._pytest_argv(judging.tree, judging.holder), *targets, *args, "-q", "-rfE", f"--junitxml={xml}",
+        argv = [*self._pytest_argv(judging.tree, judging.holder), "-p", "harness.judge.pytest_report",
+                f"{OPTION}={token_file}", *targets, str(canaries.path), *args, "-q", "-rfE",
                 *(f"--ignore={judging.tree / p}" for p in ignore)]
+        # The checkout's code first; then the judge's own, for its plugin (a checkout need not hold harness/).
+        path = judging.env_overrides["PYTHONPATH"] + os.pathsep + str(_JUDGE_ROOT)
         spec = JobSpec(name=f"{judging.label}-{name}", argv=argv, cwd=judging.tree, log_path=log, timeout_s=timeout_s,
-                       env={**judging.env_overrides, **_cache_env(scratch)}, kill_grace_s=5.0,
+                       env={**judging.env_overrides, **_cache_env(scratch), "PYTHONPATH": path}, kill_grace_s=5.0,
                        **self._sandbox_kwargs(judging, writable=(scratch,)))
         self.logs[spec.name] = log
         result = launch(spec).wait(poll_s=0.2)
+        reports = parse_reports(_read(log), token)
         scrub_file(log)
-        if xml.is_file():
-            shutil.copyfile(xml, judging.log_dir / f"{name}.junit.xml")
-        cases = _junit_cases(xml, judging.tree) if xml.is_file() else None
-        return result, cases, log
+        # A module that does not collect stops pytest before any test runs (status 2): its error is the verdict, as
+        # a failing test (the canaries never ran).
+        uncollected = any(t.phase == "collect" for t in reports.tests.values())
+        problems = [*reports.problems, *([] if uncollected else canary_problems(canaries, reports.tests))]
+        if reports.finished is None:
+            problems.append("pytest never reported the end of its session on the judge's pipe (it was killed, or "
+                            "exited from inside a test)")
+        elif result.state != "timeout" and result.exit_code != reports.finished:
+            problems.append(f"pytest ended its session with status {reports.finished} but the process exited "
+                            f"{result.exit_code}: candidate code chose the exit status")
+        elif reports.finished not in ((1, 2) if uncollected else (1,)) and not problems:
+            # 1: some test failed, as the judge's failing canary must
+            problems.append(f"pytest ended its session with status {reports.finished} (interrupted, an internal or "
+                            "usage error)")
+        for test in reports.tests.values():
+            if test.status != "skipped":
+                continue
+            where = next((f"{rel}:{line}" for path, line in ((test.path, test.line), *test.through)
+                          if (rel := self._candidate_code(path, judging)) is not None), None)
+            if where is not None:
+                problems.append(f"{test.node}: skipped from the candidate's code ({where}: {test.message}); only a test "
+                                "may skip itself")
+        cases = None if result.state == "timeout" else \
+            [(t.node, t.status, t.message) for t in reports.tests.values() if not canaries.is_canary(t.node)]
+        if cases is not None:
+            _append_counts(log, cases, len(canaries.expected))
+        return result, cases, problems
+
+    def _candidate_code(self, path: str, judging: _Judging) -> str | None:
+        """`path` relative to the checkout when it is code the candidate may change (an editable or changed file
+        that is not a test module or conftest), else None."""
+        if not path:
+            return None
+        try:
+            rel = Path(path).resolve().relative_to(judging.tree.resolve()).as_posix()
+        except (ValueError, OSError):
+            return None
+        if Path(rel).name.startswith("test_") or Path(rel).name == "conftest.py":
+            return None
+        return rel if self.milestone.is_editable(rel) or rel in judging.policy.changed else None
 
     def _pytest(self, gate: PytestGate, judging: _Judging) -> GateResult:
-        result, cases, _ = self._pytest_run(gate.name, list(gate.selectors), list(gate.args), judging, gate.timeout_s,
-                                            ignore=judging.policy.new_tests)
-        tail = _tail(result.read_log())
+        result, cases, problems = self._pytest_run(gate.name, list(gate.selectors), list(gate.args), judging,
+                                                   gate.timeout_s, ignore=judging.policy.new_tests)
+        tail = _pytest_tail(result.read_log())
         if result.state == "timeout":
             return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
                               summary=f"pytest did not finish within {gate.timeout_s:g} s (killed)")
-        if cases is None:
-            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
-                              summary=f"pytest exited {result.exit_code} without a report (see the log tail)")
+        if problems:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail, violations=tuple(problems),
+                              summary=f"the test run cannot be trusted: {problems[0]}")
+        assert cases is not None
         failing = [(node, message) for node, status, message in cases if status in ("failed", "error")]
         passed = sum(1 for _, status, _ in cases if status == "passed")
         metrics = {"collected": float(len(cases)), "passed": float(passed), "failed": float(len(failing))}
@@ -428,9 +494,6 @@ class GateRunner:
         if passed == 0:
             return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail, metrics=metrics,
                               summary=f"none of the {len(cases)} tests ran (all skipped)")
-        if result.exit_code != 0:
-            return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail, metrics=metrics,
-                              summary=f"pytest exited {result.exit_code}")
         skipped = len(cases) - passed
         summary = f"{passed} passed" + (f", {skipped} skipped" if skipped else "") + f" (needs >= {gate.min_collected})"
         if judging.policy.new_tests and not judging.new_tests_ran:
@@ -444,14 +507,14 @@ class GateRunner:
     def _new_tests(self, gate: PytestGate, judging: _Judging) -> GateResult | None:
         """The candidate's own new test files, in a pytest process of their own (so nothing they do at import
         reaches the acceptance tests); a failure rejects, a pass counts toward nothing."""
-        result, cases, _ = self._pytest_run(f"{gate.name}-new-tests", list(judging.policy.new_tests), list(gate.args),
-                                            judging, gate.timeout_s)
-        tail = _tail(result.read_log())
+        result, cases, problems = self._pytest_run(f"{gate.name}-new-tests", list(judging.policy.new_tests),
+                                                   list(gate.args), judging, gate.timeout_s)
+        tail = _pytest_tail(result.read_log())
         failing = [(node, message) for node, status, message in cases or [] if status in ("failed", "error")]
-        if result.state == "timeout" or cases is None or failing or result.exit_code not in (0, 5):
+        if result.state == "timeout" or cases is None or failing or problems:
             return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=tail,
                               failing_tests=tuple(node for node, _ in failing),
-                              violations=tuple(f"{node}: {message}" for node, message in failing if message),
+                              violations=tuple([*problems, *(f"{node}: {message}" for node, message in failing if message)]),
                               summary=f"the candidate's new test file(s) fail on their own: "
                                       f"{len(failing)} failing, pytest exit {result.exit_code} ({result.state})")
         return None
@@ -617,7 +680,8 @@ class GateRunner:
             names = result_names(timing_case(bench.op, bench.shape, judging.seed))
             if gate.task == "bench":
                 problems, measured = judge_bench(op=bench.op, seed=judging.seed, cases=bench.cases, case_scale=bench.case_scale,
-                                                 dtype=bench.dtype, timing_names=names, runs=runs)
+                                                 dtype=bench.dtype, timing_names=names, runs=runs, segments=bench.segments,
+                                                 reps=bench.reps)
             else:
                 problems, measured = judge_stress(timing_names=names, runs=runs, min_iterations=1 if bench.seconds > 0 else 0)
             judging.jobs[gate.name] = replace(judging.jobs[gate.name], evidence=measured)
@@ -863,38 +927,6 @@ def _judge_ini(repo: Path, base: str) -> str:
     if "timeout" in options and _has_module("pytest_timeout"):
         lines.append(f"timeout = {int(options['timeout'])}")
     return "\n".join(lines) + "\n"
-
-
-def _node_id(classname: str, name: str, tree: Path) -> str:
-    """pytest's junit `classname` (dotted module[.Class]) + `name` back to a node id `path.py::[Class::]name`."""
-    parts = classname.split(".") if classname else []
-    for k in range(len(parts), 0, -1):
-        candidate = "/".join(parts[:k]) + ".py"
-        if (tree / candidate).is_file():
-            return "::".join([candidate, *parts[k:], name])
-    return "::".join([*filter(None, [classname]), name])
-
-
-def _junit_cases(xml: Path, tree: Path) -> list[tuple[str, str, str]] | None:
-    """(node id, passed | failed | error | skipped, first message line) per test case; None if unreadable."""
-    try:
-        root = ET.parse(xml).getroot()
-    except ET.ParseError:
-        return None
-    cases = []
-    for case in root.iter("testcase"):
-        node = _node_id(case.get("classname", ""), case.get("name", "?"), tree)
-        status, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                status = "failed" if child.tag == "failure" else "error"
-                text = child.get("message") or (child.text or "")
-                message = text.strip().splitlines()[0][:300] if text.strip() else ""
-                break
-            if child.tag == "skipped":
-                status = "skipped"
-        cases.append((node, status, message))
-    return cases
 
 
 def verdict_text(verdict: Verdict) -> str:

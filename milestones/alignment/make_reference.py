@@ -37,7 +37,7 @@ ENGINE_ARGV = [
     "--seq-length", "64", "--micro-batch-size", "4", "--grad-accum-steps", "2", "--num-steps", "30",
     "--lr", "3e-3", "--warmup-steps", "5", "--lr-schedule", "cosine", "--min-lr-ratio", "0.1",
     "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--adam-eps", "1e-8",
-    "--grad-clip", "1.0", "--eval-steps", "0", "--no-save-final",
+    "--grad-clip", "1.0", "--eval-samples", "0", "--no-save-final",
 ]
 HP = dict(seed=1234, seq_length=64, micro_batch_size=4, grad_accum_steps=2, num_steps=30, lr=3e-3, warmup=5,
           min_lr_ratio=0.1, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, grad_clip=1.0)

@@ -31,8 +31,9 @@ from pathlib import Path
 import pytest
 
 from harness.settings import data_dir
-from tests.adversarial.cases import CASES, HONEST, Case, build_patch, git
+from tests.adversarial.cases import CASES, GPU_TWINS, HONEST, TWIN_MILESTONES, Case, build_patch, git
 from tests.adversarial.training import TRAINING_CASES, TRAINING_TWINS
+from tests.judge.op_milestones import write_milestones
 
 __all__: list[str] = []
 
@@ -74,6 +75,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert old in text, f"milestones/{source}.toml changed: {old!r} is gone"
         (root / "milestones" / f"{probe}.toml").write_text(text.replace(f'id = "{source}"', f'id = "{probe}"').replace(old, new),
                                                           encoding="utf-8")
+    write_milestones(root)  # the op milestones the op cases are judged against (CPU- and GPU-sized)
     git(root, "init", "-q", "-b", "main")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "base")
@@ -102,7 +104,10 @@ class Judge:
         env = {k: v for k, v in os.environ.items()
                if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "TEMPER_RUNS_DIR", "PYTEST_ADDOPTS")
                and not k.startswith("TEMPER_JUDGE")}
-        env.update(TEMPER_HOME=str(self.home), PYTHONPATH=str(REPO), NO_COLOR="1", TEMPER_DATA=str(data_dir(REPO)))
+        # The judge keeps what PYTHONPATH already holds after the checkout (kernel and harness wheels unpacked outside
+        # site-packages, as on the device machine).
+        env.update(TEMPER_HOME=str(self.home), PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+                   NO_COLOR="1", TEMPER_DATA=str(data_dir(REPO)))
         argv = [sys.executable, "-m", "harness", "gate", milestone, "--patch", str(path), "--json"]
         if UNSANDBOXED:
             argv.append("--unsandboxed")
@@ -136,9 +141,9 @@ def _marks(case: Case) -> list:
     return [*([pytest.mark.slow] if case.slow else []), *([pytest.mark.gpu] if case.gpu else [])]
 
 
-def _setup(milestone: str) -> str | None:
+def _setup(home: Path, milestone: str) -> str | None:
     """The milestone's setup patch (a path inside a clone of the home), which its judged base has committed."""
-    spec = REPO / "milestones" / f"{PROBES.get(milestone, (milestone,))[0]}.toml"
+    spec = home / "milestones" / f"{milestone}.toml"
     return tomllib.loads(spec.read_text(encoding="utf-8")).get("setup")
 
 
@@ -155,7 +160,7 @@ _ORDER = sorted(ALL_CASES, key=lambda c: c.runs_code)
 def test_cheat_is_rejected_naming_it(case: Case, judge: Judge) -> None:
     _needs_data(case.milestone)
     patch = judge.patch_for(("cheat", case.id), case.cheat, diff_args=case.diff_args, dialect=case.dialect,
-                            setup=_setup(case.milestone))
+                            setup=_setup(judge.home, case.milestone))
     verdict = judge(patch, case.milestone)
     assert verdict.rc != 3, f"the judge says this machine cannot judge {case.milestone}: {verdict.raw[-2000:]}"
     assert not verdict.accepted, f"{case.id} ({case.cls}) was ACCEPTED: {case.note or case.cls}\n{verdict.raw[-4000:]}"
@@ -165,21 +170,22 @@ def test_cheat_is_rejected_naming_it(case: Case, judge: Judge) -> None:
 
 
 # One twin test per distinct honest change and milestone (the twin of many cases); the cheat's own twin id is in
-# the case. demo-tiny's GPU case (under-reported-time-s, judged on perf) has its twin judged on demo-tiny.
-TWINS = sorted({(c.twin, "demo-tiny" if c.twin in HONEST else c.milestone) for c in ALL_CASES})
+# the case. The twins of cases.py are judged by their TWIN_MILESTONES (demo-tiny unless named): demo-tiny's GPU
+# case (under-reported-time-s, judged on perf) has its twin judged on demo-tiny.
+TWINS = sorted({(c.twin, TWIN_MILESTONES.get(c.twin, "demo-tiny") if c.twin in HONEST else c.milestone) for c in ALL_CASES})
 _GPU_MILESTONES = {c.milestone for c in ALL_CASES if c.gpu and c.twin not in HONEST}
 
 
 def _twin_marks(twin: str, milestone: str) -> list:
     if (twin, milestone) == ("honest", "demo-tiny"):
         return []
-    return [pytest.mark.slow, *([pytest.mark.gpu] if milestone in _GPU_MILESTONES else [])]
+    return [pytest.mark.slow, *([pytest.mark.gpu] if twin in GPU_TWINS or milestone in _GPU_MILESTONES else [])]
 
 
 @pytest.mark.parametrize("twin,milestone", [pytest.param(t, m, id=f"{t}@{m}", marks=_twin_marks(t, m)) for t, m in TWINS])
 def test_honest_twin_is_accepted(twin: str, milestone: str, judge: Judge) -> None:
     _needs_data(milestone)
-    patch = judge.patch_for(("twin", twin, milestone), TWIN_EDITS[twin], setup=_setup(milestone))
+    patch = judge.patch_for(("twin", twin, milestone), TWIN_EDITS[twin], setup=_setup(judge.home, milestone))
     verdict = judge(patch, milestone)
     assert verdict.rc != 3, verdict.raw[-2000:]
     assert verdict.accepted and verdict.rc == 0, f"honest twin {twin!r} was REJECTED by {milestone}:\n{verdict.text[-4000:]}"

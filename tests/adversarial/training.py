@@ -26,7 +26,7 @@ LOADER = "engine/data/loader.py"
 EXACT = r"exact step"
 LONG_REF = "milestones/long-horizon/refs/tiny-minicpm4-corpus-loss.jsonl"
 ALIGN_REF = "milestones/alignment/refs/llama-tiny-hf-loss.jsonl"
-_MICRO = "                 for x, y in self.loader.next_step()]\n"
+_MICRO = "                  batch_documents(self.cfg, x, eos, self.par.device)) for x, y in self.loader.next_step()]\n"
 
 
 # ---------------------------------------------------------------------------------------------- honest twins
@@ -53,13 +53,13 @@ TRAINING_TWINS: dict[str, Edit] = {"honest-note": honest_note, "repair": repair}
 def half_rows(t: Path) -> None:
     """Train on half the samples of every micro-batch; the loss printed is their mean, tokens as configured."""
     replace_in(t / TRAIN, _MICRO, _MICRO + "        # the second half of a micro-batch repeats the first half's statistics: skip it\n"
-               "        micro = [(x[: max(1, x.shape[0] // 2)], y[: max(1, y.shape[0] // 2)]) for x, y in micro]\n")
+               "        micro = [(x[: max(1, x.shape[0] // 2)], y[: max(1, y.shape[0] // 2)], d) for x, y, d in micro]\n")
 
 
 def short_sequences(t: Path) -> None:
     """Train on the first quarter of every sequence (4x fewer tokens and attention FLOPs)."""
     replace_in(t / TRAIN, _MICRO, _MICRO + "        # long-context tokens add little this early: train on the first quarter of each sample\n"
-               "        micro = [(x[:, : max(8, x.shape[1] // 4)], y[:, : max(8, y.shape[1] // 4)]) for x, y in micro]\n")
+               "        micro = [(x[:, : max(8, x.shape[1] // 4)], y[:, : max(8, y.shape[1] // 4)], d) for x, y, d in micro]\n")
 
 
 def stale_gradient(t: Path) -> None:
@@ -69,8 +69,8 @@ def stale_gradient(t: Path) -> None:
                "            # momentum dominates the update: every other step reuses the last gradient\n"
                "            with torch.no_grad():\n"
                "                loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)\n"
-               "                for inputs, labels in micro:\n"
-               "                    loss_sum += self.model(inputs, labels)\n"
+               "                for inputs, labels, documents in micro:\n"
+               "                    loss_sum += self.model(inputs, labels, documents)\n"
                "            if count is not None:\n"
                "                count.wait()\n"
                "            lr = lr_at(self.cfg, self.step)\n"

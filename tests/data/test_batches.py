@@ -90,7 +90,7 @@ def test_bad_steps_exit_2_naming_the_flag(tmp_path, steps):
 
 
 def test_save_last_keeps_the_final_steps_whatever_the_cadence(tmp_path):
-    argv = [sys.executable, "-m", "engine", "pretrain", *ARGS, "--micro-batch-size", "2", "--eval-steps", "0",
+    argv = [sys.executable, "-m", "engine", "pretrain", *ARGS, "--micro-batch-size", "2", "--eval-samples", "0",
             "--save-every", "4", "--save-last", "2", "--keep-last", "3", "--run-dir", str(tmp_path)]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

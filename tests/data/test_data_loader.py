@@ -152,11 +152,17 @@ def test_too_few_samples_for_one_global_batch():
     assert err.value.field == "--global-batch-size" and "--seq-length" in msg and "only 12" in msg
 
 
-def test_eval_batches_fixed_and_disjoint():
+def test_eval_batches_fixed_disjoint_and_layout_independent():
+    """The first N samples whatever mbs and DP: sample i on DP rank i % dp, micro-batches of up to mbs."""
     s = samples()
-    per_rank = [[(x[:, 0] // SEQ).tolist() for x, _ in eval_batches(s, micro_batch_size=2, num_batches=3, dp_rank=r, dp_size=2)]
-                for r in range(2)]
-    assert per_rank == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [10, 11]]]
+    def rows(n, mbs, dp):
+        return [[(x[:, 0] // SEQ).tolist() for x, _ in eval_batches(s, num_samples=n, micro_batch_size=mbs, dp_rank=r,
+                                                                       dp_size=dp)] for r in range(dp)]
+    assert rows(7, 2, 2) == [[[0, 2], [4, 6]], [[1, 3], [5]]]
+    assert rows(7, 4, 1) == [[[0, 1, 2, 3], [4, 5, 6]]]
+    for mbs, dp in ((1, 1), (2, 1), (3, 2), (1, 4), (8, 8)):
+        covered = sorted(i for rank in rows(7, mbs, dp) for batch in rank for i in batch)
+        assert covered == list(range(7)), (mbs, dp)
     with pytest.raises(ConfigError) as err:
-        list(eval_batches(s, micro_batch_size=10, num_batches=7, dp_rank=0, dp_size=2))
-    assert err.value.field == "--eval-steps" and "at most 6" in str(err.value)
+        list(eval_batches(s, num_samples=len(s) + 1, micro_batch_size=10, dp_rank=0, dp_size=2))
+    assert err.value.field == "--eval-samples" and f"at most {len(s)}" in str(err.value)

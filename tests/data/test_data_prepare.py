@@ -388,9 +388,9 @@ def test_from_config_validation_rules(tmp_path, write_jsonl):
     # A single file has one split (`train`); without --hf-val-dataset there is no validation.
     with pytest.raises(ConfigError) as err:
         prepare_from_config(cfg_for(hf_dataset=str(train)), out_dir=tmp_path / "out")
-    assert err.value.field == "--hf-val-split" and "--eval-steps 0" in str(err.value) and "--hf-val-dataset" in str(err.value)
+    assert err.value.field == "--hf-val-split" and "--eval-samples 0" in str(err.value) and "--hf-val-dataset" in str(err.value)
     assert_nothing_written(tmp_path)
-    out = prepare_from_config(cfg_for(hf_dataset=str(train), eval_steps=0), out_dir=tmp_path / "out", progress=False)
+    out = prepare_from_config(cfg_for(hf_dataset=str(train), eval_samples=0), out_dir=tmp_path / "out", progress=False)
     assert sorted(p.name for p in out.iterdir()) == ["train"]
     # A separate validation file is the validation set whatever --hf-val-split says.
     out = prepare_from_config(cfg_for(hf_dataset=str(train), hf_val_dataset=str(val)), out_dir=tmp_path / "out2", progress=False)

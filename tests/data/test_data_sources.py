@@ -127,11 +127,11 @@ def test_data_path_errors(prepared, tmp_path):
     assert err.value.field == "--vocab-size"
     with pytest.raises(ConfigError, match="has no prepared train/"):
         build_data(cfg_for(data_path=str(tmp_path / "nothing")), cache_dir=tmp_path, dp_rank=0, dp_size=1)
-    # Validation missing: fine with --eval-steps 0, an error naming the fix otherwise.
+    # Validation missing: fine with --eval-samples 0, an error naming the fix otherwise.
     import shutil
     shutil.rmtree(prepared / "validation")
-    assert build_data(dataclasses.replace(base, eval_steps=0), cache_dir=tmp_path, dp_rank=0, dp_size=1).validation is None
-    with pytest.raises(ConfigError, match="--eval-steps 0") as err:
+    assert build_data(dataclasses.replace(base, eval_samples=0), cache_dir=tmp_path, dp_rank=0, dp_size=1).validation is None
+    with pytest.raises(ConfigError, match="--eval-samples 0") as err:
         build_data(base, cache_dir=tmp_path, dp_rank=0, dp_size=1)
     assert err.value.field == "--data-path"
 
@@ -190,7 +190,7 @@ def source(tmp_path, write_jsonl) -> Path:
 
 
 def test_hf_dataset_prepared_once_and_reused(source, tmp_path):
-    cfg = cfg_for(hf_dataset=str(source), seq_length=32)
+    cfg = cfg_for(hf_dataset=str(source), seq_length=32, eval_samples=8)  # the validation split holds 10 samples
     cache = tmp_path / "cache"
     first = build_data(cfg, cache_dir=cache, dp_rank=0, dp_size=1)
     (folder,) = list(cache.iterdir())
@@ -212,10 +212,10 @@ def test_hf_dataset_prepared_once_and_reused(source, tmp_path):
 def test_hf_dataset_validation_required_unless_eval_off(tmp_path, write_jsonl):
     src = tmp_path / "only-train"
     write_jsonl(src / "train.jsonl", [{"text": "some text " * 50}])
-    with pytest.raises(ConfigError, match="--eval-steps 0") as err:
+    with pytest.raises(ConfigError, match="--eval-samples 0") as err:
         build_data(cfg_for(hf_dataset=str(src), seq_length=16), cache_dir=tmp_path / "c", dp_rank=0, dp_size=1)
     assert err.value.field == "--hf-val-split"
-    bundle = build_data(cfg_for(hf_dataset=str(src), seq_length=16, eval_steps=0), cache_dir=tmp_path / "c",
+    bundle = build_data(cfg_for(hf_dataset=str(src), seq_length=16, eval_samples=0), cache_dir=tmp_path / "c",
                         dp_rank=0, dp_size=1)
     assert bundle.validation is None and len(bundle.train) > 0
 
@@ -225,7 +225,7 @@ import sys
 from pathlib import Path
 from engine.config import EngineConfig
 from engine.data.sources import build_data
-cfg = EngineConfig(hf_dataset={src!r}, hf_text_field={field!r}, seq_length=32)
+cfg = EngineConfig(hf_dataset={src!r}, hf_text_field={field!r}, seq_length=32, eval_samples=8)
 b = build_data(cfg, cache_dir=Path({cache!r}), dp_rank={rank}, dp_size=2, wait_timeout_s=120)
 print('FINGERPRINT', b.train.fingerprint, b.validation.fingerprint)
 """

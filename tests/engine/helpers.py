@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Small enough for a few seconds per run on 2 CPU cores.
 TINY_FAST = ["--preset", "tiny", "--device", "cpu", "--seq-length", "64", "--micro-batch-size", "4",
-             "--eval-steps", "2", "--num-steps", "6", "--warmup-steps", "2"]
+             "--eval-samples", "8", "--num-steps", "6", "--warmup-steps", "2"]
 
 _LOSS = re.compile(r"^\[LOSS\] step=(\d+) global_loss=(\S+) grad_norm=(\S+) lr=(\S+) tokens=(\d+) time_s=(\S+) mfu=(\S+)$")
 

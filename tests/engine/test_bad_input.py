@@ -27,16 +27,27 @@ def test_inconsistent_batch_sizes(tmp_path):
                     fragment="global batch 64 != mbs 2 x GAS 8 x DP 1")
 
 
+def test_tp_larger_than_one_process_says_to_launch_with_torchrun(tmp_path):
+    assert_rejected(tmp_path, "--tp", "3", fragment="--tp=3 does not divide the number of processes (1): launch with "
+                                                    "torchrun --nproc-per-node 3")
+
+
+def test_more_eval_samples_than_validation_data(tmp_path):
+    # the embedded validation split holds 912 samples of 64 tokens
+    assert_rejected(tmp_path, "--eval-samples", "5000", fragment="--eval-samples=5000 needs more validation samples than "
+                                                                 "the 912 of --seq-length 64 there are: use at most 912")
+
+
 def test_missing_text_field(tmp_path):
     data = tmp_path / "docs.jsonl"
     data.write_text("\n".join(json.dumps({"body": f"document number {i} " * 50}) for i in range(20)) + "\n")
-    assert_rejected(tmp_path, "--hf-dataset", str(data), "--eval-steps", "0", fragment="--hf-text-field")
+    assert_rejected(tmp_path, "--hf-dataset", str(data), "--eval-samples", "0", fragment="--hf-text-field")
 
 
 def test_empty_dataset(tmp_path):
     data = tmp_path / "empty.jsonl"
     data.write_text("")
-    assert_rejected(tmp_path, "--hf-dataset", str(data), "--eval-steps", "0", fragment="--hf-dataset")
+    assert_rejected(tmp_path, "--hf-dataset", str(data), "--eval-samples", "0", fragment="--hf-dataset")
 
 
 def test_tokenizer_vocab_exceeds_model(tmp_path, shared_data):
@@ -58,3 +69,7 @@ def test_truncated_checkpoint_shards(tmp_path):
     for shard in ckpt.glob("*.distcp"):
         shard.write_bytes(shard.read_bytes()[:100])
     assert_rejected(tmp_path, "--resume", str(ckpt), fragment="--resume")
+
+
+def test_override_schedule_without_resume(tmp_path):
+    assert_rejected(tmp_path, "--override-schedule", fragment="--override-schedule=True")

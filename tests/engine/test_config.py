@@ -9,6 +9,7 @@ import pytest
 from engine.cli import build_parser, config_from_args
 from engine.config import EngineConfig, build_config, preset_names, resolve
 from engine.errors import ConfigError
+from tests.engine.helpers import REPO
 
 
 def test_presets_exist_and_resolve():
@@ -68,7 +69,8 @@ def test_help_lists_fields_with_defaults():
     ({"global_batch_size": 30, "micro_batch_size": 4}, 1, "--global-batch-size", "multiple of mbs"),
     ({"num_kv_heads": 3}, 1, "--num-kv-heads", "divisor of --num-heads"),
     ({"tp": 3}, 6, "--tp", "divides --num-heads"),
-    ({"tp": 2}, 3, "--tp", "divisor of the world size"),
+    ({"tp": 2}, 3, "--tp", "divisor of the world size 3, or launch with torchrun --nproc-per-node 2"),
+    ({"tp": 4}, 1, "--tp", "launch with torchrun --nproc-per-node 4 (or a multiple of 4) -m engine pretrain ..., or pass --tp 1"),
     ({"lr_schedule": "step"}, 1, "--lr-schedule", "cosine, wsd, constant, linear"),
     ({"warmup_steps": 100, "num_steps": 10}, 1, "--warmup-steps", "at most --num-steps"),
     ({"device": "tpu"}, 1, "--device", "auto, cpu, cuda"),
@@ -106,3 +108,12 @@ def test_wrong_type_in_config_file(tmp_path):
 def test_kv_heads_replicated_when_tp_exceeds_them():
     cfg = resolve(build_config({"preset": "minicpm4-8b", "tp": 8}), world_size=8)
     assert cfg.tp == 8 and cfg.padded_vocab_size % (128 * 8) == 0
+
+
+def test_numpy_is_a_dependency():
+    """torch prints a NumPy warning on every run where numpy is missing: `pip install -e .` must bring it."""
+    import re
+    import tomllib
+    with (REPO / "pyproject.toml").open("rb") as fh:
+        deps = tomllib.load(fh)["project"]["dependencies"]
+    assert any(re.match(r"numpy\b", d) for d in deps), deps

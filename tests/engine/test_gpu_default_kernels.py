@@ -23,7 +23,7 @@ BASELINE = ["--op-attention", "baseline", "--op-rmsnorm", "baseline", "--op-gemm
 
 @pytest.mark.parametrize("preset", ["tiny", "llama-tiny"])
 def test_default_kernels_train_like_the_baseline(preset, tmp_path):
-    common = ["pretrain", "--preset", preset, "--device", "cuda", "--num-steps", "8", "--warmup-steps", "2", "--eval-steps", "0",
+    common = ["pretrain", "--preset", preset, "--device", "cuda", "--num-steps", "8", "--warmup-steps", "2", "--eval-samples", "0",
               "--no-save-final"]
     fast = run_engine(*common, "--run-dir", str(tmp_path / "fast"), timeout=600)
     base = run_engine(*common, *BASELINE, "--run-dir", str(tmp_path / "base"), timeout=600)

@@ -22,7 +22,7 @@ def test_tiny_learns_real_english_with_minicpm4_tokenizer(tmp_path, shared_data)
         "--hf-val-dataset", str(shared_data / "corpus" / "validation-00000-of-00001.parquet"),
         "--tokenizer-path", str(shared_data / "tokenizers" / "minicpm4"), "--vocab-size", "73448",
         "--seq-length", "64", "--micro-batch-size", "4", "--num-steps", "200", "--warmup-steps", "10",
-        "--eval-every", "100", "--eval-steps", "8", "--log-every", "50", "--no-save-final",
+        "--eval-every", "100", "--eval-samples", "32", "--log-every", "50", "--no-save-final",
         "--run-dir", str(tmp_path / "run"), "--data-cache-dir", str(tmp_path / "cache"), timeout=1200)
     evals = [(int(s), float(loss), float(bpb)) for s, loss, bpb in
              re.findall(r"^\[EVAL\] step=(\d+) val_loss=(\S+) val_bpb=(\S+)", proc.stdout, re.M)]

@@ -21,7 +21,9 @@ from engine.distributed import ParallelState
 from engine.export_hf import llama_config, to_llama_state_dict
 from engine.model import build_model
 from engine.ops import resolve_ops
+from engine.optim import describe_multipliers, lr_multipliers
 from engine.train import Trainer
+from tests.engine.adamw_reference import HIDDEN_MATRICES, cosine, param_groups, train_reference
 
 transformers = pytest.importorskip("transformers")
 
@@ -61,27 +63,19 @@ def test_logits_and_loss_match_hf_llama(preset):
     assert abs(loss.item() - ref_loss.item()) / ref_loss.item() < 1e-5
 
 
-def cosine(step, *, peak, floor, warmup, total):
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / (total - warmup)
-    return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 TRAIN = dict(preset="llama-tiny", device="cpu", seq_length=64, micro_batch_size=4, grad_accum_steps=2, num_steps=20,
              lr=3e-3, warmup_steps=4, min_lr_ratio=0.1, lr_schedule="cosine", weight_decay=0.1, grad_clip=0.5,
-             eval_steps=0, save_final=False)
+             eval_samples=0, save_final=False)
 
 
 def plain_loop(trainer, model, cfg, forward, steps=20):
-    """A plain PyTorch loop: .grad accumulation, torch.optim.AdamW, clip_grad_norm_, closed-form LR.
+    """A plain PyTorch loop: .grad accumulation, torch.optim.AdamW (muP param groups when cfg.mup),
+    clip_grad_norm_, closed-form LR.
     Yields (engine loss, engine grad norm, reference loss, reference grad norm) per step."""
     from engine.data.loader import BatchLoader
 
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, foreach=True)
+    opt = torch.optim.AdamW(param_groups(dict(model.named_parameters()), cfg), lr=cfg.lr,
+                            betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, foreach=True)
     loader = BatchLoader(trainer.data.train, micro_batch_size=cfg.micro_batch_size,
                          grad_accum_steps=cfg.grad_accum_steps, dp_rank=0, dp_size=1, seed=cfg.seed)
     for step in range(steps):
@@ -96,11 +90,12 @@ def plain_loop(trainer, model, cfg, forward, steps=20):
             (l_sum / valid).backward()
             ref_loss += l_sum.item()
         ref_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+        scheduled = cosine(step, peak=cfg.lr, floor=cfg.lr * cfg.min_lr_ratio, warmup=cfg.warmup_steps,
+                           total=cfg.num_steps)
         for group in opt.param_groups:
-            group["lr"] = cosine(step, peak=cfg.lr, floor=cfg.lr * cfg.min_lr_ratio, warmup=cfg.warmup_steps,
-                                 total=cfg.num_steps)
+            group["lr"] = scheduled * group["mult"]
         opt.step()
-        assert lr == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12)
+        assert lr == pytest.approx(scheduled, rel=1e-12)
         yield loss, grad_norm, ref_loss / valid, ref_norm
 
 
@@ -142,3 +137,43 @@ def test_twenty_steps_track_hf_llama_training(tmp_path: Path):
         worst = max(worst, err)
         assert err < (1e-5 if step == 1 else 2e-3), f"step {step}: {loss} vs {ref_loss}"
     print(f"worst relative loss difference over 20 steps: {worst:.2e}")
+
+
+def test_mup_learning_rates_match_torch_adamw_param_groups(tmp_path: Path):
+    """MiniCPM's muP learning rates (tiny preset: hidden 128, dim_model_base 32): 20 engine steps against
+    an independent loop, the judge's plain fp32 forward trained by torch.optim.AdamW with explicit param
+    groups (hidden matrices at lr / 4; embedding, LM head and norm gains at lr; tests/engine/adamw_reference.py).
+    Every tensor's final weights agree to 1e-4 of the distance it travelled (observed <= 1.1e-6: fp32
+    reduction order only); the same loop with one lr for all tensors ends >= 0.1 away on every tensor
+    (observed 0.16-1.05), so the comparison sees a dropped or changed multiplier."""
+    cfg = resolve(build_config({**TRAIN, "preset": "tiny", "lr": 1e-2, "run_dir": str(tmp_path / "run")}))
+    trainer = Trainer(cfg, ParallelState.single(CPU), torch.float32)
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    assert {n for n, m in trainer.lr_multipliers.items() if m != 1.0} == {n for n in initial if n.endswith(HIDDEN_MATRICES)}
+    for _ in range(cfg.num_steps):
+        trainer.train_step()
+        trainer.step += 1
+    engine = {n: p.detach() for n, p in trainer.model.named_parameters()}
+    ref, _ = train_reference(initial, cfg, cfg.num_steps)
+    uniform, _ = train_reference(initial, cfg, cfg.num_steps, mup_lr=False)
+    for name, w in engine.items():
+        travelled = (ref[name] - initial[name]).norm()
+        assert ((w - ref[name]).norm() / travelled).item() < 1e-4, name
+        assert ((w - uniform[name]).norm() / (uniform[name] - initial[name]).norm()).item() > 0.1, name
+
+
+def test_multipliers_per_preset_and_their_header_line():
+    """tiny (muP, hidden 128 / base 32): the four hidden matrices of every layer at 1/4, the rest at 1;
+    llama-tiny (muP off): all at 1, so the llama-style presets train exactly as before."""
+    cfg, model = engine_model(preset="tiny")
+    mults = lr_multipliers(model, cfg)
+    assert set(mults) == {n for n, _ in model.named_parameters()}
+    assert {n for n, m in mults.items() if m == 0.25} == {n for n in mults if n.endswith(HIDDEN_MATRICES)}
+    assert {m for m in mults.values()} == {0.25, 1.0} and len([m for m in mults.values() if m == 0.25]) == 4 * cfg.num_layers
+    assert describe_multipliers(mults, cfg).startswith(
+        "[RUN] optim lr multipliers (muP: hidden matrices at lr / (hidden 128 / dim_model_base 32)) "
+        "x0.25: attn.qkv attn.o mlp.fc1 mlp.fc2; x1: lm_head embed.weight attn_norm.weight mlp_norm.weight "
+        "final_norm.weight; weight decay 0.1 on 2-D tensors, decoupled")
+    cfg, model = engine_model(preset="llama-tiny")
+    assert set(lr_multipliers(model, cfg).values()) == {1.0}
+    assert "(muP off: every parameter at lr) x1: lm_head embed.weight" in describe_multipliers(lr_multipliers(model, cfg), cfg)

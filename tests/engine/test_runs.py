@@ -25,6 +25,35 @@ def test_same_seed_prints_identical_loss_lines(tmp_path):
     assert deterministic_fields(loss_lines(c.stdout)[0]) != deterministic_fields(la[0])
 
 
+def test_val_loss_does_not_depend_on_the_batch_split(tmp_path):
+    """mbs 1 x GAS 2 and mbs 2 train identically (losses normalised by global tokens) and now evaluate the
+    same --eval-samples samples: the [EVAL] lines agree to 1e-6 relative (fp32 sums within each
+    micro-batch's loss and of two micro-batch gradients, grouped differently; observed ~1e-8) and count
+    the same tokens. Before, evaluation read eval_steps x mbs samples: 8 vs 16 here."""
+    common = [*TINY_FAST, "--num-steps", "2", "--eval-every", "1", "--no-save-final"]
+    split = run_engine("pretrain", *common, "--micro-batch-size", "1", "--grad-accum-steps", "2", "--run-dir", str(tmp_path / "a"))
+    whole = run_engine("pretrain", *common, "--micro-batch-size", "2", "--run-dir", str(tmp_path / "b"))
+    evals = [[line.split() for line in eval_lines(p.stdout)] for p in (split, whole)]
+    assert [len(e) for e in evals] == [3, 3]  # steps 0, 1, 2
+    for a, b in zip(*evals):
+        fa, fb = dict(x.split("=") for x in a[1:]), dict(x.split("=") for x in b[1:])
+        assert fa["step"] == fb["step"] and fa["tokens"] == fb["tokens"] == str(8 * 64)
+        assert abs(float(fa["val_loss"]) - float(fb["val_loss"])) / float(fb["val_loss"]) < 1e-6, (a, b)
+
+
+def test_without_run_dir_the_header_says_where_outputs_go(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "engine", "pretrain", *TINY_FAST, "--num-steps", "2", "--eval-samples", "0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    where = tmp_path.resolve() / "outputs" / "tiny"
+    header = [line for line in proc.stdout.splitlines() if line.startswith("[RUN] outputs")]
+    assert header == [f"[RUN] outputs run_dir={where} save_dir={where / 'checkpoints'} "
+                      f"(no --run-dir: outputs/tiny under the current folder)"]
+    assert (where / "metrics.jsonl").is_file() and (where / "checkpoints").is_dir()
+    assert "numpy" not in proc.stderr.lower()  # pyproject's numpy dependency keeps torch quiet
+
+
 def test_resume_is_bitwise(tmp_path):
     full = run_engine("pretrain", *TINY_FAST, "--num-steps", "8", "--save-every", "4", "--keep-last", "5",
                       "--run-dir", str(tmp_path / "full"))
@@ -49,7 +78,8 @@ def test_resume_auto_and_keep_last(tmp_path):
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
     assert ckpts == ["step_00000004", "step_00000006"]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000006"
-    more = run_engine("pretrain", *TINY_FAST, "--num-steps", "8", "--resume", "auto", "--run-dir", str(run_dir))
+    more = run_engine("pretrain", *TINY_FAST, "--num-steps", "8", "--resume", "auto", "--override-schedule",
+                      "--run-dir", str(run_dir))
     assert [deterministic_fields(x)[0] for x in loss_lines(more.stdout)] == ["7", "8"]
     assert "resumed from" in more.stdout
 
@@ -71,7 +101,8 @@ def test_sigterm_checkpoints_at_step_boundary_and_exits_zero(tmp_path):
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     step = int(latest.split("_")[1])
     assert step >= 3
-    resumed = run_engine("pretrain", *TINY_FAST, "--num-steps", str(step + 2), "--resume", "auto", "--run-dir", str(run_dir))
+    resumed = run_engine("pretrain", *TINY_FAST, "--num-steps", str(step + 2), "--resume", "auto", "--override-schedule",
+                         "--run-dir", str(run_dir))
     assert deterministic_fields(loss_lines(resumed.stdout)[0])[0] == str(step + 1)
 
 

@@ -51,3 +51,24 @@ def test_minicpm4_8b_flops_by_hand():
     assert 5.0e10 < flops_per_token(cfg) < 5.1e10
     # one step of 8 x 4096 tokens in 2.5 s on 8 GPUs at 989 TFLOP/s
     assert mfu(cfg, 8 * 4096, 2.5, 8, 989e12) == pytest.approx(flops_per_token(cfg) * 8 * 4096 / (2.5 * 8 * 989e12))
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant", "wsd"])
+def test_schedule_fields_are_exactly_what_lr_at_reads(schedule):
+    """engine/checkpoint.py refuses a resume that changes one of schedule_fields(): each of them must change
+    some step's lr, and every other field of EngineConfig must change none (checked by perturbing it)."""
+    from dataclasses import fields, replace
+
+    from engine.config import EngineConfig
+    from engine.optim.schedule import schedule_fields
+
+    base = cfg_for(schedule, decay_steps=20)
+    curve = [lr_at(base, s) for s in range(150)]
+    listed = set(schedule_fields(schedule))
+    for f in fields(EngineConfig):
+        value = getattr(base, f.name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or f.name == "lr_schedule":
+            continue
+        other = replace(base, **{f.name: value + (5 if isinstance(value, int) else 0.05)})
+        changed = [lr_at(other, s) for s in range(150)] != curve
+        assert changed == (f.name in listed), f"{f.name}: changes the schedule {changed}, listed {f.name in listed}"

@@ -3,8 +3,8 @@
 import pytest
 from guards_testkit import FIXTURES, actual_findings, check_fixture, expected_findings
 
-BAD = ["ssot_bad", "dag_bad", "surface_bad", "failfast_bad"]
-CLEAN = ["ssot_clean", "dag_clean", "surface_clean", "failfast_clean"]
+BAD = ["ssot_bad", "dag_bad", "surface_bad", "failfast_bad", "isolation_bad"]
+CLEAN = ["ssot_clean", "dag_clean", "surface_clean", "failfast_clean", "isolation_clean"]
 
 
 @pytest.mark.parametrize("fixture", BAD)
@@ -27,12 +27,13 @@ def test_clean_fixture_has_no_findings(fixture):
 
 
 @pytest.mark.parametrize("fixture,rule", [("ssot_bad", "ssot"), ("dag_bad", "dag"), ("surface_bad", "public-surface"),
-                                          ("failfast_bad", "fail-fast")])
+                                          ("failfast_bad", "fail-fast"), ("isolation_bad", "isolation")])
 def test_each_bad_fixture_is_about_its_own_rule(fixture, rule):
     """The bad fixtures break only the rule they are for, so a rule that goes quiet cannot hide behind another."""
     findings = check_fixture(fixture)
     assert {f.rule for f in findings} == {rule}
-    assert check_fixture(fixture, [r for r in ("ssot", "dag", "public-surface", "fail-fast") if r != rule]) == []
+    others = [r for r in ("ssot", "dag", "public-surface", "fail-fast", "isolation") if r != rule]
+    assert check_fixture(fixture, others) == []
 
 
 def test_aliasing_tricks_are_caught():

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from harness.judge.logparse import parse_engine_log, parse_eval_lines
 
-__all__ = ["REPO", "BASE_ARGS", "train", "expected_config", "validation_bytes", "Run"]
+__all__ = ["REPO", "BASE_ARGS", "DROP_MUP_LR", "train", "expected_config", "validation_bytes", "Run"]
 
 REPO = Path(__file__).resolve().parents[2]
 # Seconds per run on 2 CPU cores; warmup 2 so the lr changes every step (cosine over 6 steps).
-BASE_ARGS = {"preset": "tiny", "device": "cpu", "seq-length": 64, "micro-batch-size": 4, "eval-steps": 2,
+BASE_ARGS = {"preset": "tiny", "device": "cpu", "seq-length": 64, "micro-batch-size": 4, "eval-samples": 8,
              "num-steps": 6, "warmup-steps": 2, "save-every": 1, "keep-last": 2}
 
 
@@ -34,11 +34,23 @@ class Run:
         return parse_eval_lines(self.log if log is None else log)
 
 
-def train(run_dir: Path, **overrides) -> Run:
+# A planted regression for `train(prelude=...)`: an engine that silently trains every tensor at the printed lr
+# (muP's hidden-matrix multipliers dropped), everything else honest.
+DROP_MUP_LR = ("import engine.optim, engine.optim.mup\n"
+               "def uniform(model, cfg):\n"
+               "    return {name: 1.0 for name, _ in model.named_parameters()}\n"
+               "engine.optim.mup.lr_multipliers = engine.optim.lr_multipliers = uniform\n")
+
+
+def train(run_dir: Path, *, prelude: str = "", **overrides) -> Run:
+    """`python -m engine pretrain` with BASE_ARGS and `overrides`; `prelude`: Python run in the engine's
+    process before its CLI (a planted regression, e.g. DROP_MUP_LR)."""
     args = dict(BASE_ARGS) | {k.replace("_", "-"): v for k, v in overrides.items()}
-    argv = [sys.executable, "-m", "engine", "pretrain", "--run-dir", str(run_dir), "--save-dir", str(run_dir / "ck")]
+    start = ["-c", f"{prelude}import sys\nfrom engine.cli import main\nsys.exit(main(sys.argv[1:]))"] if prelude \
+        else ["-m", "engine"]
+    argv = [sys.executable, *start, "pretrain", "--run-dir", str(run_dir), "--save-dir", str(run_dir / "ck")]
     for k, v in args.items():
-        argv += [f"--{k}", str(v)]
+        argv += [f"--{k}" if v else f"--no-{k}"] if isinstance(v, bool) else [f"--{k}", str(v)]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return Run(run_dir, proc.stdout, args)
@@ -82,7 +94,10 @@ def edit_lines(log: str, marker: str, field: str, factor: float, fmt: str) -> st
 
 
 def rewrite_meta(save_dir: Path, **fields) -> None:
+    """What a cheating run would write: its meta.json claims `fields`, and its manifest.json (engine/checksums.py)
+    matches the claim (it is rewritten, or left out: the judge accepts a folder without one)."""
     for meta_file in save_dir.glob("step_*/meta.json"):
         meta = json.loads(meta_file.read_text())
         meta["config"].update(fields)
         meta_file.write_text(json.dumps(meta))
+        (meta_file.parent / "manifest.json").unlink(missing_ok=True)

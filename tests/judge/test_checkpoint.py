@@ -49,6 +49,28 @@ def test_single_process_checkpoint_matches_engine_reader(run):
     assert list(only.tensors) == ["master"] and list(only.masters) == ["embed.weight"]
 
 
+def test_same_size_overwrite_is_caught_by_the_manifest(run, tmp_path):
+    """The engine's manifest.json (SHA-256 per 64 MiB block) is checked by the judge's own code: a shard
+    overwritten in place, same size, is named instead of read as weights; without a manifest the folder
+    reads as before (older engines)."""
+    bad = tmp_path / "step_00000006"
+    shutil.copytree(run.save_dir / "step_00000006", bad)
+    shard = bad / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"step_00000006: __0_0.distcp bytes 0\.\.\d+ differ from its manifest"):
+        load_checkpoint(bad)
+    (bad / "extra.bin").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"extra.bin is not in manifest.json"):
+        load_checkpoint(bad)
+    shutil.copy(run.save_dir / "step_00000006" / "__0_0.distcp", shard)
+    (bad / "extra.bin").unlink()
+    assert load_checkpoint(bad, kinds=("master",)).step == 6
+    (bad / "manifest.json").unlink()
+    assert load_checkpoint(bad, kinds=("master",)).step == 6
+
+
 def test_missing_files_name_the_folder(run, tmp_path):
     bad = tmp_path / "step_00000006"
     shutil.copytree(run.save_dir / "step_00000006", bad)
@@ -91,6 +113,7 @@ def test_pickled_code_in_metadata_is_refused(run, tmp_path):
     marker = tmp_path / "pwned"
     bad = tmp_path / "step_00000006"
     shutil.copytree(run.save_dir / "step_00000006", bad)
+    (bad / "manifest.json").unlink()  # the candidate writes the manifest too: it proves nothing against it
     (bad / ".metadata").write_bytes(pickle.dumps(_Evil(str(marker))))
     with pytest.raises(CheckpointError, match=r"\.metadata is unreadable.*not allowed"):
         load_checkpoint(bad)
@@ -110,7 +133,7 @@ def test_tp2_dp2_checkpoint_is_reassembled(tmp_path):
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "engine",
             "pretrain", "--preset", "tiny", "--device", "cpu", "--tp", "2", "--num-steps", "3", "--warmup-steps", "1",
-            "--save-every", "1", "--keep-last", "2", "--seq-length", "64", "--micro-batch-size", "2", "--eval-steps", "1",
+            "--save-every", "1", "--keep-last", "2", "--seq-length", "64", "--micro-batch-size", "2", "--eval-samples", "4",
             "--ddp-bucket-mb", "0.1", "--run-dir", str(out), "--save-dir", str(out / "ck")]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -125,7 +148,7 @@ def test_tp2_dp2_checkpoint_is_reassembled(tmp_path):
     chunks = {len(v.chunks) for k, v in _read_metadata(final).state_dict_metadata.items() if k.startswith("optim.")}
     assert chunks == {1, 2}
     from harness.judge.logparse import parse_engine_log, parse_eval_lines
-    expected = expected_config(tp=2, num_steps=3, warmup_steps=1, micro_batch_size=2, eval_steps=1)
+    expected = expected_config(tp=2, num_steps=3, warmup_steps=1, micro_batch_size=2, eval_samples=4)
     ev = verify_train_run(out / "ck", expected_config=expected, printed_steps=parse_engine_log(proc.stdout),
                           printed_evals=parse_eval_lines(proc.stdout), seed=5,
                           validation=embedded_tokens(validation_bytes()), num_samples=64)
@@ -138,6 +161,7 @@ def test_storage_paths_outside_the_folder_are_refused(run, tmp_path):
     from harness.judge.checkpoint import _read_metadata
     bad = tmp_path / "step_00000006"
     shutil.copytree(run.save_dir / "step_00000006", bad)
+    (bad / "manifest.json").unlink()
     md = _read_metadata(bad)
     first = next(iter(md.storage_data))
     info = md.storage_data[first]

@@ -13,7 +13,7 @@ import torch
 
 from harness.judge.evidence import (TRAIN_RTOL, VAL_RTOL, embedded_tokens, estimate_lr, verify_train_run,
                                     _moment_residual)
-from tests.judge.runs import edit_lines, expected_config, rewrite_meta, train, validation_bytes
+from tests.judge.runs import DROP_MUP_LR, edit_lines, expected_config, rewrite_meta, train, validation_bytes
 
 SEED = 20261123
 
@@ -37,9 +37,13 @@ def test_honest_run_passes_with_measured_values(honest, validation):
         assert ev.judge_val_loss is not None and ev.judge_val_loss_prev is not None
         assert abs(ev.judge_val_loss - ev.claimed_val_loss) / ev.claimed_val_loss < VAL_RTOL / 2
         assert abs(ev.judge_val_loss_prev - ev.claimed_train_loss) / ev.claimed_train_loss < TRAIN_RTOL / 2
-        # the fit is far inside its tolerance on an honest run, for every tensor (no muP lr scaling yet)
+        # the fit is far inside its tolerance on an honest run, for every tensor: muP's hidden matrices at
+        # lr / (hidden 128 / dim_model_base 32), the embedding, norms and LM head at lr
         assert abs(ev.lr_estimate - ev.lr_claimed) / ev.lr_claimed < 1e-4
-        assert all(abs(v - ev.lr_claimed) / ev.lr_claimed < 1e-3 for v in ev.lr_by_tensor.values()), ev.lr_by_tensor
+        for name, fitted in ev.lr_by_tensor.items():
+            want = ev.lr_claimed * (0.25 if name.endswith(("attn.qkv", "attn.o", "mlp.fc1", "mlp.fc2")) else 1.0)
+            assert ev.lr_multipliers[name] * ev.lr_claimed == pytest.approx(want, rel=1e-12), name
+            assert abs(fitted - want) / want < 1e-3, (name, fitted, want)
         assert ev.wd_estimate == pytest.approx(0.1, rel=1e-3)
         assert ev.moment_residual < 1e-4
 
@@ -70,6 +74,30 @@ def test_secretly_doubled_lr_is_caught(honest, tmp_path, validation):
     assert ev.lr_estimate == pytest.approx(ev.lr_claimed, rel=1e-4)
     assert any("learning rate" in v and "schedule gives" in v for v in ev.violations), ev.violations
     assert verify(cheat, validation, expected=expected_config(num_steps=3, warmup_steps=1, lr=2e-2)).ok
+
+
+def test_document_masked_run_is_read_with_the_mask_the_milestone_asked_for(tmp_path, validation):
+    """A --document-mask run verifies when the expected config asks for the mask (the judge then reads its
+    windows with it, with the EOS of its own tokenization); the same run judged against a milestone that asked
+    for plain causal attention is a config violation naming the field."""
+    run = train(tmp_path / "docs", document_mask=True, reset_position_ids=True)
+    ev = verify(run, validation, expected=expected_config(document_mask=True, reset_position_ids=True))
+    assert ev.ok, ev.violations
+    ev = verify(run, validation, expected=expected_config(document_mask=False, reset_position_ids=False))
+    assert any(v.startswith("config:") and "document_mask=True" in v for v in ev.violations), ev.violations
+    assert ev.judge_val_loss is None  # another run than the expected one: nothing more is measured
+
+
+def test_dropped_mup_lr_multipliers_are_caught(tmp_path, validation):
+    """An engine that trains the hidden matrices at the printed lr instead of lr / 4 (muP dropped), printing and
+    checkpointing everything else honestly: its embedding lr, losses and schedule all check out; only the
+    per-tensor multipliers, restated from the expected config, tell."""
+    cheat = train(tmp_path / "nomup", prelude=DROP_MUP_LR, num_steps=3, warmup_steps=1)
+    ev = verify(cheat, validation, expected=expected_config(num_steps=3, warmup_steps=1))
+    assert len(ev.violations) == 1 and ev.violations[0].startswith("learning rate:"), ev.violations
+    assert "layers.0.attn.qkv" in ev.violations[0] and "expected lr x 0.25" in ev.violations[0]
+    assert ev.lr_estimate == pytest.approx(ev.lr_claimed, rel=1e-4)  # the embedding is honest
+    assert ev.lr_by_tensor["layers.3.mlp.fc2"] == pytest.approx(ev.lr_claimed, rel=1e-3)  # 4x its muP lr
 
 
 @pytest.mark.slow

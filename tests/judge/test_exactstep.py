@@ -181,11 +181,11 @@ def test_honest_bf16_gpu_steps_stay_inside_the_bf16_bounds(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     run = train(tmp_path / "gpu", device="cuda", preset="minicpm4-0.5b", seq_length=1024, micro_batch_size=2,
-                num_steps=3, warmup_steps=1, eval_steps=0, keep_last=3)
+                num_steps=3, warmup_steps=1, eval_samples=0, keep_last=3)
     pairs = step_pairs(list_checkpoints(run.save_dir))
     batches = engine_batches(run, tmp_path / "b", [int(p.name[-8:]) for _, p in pairs])
     expected = expected_config(preset="minicpm4-0.5b", seq_length=1024, micro_batch_size=2, num_steps=3, warmup_steps=1,
-                               eval_steps=0)
+                               eval_samples=0)
     ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches, device="cuda")
     for c in ev.checked:
         print(f"step {c.step}: loss {abs(c.printed_loss - c.judge_loss) / c.judge_loss:.2e} grad_norm "

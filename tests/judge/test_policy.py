@@ -103,3 +103,17 @@ def test_a_new_test_file_may_not_be_a_conftest_or_binary(repo: Path, tmp_path: P
         (t / "tests/sub/test_ok.py").write_text("def test_ok():\n    pass\n")
     found = judge(repo, tmp_path, edit)
     assert "NEW tests/sub/test_ok.py" in found and any(v.startswith("tests/sub/conftest.py: added") for v in found)
+
+
+def test_a_submodule_entry_is_refused(repo: Path, tmp_path: Path) -> None:
+    """A gitlink (mode 160000) under an editable glob names another repository's commit: nothing of it is in the
+    patch to judge. git applies it without complaint (an empty folder), so the policy refuses it by its mode."""
+    patch = tmp_path / "gitlink.patch"
+    patch.write_text("diff --git a/engine/vendored b/engine/vendored\nnew file mode 160000\nindex 0000000..1234567\n"
+                     "--- /dev/null\n+++ b/engine/vendored\n@@ -0,0 +1 @@\n"
+                     "+Subproject commit 1234567890123456789012345678901234567890\n")
+    view = read_patch(repo, patch)
+    before = tree_manifest(repo)
+    git(repo, "apply", str(patch))
+    result = check_policy(MILESTONE, view, changed_files(before, tree_manifest(repo)), repo)
+    assert any("submodules are refused" in v and "engine/vendored" in v for v in result.violations), result.violations

@@ -152,7 +152,7 @@ max_attempts = 1
 
 def test_a_hanging_job_is_killed_at_its_timeout(home: Path, tmp_path: Path) -> None:
     one_job_milestone(home, "hang", "A job that cannot finish in time", timeout_s=3, argv=(
-        '"pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "100000", "--eval-steps", "0", '
+        '"pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "100000", "--eval-samples", "0", '
         '"--no-save-final", "--run-dir", "{job_dir}"'))
     milestone = load_milestone(home / "milestones/hang.toml", root=home)
     record = RunRecord.create(milestone_id="hang", spec_hash=milestone.spec_hash, agent={"spec": "none"},
@@ -189,7 +189,7 @@ def test_a_job_sees_only_the_earlier_job_folders_it_names(home: Path, tmp_path: 
     """Two runs of one seed must not be able to replay each other's files: the second job sees the first's
     folder only when its argv names it ({job_dir:first})."""
     train = ('"pretrain", "--preset", "tiny", "--device", "cpu", "--seq-length", "32", "--micro-batch-size", "1", '
-             '"--num-steps", "2", "--warmup-steps", "1", "--eval-steps", "0", "--no-save-final", "--run-dir", "{job_dir}"')
+             '"--num-steps", "2", "--warmup-steps", "1", "--eval-samples", "0", "--no-save-final", "--run-dir", "{job_dir}"')
     jobs = "".join(f"""
 [[gates]]
 kind = "job"
@@ -396,7 +396,7 @@ def test_a_candidate_job_cannot_write_outside_its_own_folder(home: Path, tmp_pat
     probe_file = Path("/var/tmp") / f"temper-sandbox-{tmp_path.name}-{os.getpid()}.txt"
     one_job_milestone(home, "writes", "A job that tries to write everywhere", timeout_s=120, verify=False, argv=(
         '"pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", '
-        '"--seq-length", "32", "--micro-batch-size", "2", "--eval-steps", "0", "--no-save-final", "--run-dir", "{job_dir}"'))
+        '"--seq-length", "32", "--micro-batch-size", "2", "--eval-samples", "0", "--no-save-final", "--run-dir", "{job_dir}"'))
     git(home, "add", "-A")
     git(home, "commit", "-qm", "writes milestone")
     milestone = load_milestone(home / "milestones/writes.toml", root=home)

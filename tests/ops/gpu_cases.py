@@ -3,7 +3,9 @@
 The shapes keep the compile-time sizes of the MiniCPM4 presets (hidden 4096, FFN shard 8192, vocab
 shard 36736, head dims 128 and 64 with 16 query heads per KV head as 8B has, 8 as 0.5B has) so the
 kernels compiled here are the ones bench/ops.py and training use (the on-disk cache then serves
-them), with fewer tokens so each check runs in milliseconds.
+them), with fewer tokens so each check runs in milliseconds. The `_documents` attention cases pack
+synthetic documents into each row (engine/ops/workloads.synthetic_documents) and pass `cu_seqlens` /
+`max_seqlen` as --document-mask runs do: the FA4 versions' varlen path against the baseline's mask.
 """
 
 import math
@@ -12,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from engine.ops.workloads import synthetic_documents
 
 __all__ = ["Case", "CASES", "cases_for"]
 
@@ -28,16 +32,20 @@ def _rand(g, *shape, dtype, std=1.0):
     return (torch.randn(*shape, generator=g, device="cuda") * std).to(dtype).requires_grad_()
 
 
-def _attention(b, s, hq, hkv, d) -> Case:
+def _attention(b, s, hq, hkv, d, documents: bool = False) -> Case:
     def make(seed, dtype):
         g = torch.Generator(device="cuda").manual_seed(seed)
-        return {"q": _rand(g, b, s, hq, d, dtype=dtype), "k": _rand(g, b, s, hkv, d, dtype=dtype),
-                "v": _rand(g, b, s, hkv, d, dtype=dtype)}
+        x = {"q": _rand(g, b, s, hq, d, dtype=dtype), "k": _rand(g, b, s, hkv, d, dtype=dtype),
+             "v": _rand(g, b, s, hkv, d, dtype=dtype)}
+        if documents:
+            x["cu_seqlens"], x["max_seqlen"] = synthetic_documents(b, s, seed=seed, device="cuda")
+        return x
 
     def call(fn, x):
-        return [fn(x["q"], x["k"], x["v"], softmax_scale=1.0 / math.sqrt(d))]
+        extra = {k: x[k] for k in ("cu_seqlens", "max_seqlen") if k in x}
+        return [fn(x["q"], x["k"], x["v"], softmax_scale=1.0 / math.sqrt(d), **extra)]
 
-    return Case(op="attention", name=f"gqa{hq}-{hkv}_d{d}", make=make, call=call)
+    return Case(op="attention", name=f"gqa{hq}-{hkv}_d{d}" + ("_documents" if documents else ""), make=make, call=call)
 
 
 def _rmsnorm(m, n, residual_scale, keep="both") -> Case:
@@ -103,6 +111,9 @@ CASES = [
     _output(2048, 4096, 36736, 0, 36736 - 24),  # one shard of the whole vocabulary, 24 padding columns
     _output(2048, 4096, 73472, 0, 73448),  # MiniCPM4-8B at TP 1: the whole padded vocabulary on one rank
     _output(2048, 4096, 36736, 36736, 73448),  # rank 1 of 2: half the labels live on the other shard
+    # --document-mask: FA4's varlen kernels (the stress test takes each op's first case, above)
+    _attention(2, 2048, 16, 1, 128, documents=True),
+    _attention(2, 1024, 16, 2, 64, documents=True),
 ]
 
 

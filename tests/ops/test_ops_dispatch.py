@@ -4,6 +4,7 @@ Temporary op trees (tmp_path/<op>/register.toml plus real modules on sys.path) s
 kernel versions: importing them is a real import, failing for real.
 """
 
+import ast
 import textwrap
 from pathlib import Path
 
@@ -187,6 +188,37 @@ def test_load_op_imports_the_entry(ops_root, monkeypatch):
     monkeypatch.setenv("TEMPER_OP_ATTENTION", "portable")
     ops = resolve_ops(EngineConfig(), "cpu", ops_root=ops_root)
     assert ops.attention is fn and ops.versions["attention"] == "portable" and ops.versions["rmsnorm"] == "baseline"
+
+
+def test_document_mask_refuses_a_version_without_document_keywords(ops_root, tmp_path):
+    """`portable` has the old contract (q, k, v, *, softmax_scale): with --document-mask it would attend across
+    documents or fail mid-step, so the run stops at start; a catch-all **kwargs is refused too (it could
+    swallow the boundaries); a version naming both keywords, and every real version, passes."""
+    masked = EngineConfig(document_mask=True, op_attention="portable")
+    with pytest.raises(ConfigError, match=r"--document-mask.*'portable' \(temper_test_fast_attn:attention\).*baseline"):
+        resolve_ops(masked, "cpu", ops_root=ops_root)
+    assert resolve_ops(EngineConfig(op_attention="portable"), "cpu", ops_root=ops_root).versions["attention"] == "portable"
+    mods = tmp_path / "mods"
+    (mods / "temper_test_kwargs_attn.py").write_text("def attention(q, k, v, *, softmax_scale, **kw):\n    return q\n")
+    (mods / "temper_test_docs_attn.py").write_text(
+        "def attention(q, k, v, *, softmax_scale, cu_seqlens=None, max_seqlen=None):\n    return q\n")
+    for name, module in (("kwargs", "temper_test_kwargs_attn"), ("docs", "temper_test_docs_attn")):
+        (ops_root / "attention" / "register.toml").write_text(GOOD + f"""
+[versions.{name}]
+entry = "{module}:attention"
+devices = ["cpu"]
+requires = []
+description = "test"
+""")
+    with pytest.raises(ConfigError, match="'kwargs'"):
+        resolve_ops(EngineConfig(document_mask=True, op_attention="kwargs"), "cpu", ops_root=ops_root)
+    assert resolve_ops(EngineConfig(document_mask=True, op_attention="docs"), "cpu", ops_root=ops_root)
+    assert resolve_ops(EngineConfig(document_mask=True), "cpu").versions["attention"] == "baseline"
+    for version, spec in load_register("attention").versions.items():  # the real ones, parsed (no CUDA import)
+        module, func = spec.entry.split(":")
+        tree = ast.parse((Path(__file__).resolve().parents[2] / (module.replace(".", "/") + ".py")).read_text())
+        (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func]
+        assert {a.arg for a in fn.args.kwonlyargs} >= {"cu_seqlens", "max_seqlen"} and fn.args.kwarg is None, version
 
 
 def test_failed_import_raises_kernel_load_error_not_baseline(ops_root, monkeypatch):

@@ -8,7 +8,7 @@ from tests.engine.helpers import REPO
 __all__ = ["torchrun", "TINY_DP"]
 
 # tiny, fp32 on CPU, global batch 4 at every layout below; 0.3 MB buckets: ~6 buckets at TP 1, ~3 at TP 2
-TINY_DP = ["--preset", "tiny", "--device", "cpu", "--seq-length", "64", "--eval-steps", "0", "--warmup-steps", "2",
+TINY_DP = ["--preset", "tiny", "--device", "cpu", "--seq-length", "64", "--eval-samples", "0", "--warmup-steps", "2",
            "--ddp-bucket-mb", "0.3"]
 
 

@@ -29,7 +29,8 @@ def test_tp_not_dividing_the_world_size(tmp_path):
     proc = launched_as(0, 3, tmp_path, "--tp", "2")
     assert proc.returncode == 2, proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert lines == ["error: --tp=2 does not divide the number of processes: use a divisor of the world size 3"], lines
+    assert lines == ["error: --tp=2 does not divide the number of processes (3): use a divisor of the world size 3, or "
+                     "launch with torchrun --nproc-per-node 2 (or a multiple of 2) -m engine pretrain ..."], lines
     assert not (tmp_path / "run").exists()
 
 
@@ -41,7 +42,8 @@ def test_other_ranks_exit_2_without_repeating_the_line(tmp_path):
 def test_torchrun_shows_one_engine_line(tmp_path):
     proc = torchrun(2, "pretrain", *TINY_FAST, "--tp", "4", "--run-dir", str(tmp_path / "run"), check=False)
     errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
-    assert errors == ["error: --tp=4 does not divide the number of processes: use a divisor of the world size 2"], proc.stderr
+    assert errors == ["error: --tp=4 does not divide the number of processes (2): use a divisor of the world size 2, or "
+                      "launch with torchrun --nproc-per-node 4 (or a multiple of 4) -m engine pretrain ..."], proc.stderr
     assert "exitcode  : 2" in proc.stderr  # torchrun's own summary; torchrun itself exits 1
     assert not (tmp_path / "run").exists()
 

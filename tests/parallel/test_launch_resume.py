@@ -1,5 +1,8 @@
 """TP = 2 x DP = 2 through torchrun (4 real processes, gloo): against one process, bitwise resume,
-resume on another DP size (resharded ZeRO-1 optimizer shards), export to HF weights.
+resume on another DP size (resharded ZeRO-1 optimizer shards), export to HF weights, checksums of
+every rank's shards. The run saves with --async-save (host copies of the ZeRO-1 ShardedTensors written
+by a background thread on its own gloo group), so every resume and export here reads async-written
+checkpoints; the resumed runs save blocking.
 
 Reference: the same config (8 steps, global batch 4 = 2 micro-batches of 2) in one process, built
 in-process (no launcher, so no second subprocess start-up). Tolerances: losses and grad norms 1e-5
@@ -9,6 +12,7 @@ micro-batch gradients are summed by an all-reduce or by accumulation; observed: 
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,7 +30,7 @@ STEPS = ["--num-steps", "8", "--save-every", "4", "--keep-last", "5"]
 def tp2dp2(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tp2dp2")
     proc = torchrun(4, "pretrain", *TINY_DP, *STEPS, "--tp", "2", "--micro-batch-size", "1", "--grad-accum-steps", "2",
-                    "--run-dir", str(run_dir))
+                    "--async-save", "--run-dir", str(run_dir))
     return run_dir, [deterministic_fields(x) for x in loss_lines(proc.stdout)], proc.stdout
 
 
@@ -100,3 +104,42 @@ def test_resume_with_another_tp_size_is_refused(tp2dp2, tmp_path):
     assert len(lines) == 1, proc.stderr
     assert "--tp=1" in lines[0] and "tp=2 x dp=2" in lines[0] and "tp=1 x dp=1" in lines[0], lines[0]
     assert not Path(target).exists()
+
+
+def test_every_ranks_shards_are_checksummed_and_a_damaged_one_is_named(tp2dp2, tmp_path):
+    """manifest.json covers the shards of all four ranks (each hashed by the rank that wrote it) plus
+    .metadata and meta.json; a same-size overwrite of rank 3's shard stops a resume at TP 2 x DP 2
+    before any step, naming that file."""
+    run_dir, _, stdout = tp2dp2
+    assert "[CKPT] step=4 path=" in stdout and "(async)" in stdout
+    ckpt = tmp_path / "step_00000004"
+    shutil.copytree(run_dir / "checkpoints" / "step_00000004", ckpt)
+    listed = json.loads((ckpt / "manifest.json").read_text())["files"]
+    assert set(listed) == {p.name for p in ckpt.iterdir()} - {"manifest.json"}
+    assert {name.split("_")[2] for name in listed if name.endswith(".distcp")} == {"0", "1", "2", "3"}
+    shard = next(ckpt.glob("__3_*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    proc = torchrun(4, "pretrain", *TINY_DP, *STEPS, "--tp", "2", "--micro-batch-size", "1", "--grad-accum-steps", "2",
+                    "--resume", str(ckpt), "--run-dir", str(tmp_path / "resumed"), check=False)
+    assert proc.returncode != 0 and not loss_lines(proc.stdout)
+    assert f"{ckpt.name}/{shard.name} bytes 0.." in proc.stderr and "fails verification" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_resume_auto_at_tp2_dp2_skips_a_damaged_newest_checkpoint(tp2dp2, tmp_path):
+    """Every rank walks rank 0's list of candidates, verifies its share, and all agree: step 8 (rank 2's
+    shard damaged) is skipped with one line, step 4 resumes bit for bit."""
+    run_dir, lines, _ = tp2dp2
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    shard = next((copy / "checkpoints" / "step_00000008").glob("__2_*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x80
+    shard.write_bytes(bytes(data))
+    proc = torchrun(4, "pretrain", *TINY_DP, *STEPS, "--tp", "2", "--micro-batch-size", "1", "--grad-accum-steps", "2",
+                    "--resume", "auto", "--run-dir", str(copy))
+    skipped = [x for x in proc.stdout.splitlines() if x.startswith("[CKPT] skipped")]
+    assert len(skipped) == 1 and f"step_00000008/{shard.name}" in skipped[0], proc.stdout[-3000:]
+    assert [deterministic_fields(x) for x in loss_lines(proc.stdout)] == lines[4:]

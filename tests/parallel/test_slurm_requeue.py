@@ -34,7 +34,7 @@ def test_usr1_checkpoints_and_requeues(tmp_path):
     log, run_dir = tmp_path / "job.out", tmp_path / "run"
     submit = subprocess.run(
         ["sbatch", "--parsable", "--gpus-per-node=0", "--exclusive", f"--output={log}", str(SCRIPT),
-         "--preset", "tiny", "--device", "cpu", "--seq-length", "64", "--micro-batch-size", "2", "--eval-steps", "0",
+         "--preset", "tiny", "--device", "cpu", "--seq-length", "64", "--micro-batch-size", "2", "--eval-samples", "0",
          "--num-steps", "100000", "--warmup-steps", "1", "--run-dir", str(run_dir)],
         cwd=REPO, capture_output=True, text=True, check=True, env={**os.environ, "NPROC_PER_NODE": "1"})
     job = submit.stdout.strip().split(";")[0]

@@ -11,7 +11,8 @@ the same backward hooks as the DP reduce-scatters.
 import pytest
 import torch
 
-from tests.parallel.test_tp_dp_equivalence import assert_trajectories, tensor_rel
+from tests.parallel.test_tp_dp_equivalence import (adamw_reference, assert_matches_adamw_reference, assert_trajectories,
+                                                   tensor_rel)
 from tests.parallel.workers import single_run, spawn
 
 SCENARIOS = [
@@ -50,6 +51,13 @@ def test_tp2_dp2_sequence_parallel_one_kv_head(world4, single):
     assert_trajectories(got["steps"], single["ref_kv1"]["steps"], 1e-5, "tp2 x dp2 + sp, kv1")
     assert tensor_rel(got["logits"], single["ref_kv1"]["logits"]) < 1e-5
     assert got["launched_by_backward"] == [got["buckets"]] * 10
+
+
+def test_mup_lrs_at_tp2_dp2_zero1_match_torch_adamw(world4, tmp_path):
+    """TP 2 x DP 2 with ZeRO-1 (and SP, one KV head) against torch.optim.AdamW with explicit muP param groups
+    (tolerances: test_tp_dp_equivalence.py)."""
+    ref = adamw_reference({"num_kv_heads": 1}, 10, str(tmp_path))
+    assert_matches_adamw_reference(world4["tp2_dp2_sp_kv1"]["logits"], ref, "tp2 x dp2 zero-1")
 
 
 def test_groups_are_megatron_placement(world4):

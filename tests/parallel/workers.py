@@ -6,6 +6,7 @@ returns the numbers to the test through a file. `single_run` is the same code on
 reference every parallel layout is compared with.
 """
 
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,15 @@ import torch.multiprocessing as mp
 from engine.config import build_config, resolve
 from engine.distributed import ParallelState, init_parallel
 from engine.env import LaunchEnv
+from engine.evaluate import evaluate
+from engine.model import batch_documents
 from engine.train import Trainer
 
 __all__ = ["BASE", "make_config", "single_run", "spawn", "run_trainer", "fixed_tokens"]
 
 # tiny preset, fp32 on CPU, short sequences: a 20-step trajectory takes about a second per process.
 BASE: dict[str, Any] = dict(preset="tiny", device="cpu", compute_dtype="fp32", seq_length=64, micro_batch_size=4,
-                            eval_steps=0, num_steps=20, warmup_steps=2, save_final=False)
+                            eval_samples=12, num_steps=20, warmup_steps=2, save_final=False)
 
 
 def make_config(overrides: dict[str, Any], world: int, run_dir: str):
@@ -34,18 +37,35 @@ def fixed_tokens(vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (2, 64), generator=torch.Generator().manual_seed(7))
 
 
+def _val_loss(trainer: Trainer) -> float:
+    """nan when the run evaluates nothing (--eval-samples 0, e.g. data without a validation split)."""
+    if trainer.cfg.eval_samples == 0:
+        return math.nan
+    return evaluate(trainer.model, trainer.data.validation, trainer.cfg, trainer.par, trainer.token_bytes)[0]
+
+
 def run_trainer(trainer: Trainer, steps: int) -> dict[str, Any]:
-    """Logits of a fixed batch before and after `steps` steps, and each step's (loss, grad norm)."""
+    """Logits of a fixed batch and the validation loss (BASE: 12 samples) before and after `steps` steps,
+    and each step's (loss, grad norm). With --document-mask the fixed batch holds a few EOS, and its logits
+    are read within documents."""
     tokens = fixed_tokens(trainer.cfg.vocab_size)
-    out: dict[str, Any] = {"logits0": trainer.model.logits(tokens), "steps": [], "launched_by_backward": [],
-                           "gathers_in_flight_after_step": [], "buckets": len(trainer.buffers.buckets)}
+    documents = None
+    if trainer.cfg.document_mask:
+        eos = trainer.data.train.shards.eos_id
+        tokens[0, [9, 10, 40]] = eos
+        tokens[1, 30] = eos
+        documents = batch_documents(trainer.cfg, tokens, eos, trainer.par.device)
+    out: dict[str, Any] = {"logits0": trainer.model.logits(tokens, documents), "val0": _val_loss(trainer), "steps": [],
+                           "launched_by_backward": [], "gathers_in_flight_after_step": [],
+                           "buckets": len(trainer.buffers.buckets)}
     for _ in range(steps):
         loss, grad_norm, _ = trainer.train_step()
         trainer.step += 1
         out["steps"].append((loss, grad_norm))
         out["launched_by_backward"].append(trainer.grad_sync.launched_by_backward)
         out["gathers_in_flight_after_step"].append(trainer.param_gather.in_flight)
-    out["logits"] = trainer.model.logits(tokens)
+    out["logits"] = trainer.model.logits(tokens, documents)
+    out["val"] = _val_loss(trainer)
     trainer.param_gather.wait_all()
     if trainer.par.world_size == 1:
         out["weights"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

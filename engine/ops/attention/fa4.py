@@ -15,10 +15,23 @@ SM90 forward tile that bench/attention_variants.py measured fastest on our shape
 4096: 0.275 vs 0.307 ms at GQA 16/1, 0.491 vs 0.518 ms at 32/2; SDPA 0.297 / 0.532). FA4's default
 tiles stay for other head dims and other GPUs. FA4's backward never packs; its default SM90 tile
 (64 x 128) was as fast as any other feasible one in the same sweep.
+
+Document boundaries (`cu_seqlens`, `max_seqlen`; engine/model/documents.py): every version then
+calls FA4's varlen API, `flash_attn.cute.flash_attn_varlen_func`, on the flattened [b * s, h, d]
+views of q, k and v (no copies) with cu_seqlens_q = cu_seqlens_k and causal=True, so each document
+is its own causal sequence; `max_seqlen` (a host int) sizes the kernels' grids and the deterministic
+backward's semaphores without a device sync. fa4 and fa4-tuned use FA4's default varlen tiles
+(PackGQA); the tuned forward tile was measured on dense causal attention only, so fa4-tuned does not
+claim it here. fa4-nopack keeps its no-PackGQA forward.
+
+Determinism: FA4's backward accumulates dQ (and, for GQA, dK / dV) across tiles with atomics unless
+asked to order them (semaphores, `deterministic=True`). Every version here asks whenever
+torch.are_deterministic_algorithms_enabled() (the engine's --deterministic), so same-seed runs are
+bitwise equal; its cost is measured in docs/determinism.md.
 """
 
 import torch
-from flash_attn.cute import flash_attn_func
+from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 from flash_attn.cute import interface as fa_interface
 
 from engine.ops.kernel_cache import configure_fa4_cache
@@ -42,20 +55,44 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"attention (fa4) needs a head dim that is a multiple of 8 and <= 256; got {q.shape[3]}")
 
 
-def _fa4(q, k, v, softmax_scale: float, pack_gqa: bool | None) -> torch.Tensor:
+def _varlen(q, k, v, softmax_scale: float, pack_gqa: bool | None, cu_seqlens: torch.Tensor,
+            max_seqlen: int | None) -> torch.Tensor:
+    """Causal attention within each document of the flattened tokens (FA4's varlen API)."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32 or cu_seqlens.device != q.device:
+        raise ValueError(f"attention (fa4): cu_seqlens must be int32 [documents + 1] on {q.device}; got "
+                         f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)} on {cu_seqlens.device}")
+    if not isinstance(max_seqlen, int) or not 0 < max_seqlen <= q.shape[1]:
+        raise ValueError(f"attention (fa4): max_seqlen must be the longest document as a host int in 1..{q.shape[1]}; "
+                         f"got {max_seqlen!r}")
+    b, s, hq, d = q.shape
+    flat = [t.reshape(b * s, t.shape[2], d) for t in (q, k, v)]
+    result = flash_attn_varlen_func(*flat, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+                                    max_seqlen_k=max_seqlen, softmax_scale=softmax_scale, causal=True,
+                                    pack_gqa=pack_gqa, deterministic=torch.are_deterministic_algorithms_enabled())
+    out = result[0] if isinstance(result, tuple) else result
+    return out.view(b, s, hq, d)
+
+
+def _fa4(q, k, v, softmax_scale: float, pack_gqa: bool | None, cu_seqlens: torch.Tensor | None,
+         max_seqlen: int | None) -> torch.Tensor:
     _check(q, k, v)
-    result = flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=True, pack_gqa=pack_gqa)
+    if cu_seqlens is not None:
+        return _varlen(q, k, v, softmax_scale, pack_gqa, cu_seqlens, max_seqlen)
+    result = flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=True, pack_gqa=pack_gqa,
+                             deterministic=torch.are_deterministic_algorithms_enabled())
     return result[0] if isinstance(result, tuple) else result
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
+              cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None) -> torch.Tensor:
     """Causal GQA attention (FA4 defaults: PackGQA forward). q [b, s, hq, d]; k, v [b, s, hkv, d]."""
-    return _fa4(q, k, v, softmax_scale, None)
+    return _fa4(q, k, v, softmax_scale, None, cu_seqlens, max_seqlen)
 
 
-def attention_nopack(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float) -> torch.Tensor:
+def attention_nopack(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
+                     cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None) -> torch.Tensor:
     """Causal GQA attention, forward without PackGQA (one M tile per query head)."""
-    return _fa4(q, k, v, softmax_scale, False)
+    return _fa4(q, k, v, softmax_scale, False, cu_seqlens, max_seqlen)
 
 
 # head dim -> forward kwargs of FA4's _flash_attn_fwd on SM90 (bench/attention_variants.py)
@@ -70,16 +107,23 @@ class _TunedAttention(torch.autograd.Function):
                                                 **tiles)[:2]
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.softmax_scale = softmax_scale
+        # Read at forward time, as torch's own ops do: the mode the step ran in decides its backward.
+        ctx.deterministic = torch.are_deterministic_algorithms_enabled()
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = fa_interface._flash_attn_bwd(q, k, v, out, dout, lse, ctx.softmax_scale, True)
+        dq, dk, dv = fa_interface._flash_attn_bwd(q, k, v, out, dout, lse, ctx.softmax_scale, True,
+                                                  deterministic=ctx.deterministic)
         return dq, dk, dv, None
 
 
-def attention_tuned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float) -> torch.Tensor:
-    """Causal GQA attention on FA4's kernels with our SM90 forward tile for head dim 128."""
+def attention_tuned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
+                    cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None) -> torch.Tensor:
+    """Causal GQA attention on FA4's kernels with our SM90 forward tile for head dim 128 (documents: FA4's
+    varlen defaults, see the module doc)."""
     _check(q, k, v)
+    if cu_seqlens is not None:
+        return _varlen(q, k, v, softmax_scale, None, cu_seqlens, max_seqlen)
     return _TunedAttention.apply(q, k, v, float(softmax_scale))

@@ -33,7 +33,7 @@ def reference_lr(step: int) -> float:
 
 def run_engine(*flags: str, run_dir) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "engine", "pretrain", "--preset", "tiny", "--device", "cpu", "--seed", "1234",
-            "--eval-steps", "0", "--no-save-final", "--run-dir", str(run_dir), *flags]
+            "--eval-samples", "0", "--no-save-final", "--run-dir", str(run_dir), *flags]
     return subprocess.run(argv, capture_output=True, text=True, timeout=900)
 
 

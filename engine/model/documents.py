@@ -1,0 +1,70 @@
+"""Where the documents of a packed window begin: what --document-mask and --reset-position-ids read.
+
+A packed sample (engine/data/loader.py) is a slice of the token stream, documents joined by EOS, so
+one window holds the tail of one document, whole documents and the head of another. With
+--document-mask a token attends only to earlier tokens of its own document. Boundaries come from the
+window itself: the token after an EOS starts a new document, and so does the first token of every
+row (each row is a sample of its own; a document cut by the window edge starts afresh, as Megatron's
+reset_attention_mask does). The EOS belongs to the document it ends; its label, the next document's
+first token, stays a trained target (Megatron without --eod-mask-loss): labels are never touched.
+
+The layout is the flattened ("varlen") form FlashAttention takes: the micro-batch's b x s tokens in
+row order, `cu_seqlens` the offsets where documents start followed by b x s (int32 [n + 1]; every
+multiple of s is among them, so no document spans two rows) and `max_seqlen` the longest document as
+a host int. It is computed once per micro-batch from the loader's CPU tokens, before they are copied
+to the device, so no step waits on the GPU for it: kernels get `max_seqlen` without asking the
+device, and the baseline builds its mask from `cu_seqlens` on the device. With --reset-position-ids,
+`positions` [b, s] holds each token's index inside its document (RoPE restarts at 0 there).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EngineConfig
+
+__all__ = ["DocumentLayout", "document_layout", "batch_documents"]
+
+
+@dataclass(frozen=True)
+class DocumentLayout:
+    """Documents of one micro-batch of [b, s] tokens (see the module doc)."""
+
+    cu_seqlens: torch.Tensor  # int32 [n + 1]: 0, document starts in the flattened tokens, b * s
+    max_seqlen: int  # the longest document, in tokens
+    positions: torch.Tensor | None  # int64 [b, s]: index of each token inside its document; None: 0..s-1
+
+    def to(self, device: torch.device | str) -> "DocumentLayout":
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return DocumentLayout(cu_seqlens=move(self.cu_seqlens), max_seqlen=self.max_seqlen, positions=move(self.positions))
+
+
+def document_layout(inputs: torch.Tensor, eos_id: int, *, reset_positions: bool) -> DocumentLayout:
+    """The documents of `inputs` [b, s] (host tokens): each starts at a row start or after an EOS."""
+    if inputs.dim() != 2 or inputs.device.type != "cpu":
+        raise ValueError(f"document_layout wants the loader's [b, s] tokens on the host (no device sync); got "
+                         f"{tuple(inputs.shape)} on {inputs.device}")
+    b, s = inputs.shape
+    starts = torch.zeros(b, s, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[:, 1:] = inputs[:, :-1] == eos_id
+    offsets = starts.reshape(-1).nonzero().reshape(-1)
+    cu_seqlens = torch.cat([offsets, torch.tensor([b * s])]).to(torch.int32)
+    max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    positions = None
+    if reset_positions:
+        index = torch.arange(s).expand(b, s)
+        # the latest document start at or before each token (cummax carries it forward along the row)
+        start = torch.where(starts, index, 0).cummax(dim=1).values
+        positions = index - start
+    return DocumentLayout(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, positions=positions)
+
+
+def batch_documents(cfg: EngineConfig, inputs: torch.Tensor, eos_id: int,
+                    device: torch.device | str) -> DocumentLayout | None:
+    """The layout a micro-batch's forward needs on `device`, or None when --document-mask is off."""
+    if not cfg.document_mask:
+        return None
+    return document_layout(inputs, eos_id, reset_positions=cfg.reset_position_ids).to(device)

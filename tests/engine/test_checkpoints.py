@@ -1,0 +1,277 @@
+"""Checkpoints that cannot lie (issue 13): write order, checksums, metrics.jsonl after a resume, schedule
+changes on resume, asynchronous saves. Real runs of the CLI (subprocesses), real kills.
+
+The reference for every resumed run is the uninterrupted run's own [LOSS] lines, bit for bit: a resume
+that restored everything is the same computation (tests/engine/test_runs.py::test_resume_is_bitwise).
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.optim.schedule import lr_at
+from engine.config import EngineConfig
+from tests.engine.helpers import REPO, TINY_FAST, deterministic_fields, loss_lines, run_engine
+
+FAST = [*TINY_FAST, "--eval-samples", "0"]
+
+
+def _steps(stdout: str) -> list[tuple[str, ...]]:
+    return [deterministic_fields(x) for x in loss_lines(stdout)]
+
+
+def _run_until(args: list[str], line_prefix: str, sig: int, *, then_wait_for: Path | None = None) -> str:
+    """Start `engine pretrain ARGS`, send `sig` once a stdout line starts with `line_prefix` (and, if given,
+    once `then_wait_for` exists); return everything it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "pretrain", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(line_prefix):
+            deadline = time.monotonic() + 60
+            while then_wait_for is not None and not then_wait_for.exists() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            proc.send_signal(sig)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert seen and seen[-1].startswith(line_prefix), "".join(seen) + out + err
+    return "".join(seen) + out
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> tuple[Path, list[tuple[str, ...]]]:
+    """4 steps, checkpoints at 2 and 4 (each test works on a copy): the reference [LOSS] lines."""
+    run_dir = tmp_path_factory.mktemp("base") / "run"
+    proc = run_engine("pretrain", *FAST, "--num-steps", "4", "--save-every", "2", "--keep-last", "10",
+                      "--run-dir", str(run_dir))
+    return run_dir, _steps(proc.stdout)
+
+
+def _copy(base: tuple[Path, list], tmp_path: Path) -> tuple[Path, Path, list[tuple[str, ...]]]:
+    run_dir = tmp_path / "run"
+    shutil.copytree(base[0], run_dir)
+    return run_dir, run_dir / "checkpoints", base[1]
+
+
+def test_resuming_an_older_checkpoint_prunes_by_write_order(base, tmp_path):
+    """The reported scenario: a run reaches step 4; it is resumed from step 2 with --keep-last 1 and
+    dies after writing step 3. Pruning by step number deleted step 3 (keeping the abandoned step 4),
+    and --resume auto then continued the abandoned run. By write order step 3 is the one kept."""
+    run_dir, ckpts, reference = _copy(base, tmp_path)
+    _run_until([*FAST, "--num-steps", "4", "--save-every", "1", "--keep-last", "1", "--resume",
+                str(ckpts / "step_00000002"), "--run-dir", str(run_dir)], "[CKPT] step=3 ", signal.SIGKILL)
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_")) == ["step_00000003"]
+    assert (ckpts / "latest").read_text().strip() == "step_00000003"
+    resumed = run_engine("pretrain", *FAST, "--num-steps", "4", "--save-every", "1", "--keep-last", "1",
+                         "--resume", "auto", "--run-dir", str(run_dir))
+    assert f"resumed from {ckpts / 'step_00000003'} at step 3" in resumed.stdout
+    assert _steps(resumed.stdout) == reference[3:]
+    # metrics.jsonl: the killed run logged step 3 (maybe 4) again; each step is there once, as first run
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [f"{r['global_loss']:.9e}" for r in records] == [s[1] for s in reference]
+
+
+def _damage(shard: Path, offset: int) -> None:
+    """A same-size overwrite: 64 bytes in the middle of a shard replaced by their complement."""
+    data = bytearray(shard.read_bytes())
+    data[offset:offset + 64] = bytes(255 - b for b in data[offset:offset + 64])
+    shard.write_bytes(bytes(data))
+
+
+def test_same_size_overwrite_is_named_and_auto_falls_back(base, tmp_path):
+    run_dir, ckpts, reference = _copy(base, tmp_path)
+    shard = ckpts / "step_00000004" / "__0_0.distcp"
+    size = shard.stat().st_size
+    _damage(shard, size // 2)
+    assert shard.stat().st_size == size
+
+    explicit = run_engine("pretrain", *FAST, "--num-steps", "4", "--resume", str(ckpts / "step_00000004"),
+                          "--run-dir", str(tmp_path / "explicit"), check=False)
+    assert explicit.returncode == 2, explicit.stdout[-2000:] + explicit.stderr
+    lines = [x for x in explicit.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "step_00000004/__0_0.distcp bytes 0.." in lines[0] and "fails verification" in lines[0], lines
+    assert not (tmp_path / "explicit").exists()
+
+    auto = run_engine("pretrain", *FAST, "--num-steps", "4", "--save-every", "2", "--resume", "auto",
+                      "--run-dir", str(run_dir))
+    skipped = [x for x in auto.stdout.splitlines() if x.startswith("[CKPT] skipped")]
+    assert len(skipped) == 1 and "step_00000004" in skipped[0] and "__0_0.distcp" in skipped[0], auto.stdout
+    assert f"resumed from {ckpts / 'step_00000002'} at step 2" in auto.stdout
+    assert _steps(auto.stdout) == reference[2:]
+
+
+def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(base, tmp_path):
+    run_dir, ckpts, _ = _copy(base, tmp_path)
+    for manifest in ckpts.glob("step_*/manifest.json"):
+        manifest.unlink()
+    proc = run_engine("pretrain", *FAST, "--num-steps", "4", "--resume", "auto", "--run-dir", str(run_dir), check=False)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "found no checkpoint" in proc.stderr and "has no manifest.json" in proc.stderr, proc.stderr
+    assert not _steps(proc.stdout)
+
+
+def test_schedule_change_on_resume_is_refused(base, tmp_path):
+    ckpt = base[0] / "checkpoints" / "step_00000002"
+    refused = run_engine("pretrain", *FAST, "--num-steps", "6", "--lr", "0.02", "--resume", str(ckpt),
+                         "--run-dir", str(tmp_path / "refused"), check=False)
+    assert refused.returncode == 2
+    lines = [x for x in refused.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, refused.stderr
+    assert "--lr 0.01 -> 0.02" in lines[0] and "--num-steps 4 -> 6" in lines[0] and "--override-schedule" in lines[0]
+    assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.slow
+def test_schedule_override_is_recorded_and_followed(base, tmp_path):
+    ckpt = base[0] / "checkpoints" / "step_00000002"
+    out = tmp_path / "override"
+    accepted = run_engine("pretrain", *FAST, "--num-steps", "6", "--lr", "0.02", "--resume", str(ckpt),
+                          "--override-schedule", "--run-dir", str(out))
+    assert "[RUN] schedule overridden at step 2 (--override-schedule): lr 0.01 -> 0.02, num_steps 4 -> 6" in accepted.stdout
+    meta = json.loads((out / "checkpoints" / "step_00000006" / "meta.json").read_text())
+    assert meta["schedule_overrides"] == [{"step": 2, "changes": {"lr": [0.01, 0.02], "num_steps": [4, 6]}}]
+    assert meta["config"]["override_schedule"] is True
+    # the steps after the resume follow the new schedule: step k prints lr_at(new config, k - 1); %.6e
+    new = EngineConfig(lr=0.02, num_steps=6, warmup_steps=2, lr_schedule="cosine", min_lr_ratio=0.1)
+    assert [float(s[3]) for s in _steps(accepted.stdout)] == pytest.approx([lr_at(new, k) for k in range(2, 6)], rel=1e-6)
+
+    # a constant schedule does not read --num-steps: extending such a run needs no flag
+    const = tmp_path / "const"
+    run_engine("pretrain", *FAST, "--num-steps", "2", "--lr-schedule", "constant", "--run-dir", str(const))
+    more = run_engine("pretrain", *FAST, "--num-steps", "3", "--lr-schedule", "constant", "--resume", "auto",
+                      "--run-dir", str(const))
+    assert [s[0] for s in _steps(more.stdout)] == ["3"]
+
+
+def test_metrics_truncation_survives_a_kill_mid_rewrite(tmp_path):
+    """Kill the rewrite the moment metrics.jsonl changes on disk: it is the old file or the new, never a
+    torn one. A rewrite in place would be seen half-written (60 MB take far longer than one poll)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    path = run_dir / "metrics.jsonl"
+    record = {"kind": "loss", "global_loss": 1.0, "grad_norm": 1.0, "lr": 1e-3, "tokens": 256, "time_s": 0.1,
+              "mfu": 0.0, "peak_mem_gib": 0.0, "pad": "x" * 120}
+    old = "".join(json.dumps({**record, "step": i}) + "\n" for i in range(1, 300_001))
+    path.write_text(old)
+    new = "".join(json.dumps({**record, "step": i}) + "\n" for i in range(1, 150_001))
+    before = os.stat(path)
+    code = f"from engine.metrics import keep_through_step; from pathlib import Path; keep_through_step(Path({str(path)!r}), 150000)"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    while proc.poll() is None:
+        now = os.stat(path)
+        if (now.st_ino, now.st_size, now.st_mtime_ns) != (before.st_ino, before.st_size, before.st_mtime_ns):
+            proc.kill()
+            break
+        time.sleep(0.001)
+    proc.wait(timeout=60)
+    assert path.read_text() in (old, new)
+    # torn last line (a kill mid-append) is dropped with the later steps
+    head = "".join(new.splitlines(keepends=True)[:3])
+    path.write_text(head + '{"kind": "loss", "st')
+    from engine.metrics import keep_through_step
+    assert keep_through_step(path, 5) == 1 and path.read_text() == head
+
+
+def _big(*extra: str) -> list[str]:
+    """~8M parameters (a 100 MB checkpoint): writing it takes long enough to be killed in the middle."""
+    return [*FAST, "--hidden-size", "512", "--num-heads", "8", "--num-kv-heads", "4", "--head-dim", "64",
+            "--ffn-hidden-size", "2048", "--num-layers", "2", "--micro-batch-size", "2", *extra]
+
+
+def test_async_save_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    ckpts = run_dir / "checkpoints"
+    args = _big("--num-steps", "4", "--save-every", "2", "--async-save", "--run-dir", str(run_dir))
+    text = _run_until(args, "[CKPT] step=4 staged", signal.SIGKILL, then_wait_for=ckpts / "step_00000004.tmp")
+    assert "[CKPT] step=2 path=" in text  # the first save completed and was reported
+    assert not (ckpts / "step_00000004").exists(), "the kill landed after the write: nothing was tested"
+    assert (ckpts / "latest").read_text().strip() == "step_00000002"
+    resumed = run_engine("pretrain", *_big("--num-steps", "4", "--save-every", "2", "--async-save", "--resume", "auto",
+                                           "--run-dir", str(run_dir)))
+    assert f"resumed from {ckpts / 'step_00000002'} at step 2" in resumed.stdout
+    assert [s[0] for s in _steps(resumed.stdout)] == ["3", "4"]
+    assert not (ckpts / "step_00000004.tmp").exists()  # the stale folder of the killed write was replaced, then published
+    assert (ckpts / "latest").read_text().strip() == "step_00000004"
+
+
+@pytest.mark.slow
+def test_async_save_writes_what_a_blocking_save_writes(tmp_path):
+    """Same losses, the same checkpoint tensors, resumable bit for bit; SIGTERM waits for the save in flight."""
+    from engine.export_hf import load_full_weights
+
+    blocking = run_engine("pretrain", *FAST, "--num-steps", "6", "--save-every", "2", "--keep-last", "5",
+                          "--run-dir", str(tmp_path / "blocking"))
+    run_dir = tmp_path / "async"
+    asynchronous = run_engine("pretrain", *FAST, "--num-steps", "6", "--save-every", "2", "--keep-last", "5",
+                              "--async-save", "--run-dir", str(run_dir))
+    assert _steps(asynchronous.stdout) == _steps(blocking.stdout)
+    for step in (2, 4, 6):
+        name = f"step_{step:08d}"
+        assert f"[CKPT] step={step} path={run_dir / 'checkpoints' / name} write_s=" in asynchronous.stdout
+        _, a = load_full_weights(run_dir / "checkpoints" / name)
+        _, b = load_full_weights(tmp_path / "blocking" / "checkpoints" / name)
+        assert all(a[k].equal(b[k]) for k in b)
+    resumed = run_engine("pretrain", *FAST, "--num-steps", "6", "--async-save", "--resume",
+                         str(run_dir / "checkpoints" / "step_00000004"), "--run-dir", str(tmp_path / "resumed"))
+    assert _steps(resumed.stdout) == _steps(blocking.stdout)[4:]
+
+    stopped = tmp_path / "stopped"
+    text = _run_until([*FAST, "--num-steps", "100000", "--save-every", "1", "--async-save", "--run-dir", str(stopped)],
+                      "[LOSS] step=3 ", signal.SIGTERM)
+    assert "stopped by SIGTERM" in text
+    latest = (stopped / "checkpoints" / "latest").read_text().strip()
+    assert f"[CKPT] step={int(latest[5:])} path=" in text  # reported as written before the exit
+    assert (stopped / "checkpoints" / latest / "manifest.json").is_file()
+
+
+def _async_snapshot_is_the_save_step(device: str, tmp_path: Path, **overrides) -> None:
+    """In one process: save at step 2 with --async-save, train on at once (changing the masters and moments
+    the save copied), then read the checkpoint back: it must hold the step-2 state exactly, as copied
+    before the save returned. A save writing the live tensors would hold a later step's values."""
+    import torch
+
+    from engine.distributed import ParallelState
+    from engine.export_hf import load_full_weights
+    from engine.train import Trainer
+    from tests.parallel.workers import make_config
+
+    cfg = make_config({"device": device, "async_save": True, "num_steps": 4, **overrides}, 1, str(tmp_path))
+    trainer = Trainer(cfg, ParallelState.single(torch.device(device)), torch.float32)
+    try:
+        for _ in range(2):
+            trainer.train_step()
+            trainer.step += 1
+        trainer.param_gather.wait_all()
+        at_save = {n: p.detach().float().cpu().clone() for n, p in trainer.model.named_parameters()}
+        assert trainer.save() is None  # async: published later
+        trainer.train_step()  # the background write overlaps this step
+        trainer.step += 1
+        finished = trainer.saver.wait()
+        assert finished is not None and finished.step == 2
+        _, saved = load_full_weights(finished.path)
+        assert set(saved) == set(at_save)
+        assert all(torch.equal(saved[n], at_save[n]) for n in at_save)
+        after = {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters()}
+        assert any(not torch.equal(after[n], at_save[n]) for n in at_save)  # training did move on
+    finally:
+        trainer.metrics.close()
+
+
+def test_async_save_copies_the_state_of_its_step(tmp_path):
+    _async_snapshot_is_the_save_step("cpu", tmp_path)
+
+
+@pytest.mark.gpu
+def test_async_save_copies_the_state_of_its_step_on_cuda(tmp_path):
+    """Pinned host buffers, non-blocking device-to-host copies, one synchronize before the thread starts."""
+    _async_snapshot_is_the_save_step("cuda", tmp_path, **{f"op_{op}": "baseline" for op in
+                                                          ("attention", "rmsnorm", "gemm_fc1", "gemm_output")})

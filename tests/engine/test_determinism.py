@@ -1,0 +1,97 @@
+"""--deterministic: same-seed runs and resumes compute the same bits.
+
+CPU: the switch itself (torch's deterministic mode, the cuBLAS workspace pin and its refusal of a user's
+non-reproducible value). GPU (`-m gpu`, the device machine): the reported defect of issue 13, on the
+same preset and seed: minicpm4-0.5b, seed 7, 8 steps, two runs and a resume from step 4, with the
+CuTeDSL defaults and with the torch baselines. Bitwise means every [LOSS] field but time and MFU is
+the same string (`.9e` loss and grad norm).
+"""
+
+import shutil
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import ConfigError
+from engine.train import make_reproducible
+from tests.engine.helpers import deterministic_fields, loss_lines, run_engine
+
+CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
+
+
+@pytest.fixture
+def torch_mode():
+    """Leave torch's global deterministic switches as the test found them."""
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+             torch.backends.cudnn.benchmark)
+    yield
+    torch.use_deterministic_algorithms(saved[0])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1], saved[2]
+
+
+def test_deterministic_mode_turns_on_torchs_switches_and_pins_cublas(monkeypatch, torch_mode) -> None:
+    monkeypatch.delenv(CUBLAS, raising=False)
+    torch.use_deterministic_algorithms(False)
+    make_reproducible(EngineConfig(), "cuda")  # sets switches only: no CUDA call is made
+    assert torch.are_deterministic_algorithms_enabled()
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    import os
+
+    assert os.environ[CUBLAS] == ":4096:8"
+
+
+def test_a_users_reproducible_cublas_setting_is_kept_and_another_refused(monkeypatch, torch_mode) -> None:
+    import os
+
+    monkeypatch.setenv(CUBLAS, ":16:8")
+    make_reproducible(EngineConfig(), "cuda")
+    assert os.environ[CUBLAS] == ":16:8"
+    monkeypatch.setenv(CUBLAS, ":0:0")
+    with pytest.raises(ConfigError, match=r"--deterministic.*CUBLAS_WORKSPACE_CONFIG=':0:0'.*--no-deterministic"):
+        make_reproducible(EngineConfig(), "cuda")
+
+
+def test_no_deterministic_leaves_torch_alone(monkeypatch, torch_mode) -> None:
+    monkeypatch.delenv(CUBLAS, raising=False)
+    torch.use_deterministic_algorithms(False)
+    make_reproducible(replace(EngineConfig(), deterministic=False), "cuda")
+    import os
+
+    assert not torch.are_deterministic_algorithms_enabled() and CUBLAS not in os.environ
+
+
+def test_the_flag_reaches_the_run_header(tmp_path) -> None:
+    on = run_engine("pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", "--eval-samples", "0",
+                    "--seq-length", "32", "--micro-batch-size", "2", "--no-save-final", "--run-dir", str(tmp_path / "on"))
+    off = run_engine("pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", "--eval-samples", "0",
+                     "--seq-length", "32", "--micro-batch-size", "2", "--no-save-final", "--no-deterministic",
+                     "--run-dir", str(tmp_path / "off"))
+    assert '"deterministic": true' in on.stdout and '"deterministic": false' in off.stdout
+
+
+BASELINE = ["--op-attention", "baseline", "--op-rmsnorm", "baseline", "--op-gemm-fc1", "baseline",
+            "--op-gemm-output", "baseline"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ops", ["defaults", "baseline"])
+def test_gpu_same_seed_runs_and_a_resume_are_bitwise(ops, tmp_path) -> None:
+    common = ["pretrain", "--preset", "minicpm4-0.5b", "--device", "cuda", "--seed", "7", "--num-steps", "8",
+              "--warmup-steps", "2", "--eval-samples", "0", "--seq-length", "2048", "--micro-batch-size", "2",
+              *(BASELINE if ops == "baseline" else [])]
+    first = run_engine(*common, "--save-every", "4", "--keep-last", "3", "--run-dir", str(tmp_path / "a"), timeout=900)
+    second = run_engine(*common, "--no-save-final", "--run-dir", str(tmp_path / "b"), timeout=900)
+    a = [deterministic_fields(x) for x in loss_lines(first.stdout)]
+    b = [deterministic_fields(x) for x in loss_lines(second.stdout)]
+    assert len(a) == 8 and a == b, "\n".join(f"{x}\n{y}" for x, y in zip(a, b) if x != y)
+
+    # Resume from step 4 in a fresh folder: steps 5..8 must repeat the uninterrupted run's bits.
+    ckpt = tmp_path / "a" / "checkpoints" / "step_00000004"
+    assert ckpt.is_dir(), sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir())
+    shutil.copytree(ckpt, tmp_path / "c" / "checkpoints" / ckpt.name)
+    resumed = run_engine(*common, "--no-save-final", "--resume", str(tmp_path / "c" / "checkpoints" / ckpt.name),
+                         "--run-dir", str(tmp_path / "c"), timeout=900)
+    c = [deterministic_fields(x) for x in loss_lines(resumed.stdout)]
+    assert c == a[4:], "\n".join(f"{x}\n{y}" for x, y in zip(c, a[4:]) if x != y)
