@@ -15,8 +15,11 @@ Output, `<out>/batches.json` (written atomically):
     data, fingerprint     what build_data read, and the packed samples' fingerprint
     steps                 {"N": {"rows": [sample index, ...], "inputs": [[token id, ...], ...], "labels": [[...], ...]}}
 
-Step N is the N-th optimizer step (the `[LOSS] step=N` line): the batch the weights of step N - 1 were
-trained on. Labels of -100 carry no loss (none today: every packed token is a label).
+Step N is the N-th global batch the loader hands out: the batch of optimizer step N (the `[LOSS] step=N`
+line), which the weights of step N - 1 were trained on, unless updates were skipped (--skip-spike-factor: a
+skipped step is retried on the next batch, so the judge counts the run's [SKIP] lines to map a step to its
+batch). Labels of -100 carry no loss (none today: every packed token is a label; --document-mask changes
+attention, not labels, so the batches are the same with it).
 
 Only the fields of DATA_GROUPS decide a step's batch; the others (optimizer and schedule, evaluation,
 output, kernels, performance) are reset to their defaults before the config is resolved, and flags this

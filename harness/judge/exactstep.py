@@ -22,6 +22,19 @@ backward pass, and how the loss was normalised: a run that trained on fewer samp
 other data or a stale gradient, or that printed made-up numbers (a smoothed curve, a reference run's
 losses) fails here whatever its weights look like from afar.
 
+The moments do not depend on the learning rate, so c. and d. hold whatever lr each tensor trained at (muP's
+per-tensor multipliers included: harness/judge/evidence.py holds the applied lr of every tensor). The
+forward reads packed documents as the EXPECTED config says (document_mask, reset_position_ids; the EOS of
+the judge's own tokenization), never as the job's meta.json does (reference.judged_config).
+
+Skipped updates (--skip-spike-factor): a step whose loss spikes is not applied and is retried on the next
+batch, so step N trained on batch N + (skips before it), as the job's [SKIP] lines say (BatchOrder). Those
+lines are checked too: none where the config does not skip; counts that go up one at a time; the expected
+factor, a loss above factor x running mean, a full window and a running mean that is the mean of the
+printed losses of the window; and, where the judge holds checkpoint N - 1, each skipped batch's printed
+loss against its own forward pass of those weights (the weights do not move at a skip). A run cannot
+drop hard batches by calling them spikes.
+
 Tolerances (`tolerances_for`), relative:
 - fp32 compute (CPU): the engine and the reference add the same products in another order (fused QKV,
   chunked LM head, flat-buffer norms, TP partial sums, a DP reduce-scatter). Measured on honest runs,
@@ -48,8 +61,8 @@ import torch
 from harness.judge import reference
 from harness.judge.checkpoint import CheckpointError, load_checkpoint
 
-__all__ = ["Tolerances", "FP32", "BF16", "tolerances_for", "StepBatch", "StepCheck", "ExactEvidence", "step_pairs",
-           "verify_exact_steps"]
+__all__ = ["Tolerances", "FP32", "BF16", "tolerances_for", "StepBatch", "StepCheck", "ExactEvidence", "BatchOrder",
+           "batch_order", "step_pairs", "verify_exact_steps"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,83 @@ class ExactEvidence:
     notes: list[str] = field(default_factory=list)
 
 
+# A [SKIP] line's running mean against the mean of the printed losses of its window: both are the same fp32
+# losses, printed with 10 significant digits.
+_MEAN_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class BatchOrder:
+    """Which of the loader's global batches (numbered from 1, as `engine batches` states them) each optimizer step
+    of one job trained on. Step N trained on batch N, unless updates were skipped (--skip-spike-factor): a
+    skipped step is retried on the next batch, so step N trained on batch N + (skips before it). The job's
+    [SKIP] lines on the judge's pipe say where; `before` counts the run's skips before this job's log began
+    (a resumed run). `batch_order` builds it and refuses what an honest engine never prints."""
+
+    skips: tuple[Any, ...] = ()  # logparse.SkipRecord, in log order
+    before: int = 0
+
+    def batch_of(self, step: int) -> int:
+        return step + self.before + sum(1 for k in self.skips if k.step <= step)
+
+    def skipped_batch(self, skip: Any) -> int:
+        return skip.step + skip.skipped_batches - 1
+
+    def decision_problems(self, printed_steps: Sequence[Any], expected: Mapping[str, Any]) -> list[str]:
+        """Each skip must be the engine's own decision (engine/optim/spike.py): the expected factor, a loss above
+        factor x the running mean, a full window, and (where the window's [LOSS] lines are all in this log) a
+        running mean that is the mean of the last `skip_spike_window` printed losses."""
+        factor, window = float(expected.get("skip_spike_factor", 0.0)), int(expected.get("skip_spike_window", 20))
+        losses = {r.step: r.loss for r in printed_steps}
+        out = []
+        for k in self.skips:
+            if not _rel(k.factor, factor) <= _MEAN_RTOL:
+                out.append(f"exact step: the [SKIP] line of step {k.step} says factor={k.factor:g}; the job was asked for "
+                           f"--skip-spike-factor {factor:g}")
+            elif not k.loss > k.factor * k.running_mean:
+                out.append(f"exact step: step {k.step}'s update was skipped with global_loss={k.loss:.9e}, not above "
+                           f"{k.factor:g} x running_mean={k.running_mean:.9e}: only a loss spike may be skipped")
+            elif k.step - 1 < window:
+                out.append(f"exact step: step {k.step}'s update was skipped before --skip-spike-window {window} steps were "
+                           "accepted (the engine starts checking once its window is full)")
+            elif all(s in losses for s in range(k.step - window, k.step)):
+                mean = sum(losses[s] for s in range(k.step - window, k.step)) / window
+                if not _rel(k.running_mean, mean) <= _MEAN_RTOL:
+                    out.append(f"exact step: the [SKIP] line of step {k.step} says running_mean={k.running_mean:.9e}; the "
+                               f"printed losses of steps {k.step - window}..{k.step - 1} average {mean:.9e}")
+        return out
+
+
+def batch_order(skips: Sequence[Any], *, expected: Mapping[str, Any]) -> tuple[BatchOrder | None, list[str], str]:
+    """(the job's BatchOrder, violations, why it cannot be known) from its [SKIP] lines and the expected config.
+
+    No order (None) with violations: the lines contradict the config or each other. None with a reason: a
+    resumed run under --skip-spike-factor that printed no [SKIP] line, whose skips before the resume are on
+    no pipe of this job (the caller flags the verdict: its steps are not verified exactly)."""
+    factor = float(expected.get("skip_spike_factor", 0.0))
+    resumed = bool(expected.get("resume"))
+    if not skips:
+        if factor > 0 and resumed:
+            return None, [], ("exact steps not verified: a resumed run under --skip-spike-factor that skipped nothing "
+                              "itself; the skips before the resume, which shift its batches, are on no line of its log")
+        return BatchOrder(), [], ""
+    if not factor > 0:
+        k = skips[0]
+        return None, [f"exact step: the job skipped the update of step {k.step} ([SKIP] line {k.line_no}), but it was "
+                      "asked for --skip-spike-factor 0: no step's update may be dropped"], ""
+    before = skips[0].skipped_batches - 1
+    problems = []
+    if before < 0 or (before and not resumed):
+        problems.append(f"exact step: the first [SKIP] line (step {skips[0].step}) counts skipped_batches="
+                        f"{skips[0].skipped_batches}; a run that did not resume starts at 1")
+    for i, (a, b) in enumerate(zip(skips, skips[1:]), start=1):
+        if b.skipped_batches != before + i + 1 or b.step < a.step:
+            problems.append(f"exact step: [SKIP] lines {a.line_no} and {b.line_no} (steps {a.step}, {b.step}) count "
+                            f"skipped_batches {a.skipped_batches}, {b.skipped_batches}: not one skip after another")
+            break
+    return (None, problems, "") if problems else (BatchOrder(tuple(skips), before), [], "")
+
+
 def step_pairs(checkpoints: Sequence[Path]) -> list[tuple[Path, Path]]:
     """(step N - 1, step N) folder pairs among `checkpoints` (step_XXXXXXXX folders), by step."""
     by_step = {int(p.name.removeprefix("step_")): p for p in checkpoints}
@@ -109,13 +199,6 @@ def step_pairs(checkpoints: Sequence[Path]) -> list[tuple[Path, Path]]:
 
 def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-30)
-
-
-def _model_config(expected: Mapping[str, Any], meta_config: Mapping[str, Any]) -> dict[str, Any]:
-    cfg = dict(meta_config)
-    cfg.update({k: expected[k] for k in (*reference.REQUIRED_FIELDS, "scale_emb", "scale_depth", "dim_model_base")
-                if k in expected})
-    return cfg
 
 
 def _groups(names: Sequence[str], shapes: Mapping[str, torch.Size], max_elems: int) -> list[list[str]]:
@@ -135,19 +218,28 @@ def _groups(names: Sequence[str], shapes: Mapping[str, torch.Size], max_elems: i
 
 
 def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | None, expected: Mapping[str, Any],
-                tol: Tolerances, device: str, ev: ExactEvidence, group_elems: int) -> None:
+                tol: Tolerances, device: str, ev: ExactEvidence, group_elems: int, eos_id: int | None,
+                skipped: Sequence[tuple[Any, int, StepBatch]]) -> None:
     step = int(path.name.removeprefix("step_"))
     prev = load_checkpoint(prev_path, kinds=("master",))
     if prev.step != step - 1:
         ev.violations.append(f"exact step: {prev_path} holds step {prev.step}, not {step - 1}")
         return
-    cfg = _model_config(expected, prev.config)
+    cfg = reference.judged_config(expected, prev.config)
     b1, b2 = float(expected.get("adam_beta1", prev.config.get("adam_beta1"))), float(expected.get("adam_beta2", prev.config.get("adam_beta2")))
     clip = float(expected.get("grad_clip", prev.config.get("grad_clip", 0.0)))
     params = {k: v.to(device) for k, v in prev.masters.items()}
     shapes = {k: v.shape for k, v in prev.masters.items()}
     del prev
-    loss, _, grads = reference.loss_and_grads(params, cfg, batch.inputs.to(device), batch.labels.to(device))
+    for skip, number, other in skipped:  # the weights of step N - 1 also met the batches skipped before step N
+        judged, _, _ = reference.loss_and_grads(params, cfg, other.inputs.to(device), other.labels.to(device),
+                                                eos_id=eos_id, backward=False)
+        if not _rel(skip.loss, judged) <= tol.loss:
+            ev.violations.append(f"exact step: the [SKIP] line of step {step} (line {skip.line_no}) printed global_loss="
+                                 f"{skip.loss} for batch {number}; the judge's forward pass of step {step - 1}'s weights on "
+                                 f"it gives {judged:.9e} (relative difference {_rel(skip.loss, judged):.3g} > {tol.loss}): a "
+                                 "skipped update must be a real loss spike")
+    loss, _, grads = reference.loss_and_grads(params, cfg, batch.inputs.to(device), batch.labels.to(device), eos_id=eos_id)
     del params
     norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
     check = StepCheck(step=step, judge_loss=loss, judge_grad_norm=norm)
@@ -198,21 +290,29 @@ def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | No
 
 def verify_exact_steps(pairs: Sequence[tuple[Path, Path]], *, expected_config: Mapping[str, Any],
                        printed_steps: Sequence[Any], batches: Mapping[int, StepBatch], device: str = "cpu",
-                       tolerances: Tolerances | None = None, group_elems: int = 64 * 2**20) -> ExactEvidence:
-    """Check each (checkpoint N - 1, checkpoint N) pair whose batch N is in `batches` (module doc).
+                       tolerances: Tolerances | None = None, group_elems: int = 64 * 2**20, eos_id: int | None = None,
+                       order: BatchOrder | None = None) -> ExactEvidence:
+    """Check each (checkpoint N - 1, checkpoint N) pair whose batch is in `batches` (module doc).
 
+    `batches`: by the loader's batch number (`order` maps a step to it; None: step N trained on batch N).
     `printed_steps`: the job's [LOSS] records (.step, .loss, .grad_norm); a step without one gets checks c
-    and d only. Never raises for a bad run: every problem is a violation of the returned evidence."""
+    and d only. `eos_id`: the EOS of the judge's own tokenization, for a config with document_mask on.
+    Never raises for a bad run: every problem is a violation of the returned evidence."""
     ev = ExactEvidence()
     tol = tolerances or tolerances_for(expected_config, device)
+    order = order or BatchOrder()
     printed = {r.step: r for r in printed_steps}
+    ev.violations += order.decision_problems(printed_steps, expected_config)
     for prev_path, path in pairs:
         step = int(path.name.removeprefix("step_"))
-        if step not in batches:
-            ev.notes.append(f"exact step {step}: no batch known")
+        skipped = [(k, order.skipped_batch(k)) for k in order.skips if k.step == step]
+        missing = [n for n in (order.batch_of(step), *(n for _, n in skipped)) if n not in batches]
+        if missing:
+            ev.notes.append(f"exact step {step}: no batch known for batch number(s) {missing}")
             continue
         try:
-            _check_pair(prev_path, path, batches[step], printed.get(step), expected_config, tol, device, ev, group_elems)
+            _check_pair(prev_path, path, batches[order.batch_of(step)], printed.get(step), expected_config, tol, device, ev,
+                        group_elems, eos_id, [(k, n, batches[n]) for k, n in skipped])
         except CheckpointError as err:
             ev.violations.append(f"exact step: {err}")
     return ev

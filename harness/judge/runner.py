@@ -779,27 +779,40 @@ class GateRunner:
                                              ("lr_estimate", evidence.lr_estimate)) if v is not None}
         if plan.scope == "none" or any(v.startswith(("config:", "model shape", "checkpoint:")) for v in evidence.violations):
             return list(evidence.violations), measured  # another model, or no weights to hold a step against
-        problems, exact = self._verify_exact(outcome, judging, expected, steps, plan, keeper)
+        eos_id = (training or validation).eos_id  # where --document-mask starts a document, by the judge's tokenization
+        problems, exact = self._verify_exact(outcome, judging, expected, steps, plan, keeper, text, eos_id)
         return [*problems, *evidence.violations], {**measured, **exact}
 
     def _verify_exact(self, outcome: JobOutcome, judging: _Judging, expected: dict[str, Any], steps: list[Any],
-                      plan: SavePlan, keeper: CheckpointKeeper | None) -> tuple[list[str], dict[str, float]]:
+                      plan: SavePlan, keeper: CheckpointKeeper | None, text: str,
+                      eos_id: int) -> tuple[list[str], dict[str, float]]:
         """Each step the job left checkpoints N - 1 and N for, against the judge's forward and backward pass on the
         exact batch of step N as the base engine states it (harness/judge/exactstep.py, batches.py)."""
         from harness.judge.checkpoint import list_checkpoints
-        from harness.judge.exactstep import step_pairs, verify_exact_steps
+        from harness.judge.exactstep import batch_order, step_pairs, verify_exact_steps
+        from harness.judge.logparse import LogParseError, parse_skip_lines
 
         found = {p.name: p for p in (keeper.paths() if keeper else [])} | {p.name: p for p in list_checkpoints(plan.save_dir)}
         pairs = step_pairs(sorted(found.values(), key=lambda p: p.name))
         if not pairs:
             return [f"exact steps: the job left no two consecutive checkpoints in {plan.save_dir} (the judge asked for "
                     f"{plan.scope}), so no step's work can be verified"], {}
+        try:  # skipped updates (--skip-spike-factor) shift which batch a step trained on
+            order, problems, unknown = batch_order(parse_skip_lines(text), expected=expected)
+        except LogParseError as err:
+            return [str(err)], {}
+        if order is None:
+            if unknown:
+                judging.flags.append(f"job {outcome.job_id}: {unknown}")
+            return problems, {}
         world = outcome.gate.nproc * outcome.gate.nodes
+        verified = [int(p.name.removeprefix("step_")) for _, p in pairs]
+        wanted = {order.batch_of(s) for s in verified} | {order.skipped_batch(k) for k in order.skips if k.step in verified}
         # Every step where the job keeps them all: the same request for every job of one data setup (the resumed
         # runs of a milestone too), answered once.
-        wanted = list(range(2, plan.num_steps + 1)) if plan.scope == "every step" else \
-            [int(p.name.removeprefix("step_")) for _, p in pairs]
-        batches = self._base_batches(outcome, judging, wanted, world, expected)
+        if plan.scope == "every step":
+            wanted |= set(range(2, plan.num_steps + 1))
+        batches = self._base_batches(outcome, judging, sorted(wanted), world, expected)
         if isinstance(batches, str):
             return [batches], {}
         if batches is None:
@@ -807,7 +820,7 @@ class GateRunner:
                                  "to state what each step trains on")
             return [], {}
         exact = verify_exact_steps(pairs, expected_config=expected, printed_steps=steps, batches=batches,
-                                   device=judging.device)
+                                   device=judging.device, eos_id=eos_id, order=order)
         measured = {"exact_steps": float(len(exact.checked))}
         if exact.checked:
             measured["exact_grad_rel_max"] = max(c.grad_rel for c in exact.checked)

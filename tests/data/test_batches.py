@@ -71,11 +71,15 @@ def test_the_same_global_batch_on_another_layout_is_the_same_batch(tmp_path):
 
 def test_flags_of_a_newer_engine_get_the_same_batches(tmp_path):
     """A schedule or a flag this engine does not know (a milestone's job may ask for what its candidate adds) does
-    not decide the data order: the batches are those of the run without them, and the unknown flag is named."""
+    not decide the data order: the batches are those of the run without them, and the unknown flag is named.
+    Nor do evaluation (--eval-samples, more than the validation split holds: pretrain would refuse it), packed
+    documents (attention, not tokens) or the loss-spike skip (the judge maps skipped steps to batches itself),
+    nor an older engine's --eval-steps, which this one no longer knows."""
     batches(tmp_path / "a", *ARGS, "--micro-batch-size", "2", "--steps", "4")
     proc = batches(tmp_path / "b", *ARGS, "--micro-batch-size", "2", "--steps", "4", "--lr-schedule", "inverse_sqrt",
-                   "--brand-new-flag", "7")
-    assert "--brand-new-flag" in proc.stderr
+                   "--brand-new-flag", "7", "--eval-samples", "100000", "--document-mask", "--reset-position-ids",
+                   "--skip-spike-factor", "2", "--eval-steps", "4")
+    assert "--brand-new-flag" in proc.stderr and "--eval-steps" in proc.stderr
     a, b = (json.loads((tmp_path / p / "batches.json").read_text())["steps"]["4"] for p in "ab")
     assert a == b
     pretrain = subprocess.run([sys.executable, "-m", "engine", "pretrain", *ARGS, "--brand-new-flag", "7"], cwd=REPO,

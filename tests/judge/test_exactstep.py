@@ -20,15 +20,16 @@ import torch
 
 from harness.judge.batches import BatchesError, batches_argv, read_batches
 from harness.judge.checkpoint import list_checkpoints
-from harness.judge.exactstep import BF16, FP32, StepBatch, step_pairs, tolerances_for, verify_exact_steps
+from harness.judge.exactstep import BF16, FP32, StepBatch, batch_order, step_pairs, tolerances_for, verify_exact_steps
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
+from harness.judge.logparse import parse_engine_log, parse_skip_lines
 from harness.judge.saveplan import JOB_BUDGET, plan_saves
-from tests.judge.runs import BASE_ARGS, REPO, edit_lines, expected_config, train
+from tests.judge.runs import BASE_ARGS, REPO, edit_lines, expected_config, flag_argv, train
 
 
 def engine_batches(run, out: Path, steps: list[int], **flags) -> dict[int, StepBatch]:
     args = dict(run.args) | {k.replace("_", "-"): v for k, v in flags.items()}
-    argv = ["pretrain"] + [x for k, v in args.items() for x in (f"--{k}", str(v))] + ["--resume", "/nowhere"]
+    argv = ["pretrain", *flag_argv(args), "--resume", "/nowhere"]
     cmd = [sys.executable, "-m", "engine", *batches_argv(argv, steps=steps, world_size=1, out=out)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -80,6 +81,97 @@ def test_a_step_that_trained_on_half_of_its_batch_is_named(honest, steps5):
     ev = check(honest, pairs, {6: whole})
     text = " ".join(ev.violations)
     assert "global_loss" in text and "grad_norm" in text and "did not train on the batch" in text, ev.violations
+
+
+# ---------------------------------------------------------------- packed documents, skipped updates
+
+
+@pytest.fixture(scope="module")
+def short_docs(tmp_path_factory):
+    """Short documents (3-14 words): several in every 64-byte window, so the mask changes every row."""
+    from tests.engine.test_document_mask import short_documents
+
+    data = tmp_path_factory.mktemp("short")
+    short_documents(data, 400, 1, "train")
+    short_documents(data, 60, 2, "validation")
+    return data
+
+
+def test_a_document_masked_step_verifies_with_the_mask_its_config_asks_for(tmp_path, short_docs):
+    """--document-mask --reset-position-ids: the judge's pass reads the step's batch as the expected config says,
+    with the EOS of its own tokenization (the byte tokenizer's 257), and the honest step is exact; read without
+    the mask the same step is far off. (Without the position reset alone it would not be: RoPE scores depend on
+    the distance between two tokens, which the reset does not change inside a document.)"""
+    flags = dict(hf_dataset=str(short_docs), data_cache_dir=str(tmp_path / "cache"), eval_samples=0, document_mask=True,
+                 reset_position_ids=True)
+    run = train(tmp_path / "run", **flags)
+    pairs = step_pairs(list_checkpoints(run.save_dir))
+    batches = engine_batches(run, tmp_path / "b", [6])
+    assert (batches[6].inputs == 257).sum() >= 4  # several documents in the batch: the mask is no no-op
+    ev = verify_exact_steps(pairs, expected_config=expected_config(**flags), printed_steps=run.steps(), batches=batches,
+                            eos_id=257)
+    assert not ev.violations, ev.violations
+    assert ev.checked[0].grad_rel < FP32.grad / 25
+    plain = expected_config(**flags | dict(document_mask=False, reset_position_ids=False))
+    off = verify_exact_steps(pairs, expected_config=plain, printed_steps=run.steps(), batches=batches, eos_id=257)
+    assert any("printed global_loss" in v for v in off.violations), off.violations
+
+
+# Batch noise at an almost flat loss (lr 1e-4): with a window of one step and a factor just above 1, some steps
+# spike (seed 1234: step 6 is skipped twice, on batches 6 and 7, and trains on batch 8).
+SKIPPING = dict(lr=1e-4, keep_last=20, eval_samples=0, skip_spike_factor=1.0001, skip_spike_window=1,
+                skip_spike_max_consecutive=50)
+
+
+def test_an_honest_run_that_skips_spikes_verifies_on_the_batches_it_trained_on(tmp_path):
+    run = train(tmp_path / "run", **SKIPPING)
+    skips = parse_skip_lines(run.log)
+    assert skips, "no step was skipped: the test needs a run that skips"
+    expected = expected_config(**SKIPPING)
+    order, problems, unknown = batch_order(skips, expected=expected)
+    assert order is not None and not problems and not unknown
+    pairs = step_pairs(list_checkpoints(run.save_dir))[-2:]  # the step of the skips and the one before: 5, 6
+    assert [int(p.name[-8:]) for _, p in pairs] == [5, 6] and {k.step for k in skips} == {6}
+    batches = engine_batches(run, tmp_path / "b", list(range(5, order.batch_of(6) + 1)))
+    ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches, order=order)
+    assert not ev.violations, ev.violations
+    assert len(ev.checked) == 2
+    # step N held against batch N, as if nothing had been skipped: the steps after a skip do not match
+    naive = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches)
+    assert {v.split(" printed")[0] for v in naive.violations if "printed global_loss" in v} == \
+        {f"exact step: step {k.step}" for k in skips}
+    # the same lines from a job that was asked not to skip
+    _, problems, _ = batch_order(skips, expected=expected | {"skip_spike_factor": 0.0})
+    assert "--skip-spike-factor 0" in problems[0]
+    # a skip whose printed loss was made up (a hard batch dropped as a "spike")
+    forged = parse_skip_lines(edit_lines(run.log, "[SKIP]", "global_loss", 1.01, ".9e"))
+    made_up = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches,
+                                 order=batch_order(forged, expected=expected)[0])
+    assert len(made_up.violations) == len(skips) and all("must be a real loss spike" in v for v in made_up.violations)
+
+
+def test_skip_lines_that_no_engine_prints_are_refused():
+    """Each skip must be the engine's own decision (engine/optim/spike.py) and the counts must add up."""
+    expected = expected_config(skip_spike_factor=1.1, skip_spike_window=3)
+
+    def skip(step, loss, mean, factor, total):
+        return (f"[SKIP] step={step} global_loss={loss:.9e} running_mean={mean:.9e} factor={factor:g} consecutive=1 "
+                f"skipped_batches={total}")
+
+    losses = "".join(f"[LOSS] step={s} global_loss={4.0:.9e} grad_norm=1.000000000e+00 lr=1.000000e-04 tokens=8 "
+                     f"time_s=0.100000 mfu=0.0000\n" for s in range(1, 5))
+    printed = parse_engine_log(losses)
+    for line, why in ((skip(5, 5.0, 4.0, 1.1, 2), "a run that did not resume starts at 1"),
+                      (skip(5, 5.0, 4.0, 1.1, 1) + "\n" + skip(6, 5.0, 4.0, 1.1, 3), "not one skip after another"),
+                      (skip(5, 5.0, 4.0, 1.5, 1), "factor=1.5"),
+                      (skip(5, 4.1, 4.0, 1.1, 1), "only a loss spike may be skipped"),
+                      (skip(3, 5.0, 4.0, 1.1, 1), "window"),
+                      (skip(5, 5.0, 4.5, 1.1, 1), "average 4.000")):
+        order, problems, _ = batch_order(parse_skip_lines(line), expected=expected)
+        problems += order.decision_problems(printed, expected) if order else []
+        assert len(problems) == 1 and why in problems[0], (line, problems)
+    _, problems, unknown = batch_order([], expected=expected | {"resume": "auto"})
+    assert not problems and "resumed run" in unknown
 
 
 def test_tolerances_follow_the_compute_dtype():

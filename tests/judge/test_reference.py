@@ -218,3 +218,42 @@ def test_document_mask_without_eos_is_refused():
         reference.logits(random_params(LLAMA), cfg, torch.zeros(1, 4, dtype=torch.int64))
     with pytest.raises(ValueError, match="reset_position_ids without document_mask"):
         reference.logits(random_params(LLAMA), LLAMA | {"reset_position_ids": True}, torch.zeros(1, 4, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("rows_per_pass", [0, 1])
+def test_masked_gradients_match_hf_llama_on_each_document_alone(rows_per_pass, monkeypatch):
+    """document_mask + reset_position_ids: a packed row is its documents side by side, so loss_and_grads of the
+    batch (sum over its labels / their count) and its gradient are HF LlamaForCausalLM's autograd over each
+    document alone, positions from 0, summed. Labels are the row's next tokens (the EOS's label is the next
+    document's first token, as the engine trains it), two masked. Passes of one row with every layer recomputed
+    (the large-model path) too. Tolerance: relative L2 1e-5 per tensor, as for the unmasked gradients."""
+    cfg = LLAMA | {"document_mask": True, "reset_position_ids": True}
+    params = random_params(LLAMA, seed=7)
+    model = _hf_llama(LLAMA)
+    model.load_state_dict(to_hf(LLAMA, params), strict=False)
+    rows = [packed(cfg["vocab_size"], (6, 1, 13, 21), seed=8), packed(cfg["vocab_size"], (41,), seed=9)]
+    tokens = torch.cat([row for row, _ in rows])
+    inputs, labels = tokens[:, :-1], tokens[:, 1:].clone()
+    labels[0, 3], labels[1, 30] = reference.IGNORE_INDEX, reference.IGNORE_INDEX
+    count = int((labels != reference.IGNORE_INDEX).sum())
+    total = torch.zeros(())
+    for r, (_, docs) in enumerate(rows):
+        start = 0
+        for doc in docs:
+            end = min(start + len(doc), inputs.shape[1])
+            out = model(input_ids=inputs[r:r + 1, start:end]).logits.float()
+            total = total + torch.nn.functional.cross_entropy(out.reshape(-1, cfg["vocab_size"]), labels[r, start:end],
+                                                              ignore_index=reference.IGNORE_INDEX, reduction="sum")
+            start = end
+    (total / count).backward()
+    if rows_per_pass == 1:
+        monkeypatch.setattr(reference, "_LARGE_MODEL", 0)
+    loss, got_count, grads = reference.loss_and_grads(params, cfg, inputs, labels, rows_per_pass=rows_per_pass,
+                                                      eos_id=EOS)
+    assert got_count == count and loss == pytest.approx(total.item() / count, rel=1e-5)
+    ours = to_hf(LLAMA, grads)
+    for name, p in model.named_parameters():
+        assert p.grad.norm() > 0, name
+        assert ((ours[name] - p.grad).norm() / p.grad.norm()).item() < 1e-5, name
+    with pytest.raises(ValueError, match="EOS"):
+        reference.loss_and_grads(params, cfg, inputs, labels)
