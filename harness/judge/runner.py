@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.jobs import JobSpec, Sandbox, launch, probe
-from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, flag_values, load_base
+from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, load_base
 from harness.judge.hardware import check_requires, wait_watching_gpus
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
 from harness.judge.metrics import JobOutcome, judge_metrics

@@ -24,7 +24,7 @@ from harness.judge.exactstep import BF16, FP32, StepBatch, batch_order, step_pai
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
 from harness.judge.logparse import parse_engine_log, parse_skip_lines
 from harness.judge.saveplan import JOB_BUDGET, plan_saves
-from tests.judge.runs import BASE_ARGS, REPO, edit_lines, expected_config, flag_argv, train
+from tests.judge.runs import REPO, edit_lines, expected_config, flag_argv, train
 
 
 def engine_batches(run, out: Path, steps: list[int], **flags) -> dict[int, StepBatch]:
