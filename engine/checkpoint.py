@@ -44,9 +44,10 @@ __all__ = ["save_checkpoint", "load_checkpoint", "select_checkpoint", "newest_ch
            "verify_checkpoint", "read_meta", "check_compatible", "check_schedule", "meta_for", "MODEL_FIELDS"]
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
-# Fields that must match between a checkpoint and the run resuming from it.
+# Fields that must match between a checkpoint and the run resuming from it: the shapes, and the muP scalings,
+# which change what the weights compute and each tensor's learning rate (engine/optim/mup.py).
 MODEL_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                "head_dim", "ffn_hidden_size", "mup")
+                "head_dim", "ffn_hidden_size", "mup", "scale_emb", "scale_depth", "dim_model_base")
 FORMAT = 2  # 2: manifest.json and write_seq
 
 

@@ -297,6 +297,11 @@ class Trainer:
             return
         val_loss, bpb, tokens = evaluate(self.model, self.data.validation, self.cfg, self.par, self.token_bytes)
         self.metrics.log_eval(step=self.step, val_loss=val_loss, val_bpb=bpb, tokens=tokens)
+        if tokens and not math.isfinite(val_loss):
+            # Training's own loss is checked every step; an evaluation that goes non-finite on its own is an
+            # eval-path fault (an op's no-grad variant), and its numbers must not be reported as if they meant anything.
+            raise TrainingDiverged(f"step {self.step}: the validation loss over {tokens} tokens is {val_loss} "
+                                   f"(--eval-samples {self.cfg.eval_samples}); training's last loss was finite")
 
     def run(self) -> int:
         cfg = self.cfg

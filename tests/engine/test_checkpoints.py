@@ -130,6 +130,17 @@ def test_schedule_change_on_resume_is_refused(base, tmp_path):
     assert not (tmp_path / "refused").exists()
 
 
+def test_a_muP_scaling_change_on_resume_is_refused(base, tmp_path):
+    """--dim-model-base sets the hidden matrices' learning rate and the logits' scale: a resume that changes it
+    would continue other weights under another model, so it is refused like a shape change."""
+    ckpt = base[0] / "checkpoints" / "step_00000002"
+    refused = run_engine("pretrain", *FAST, "--num-steps", "4", "--dim-model-base", "64", "--resume", str(ckpt),
+                         "--run-dir", str(tmp_path / "refused"), check=False)
+    assert refused.returncode == 2
+    lines = [x for x in refused.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "--dim-model-base" in lines[0] and "differs from the checkpoint" in lines[0], refused.stderr
+
+
 @pytest.mark.slow
 def test_schedule_override_is_recorded_and_followed(base, tmp_path):
     ckpt = base[0] / "checkpoints" / "step_00000002"

@@ -118,6 +118,18 @@ def test_divergence_stops_with_report_and_keeps_checkpoint(tmp_path):
     assert f"step_{max(saved):08d}" in proc.stderr
 
 
+def test_a_non_finite_evaluation_stops_the_run(tmp_path):
+    """Fault injection: an evaluation that returns nan over real tokens (as quack's no-grad CE kernel once did on
+    GPU, 300 steps of val_loss=nan logged as if it meant something) stops the run with the step and the count."""
+    code = ("import sys, engine.train as t; t.evaluate = lambda *a, **k: (float('nan'), float('nan'), 512); "
+            "from engine.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "pretrain", *TINY_FAST, "--eval-every", "2",
+                           "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert "training diverged: step 0: the validation loss over 512 tokens is nan" in proc.stderr
+    assert not loss_lines(proc.stdout)  # stopped at the first evaluation, before step 1
+
+
 def test_export_hf_loads_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     run_dir = tmp_path / "run"

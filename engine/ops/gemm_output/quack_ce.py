@@ -79,8 +79,11 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             if n_real < v_local:
                 logits[:, n_real:] = float("-inf")
             if not vocab_parallel:
-                cross_entropy_fwd_out(logits, labels[rows], None, loss=row_loss[rows], lse=None,
-                                      dx=logits if need_grad else None, weight=None, ignore_index=IGNORE_INDEX)
+                # dx always: without it quack compiles an online-softmax variant whose warps that hold only
+                # -inf columns (our vocabulary padding, its own out-of-bounds fill) make the row loss NaN. The
+                # gradient written over the discarded logits costs an evaluation little.
+                cross_entropy_fwd_out(logits, labels[rows], None, loss=row_loss[rows], lse=None, dx=logits,
+                                      weight=None, ignore_index=IGNORE_INDEX)
             else:
                 if n_real > 0:
                     cross_entropy_fwd_out(logits, fwd_target[rows], None, loss=row_loss[rows], lse=lse_local[rows],
