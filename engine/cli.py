@@ -1,4 +1,4 @@
-"""`python -m engine <command>`: pretrain, prepare, export-hf, warmup-kernels, env, config-reference.
+"""`python -m engine <command>`: pretrain, prepare, export-hf, warmup-kernels, batches, env, config-reference.
 
 Every EngineConfig field becomes a flag (`--micro-batch-size`, booleans as `--tensorboard` /
 `--no-tensorboard`) with its default and meaning in `--help`. Only the flags a user actually gives
@@ -129,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("config-reference", help="print docs/configuration.md: every EngineConfig field and preset, as markdown",
                    description="python -m engine config-reference > docs/configuration.md")
+
+    batches = sub.add_parser("batches", help="write the token batches given optimizer steps of a run train on",
+                             description="Write <out>/batches.json: the whole global batch of each of --steps for a "
+                                         "pretrain run with these flags (engine/data/batches.py), without training.")
+    _add_config_flags(batches)
+    batches.add_argument("--steps", required=True, help="optimizer steps (1-based, as [LOSS] step=N): 7,8 or 2-8")
+    batches.add_argument("--world-size", type=int, default=1, help="processes the run was launched on (DP = this / --tp)")
+    batches.add_argument("--out", required=True, help="output folder for batches.json")
     return parser
 
 
@@ -181,14 +189,26 @@ def _config_reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batches(args: argparse.Namespace) -> int:
+    from engine.data.batches import parse_steps, write_batches
+
+    write_batches(config_from_args(args), steps=parse_steps(args.steps), world_size=args.world_size, out_dir=args.out)
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "warmup-kernels": _warmup, "env": _env,
-    "config-reference": _config_reference,
+    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "warmup-kernels": _warmup, "batches": _batches,
+    "env": _env, "config-reference": _config_reference,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "batches":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # `batches` states the batches of a newer engine's runs too (engine/data/batches.py)
+        print(f"batches: ignoring flags this engine does not know: {' '.join(unknown)}", file=sys.stderr)
     try:
         return _COMMANDS[args.command](args)
     except ConfigError as err:

@@ -114,6 +114,8 @@ class EngineConfig:
     run_dir: str = _f("", "folder for metrics.jsonl, the resolved config and checkpoints (empty: outputs/<preset>)", "output")
     save_dir: str = _f("", "checkpoint folder (empty: <run_dir>/checkpoints)", "output")
     save_every: int = _f(0, "checkpoint every N steps (0: only at the end, if --save-final)", "output")
+    save_last: int = _f(0, "also checkpoint after each of the last N steps, whatever --save-every says (a judge holds the "
+                           "final step against checkpoints N - 1 and N); --keep-last must keep them", "output")
     save_final: bool = _f(True, "checkpoint after the last step", "output")
     keep_last: int = _f(3, "keep this many most recently written checkpoints (by write order, not step number)", "output")
     resume: str = _f("", "'auto' (the newest checkpoint in --save-dir, by write order, that verifies against its checksums; "
@@ -256,7 +258,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
               "log_every", "lr", "init_std", "dim_model_base", "skip_spike_window", "skip_spike_max_consecutive")
     _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_samples",
-              "save_every", "weight_decay", "grad_clip", "peak_tflops", allow_zero=True)
+              "save_every", "save_last", "weight_decay", "grad_clip", "peak_tflops", allow_zero=True)
     if not cfg.ddp_bucket_mb > 0:
         raise ConfigError("--ddp-bucket-mb", cfg.ddp_bucket_mb, "use a positive size in MB (160 is Megatron's 40M elements)", "is out of range")
     if cfg.num_heads % cfg.num_kv_heads:
@@ -270,6 +272,9 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
         raise ConfigError("--warmup-steps", cfg.warmup_steps, f"use at most --num-steps {cfg.num_steps}", "is longer than the run")
     if cfg.lr_schedule == "wsd" and cfg.warmup_steps + cfg.decay_steps > cfg.num_steps:
         raise ConfigError("--decay-steps", cfg.decay_steps, f"warmup {cfg.warmup_steps} + decay must fit in --num-steps {cfg.num_steps}", "is too long")
+    if cfg.save_last > cfg.keep_last:
+        raise ConfigError("--keep-last", cfg.keep_last, f"use at least --save-last {cfg.save_last}",
+                          "would delete checkpoints --save-last asks for")
     if cfg.reset_position_ids and not cfg.document_mask:
         raise ConfigError("--reset-position-ids", True, "add --document-mask, or leave it out",
                           "without --document-mask would let a document attend to the previous one at negative distances")

@@ -334,7 +334,7 @@ class Trainer:
                     self._evaluate()
                 if self.saver is not None:
                     self._report_save(self.saver.poll())
-                if cfg.save_every and self.step % cfg.save_every == 0:
+                if (cfg.save_every and self.step % cfg.save_every == 0) or self.step > cfg.num_steps - cfg.save_last:
                     self.save()
                     saved_at = self.step
                 if self._stop_agreed():

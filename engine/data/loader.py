@@ -129,13 +129,17 @@ class BatchLoader:
         g = self.global_batch_size
         return self._permutation()[self.step_in_epoch * g:(self.step_in_epoch + 1) * g].tolist()
 
+    def next_global_rows(self) -> list[int]:
+        """global_rows() of the next step, and move past it (what `engine batches` walks without training)."""
+        rows = self.global_rows()
+        self.step_in_epoch += 1
+        return rows
+
     def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The grad_accum_steps micro-batches (inputs, labels), each [mbs, seq], of this rank's next step."""
-        rows = self.global_rows()
+        rows = self.next_global_rows()
         mbs, dp, r = self.micro_batch_size, self.dp_size, self.dp_rank
-        out = [self.samples.batch(rows[(m * dp + r) * mbs:(m * dp + r + 1) * mbs]) for m in range(self.grad_accum_steps)]
-        self.step_in_epoch += 1
-        return out
+        return [self.samples.batch(rows[(m * dp + r) * mbs:(m * dp + r + 1) * mbs]) for m in range(self.grad_accum_steps)]
 
     def state_dict(self) -> dict[str, Any]:
         """Rank-independent position: every rank holds the same dict, so one copy resumes all."""

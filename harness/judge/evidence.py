@@ -344,11 +344,7 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
     _check_shapes(ev, final, expected_config)
 
     # b. losses
-    cfg = dict(final.config)
-    cfg.update({k: expected_config[k] for k in reference.REQUIRED_FIELDS + ("scale_emb", "scale_depth", "dim_model_base")
-                if k in expected_config})
-    # How packed documents are read is what the job was asked for, never what its meta.json says.
-    cfg.update({k: bool(expected_config.get(k, False)) for k in reference.DOCUMENT_FIELDS})
+    cfg = reference.judged_config(expected_config, final.config)  # packed documents as the job was asked, too
     seq = int(expected_config.get("seq_length", cfg.get("seq_length")))
     prev: JudgeCheckpoint | None = None
     prev_path = next((p for p in reversed(found[:-1]) if p.name == f"step_{final.step - 1:08d}"), None)

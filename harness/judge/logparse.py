@@ -15,6 +15,9 @@ sidecar uses (harness/jobs/local.py), so a record can be joined with the time it
 Wire formats (DESIGN.md section 3):
     [LOSS] step=N global_loss=%.9e grad_norm=%.9e lr=%.6e tokens=N time_s=%.6f mfu=%.4f
     [EVAL] step=N val_loss=%.9e val_bpb=%.6f tokens=N
+    [SKIP] step=N global_loss=%.9e running_mean=%.9e factor=%g consecutive=N skipped_batches=N
+(`[SKIP]`: the update of step N was not applied, a loss spike under --skip-spike-factor; step N is retried
+on the next batch, and skipped_batches counts the run's skips so far, resumes included.)
 `tokens` is the number of tokens this step trained on across all data-parallel ranks and `time_s`
 the step's wall time; `mfu` is the engine's own claim, kept for comparison and never trusted.
 """
@@ -36,6 +39,8 @@ __all__ = [
     "strip_rank_prefix",
     "parse_engine_log",
     "parse_eval_lines",
+    "SkipRecord",
+    "parse_skip_lines",
     "parse_metrics_jsonl",
     "parse_megatron_log",
     "read_line_times",
@@ -78,6 +83,18 @@ class EvalRecord:
     source: str
     line_no: int
     rank: int | None = None
+    raw: str = ""
+
+
+@dataclass(kw_only=True, frozen=True)
+class SkipRecord:
+    step: int  # the step whose update was skipped (it is retried on the next batch)
+    loss: float  # global_loss of the skipped batch
+    running_mean: float
+    factor: float
+    consecutive: int
+    skipped_batches: int  # skips of the run so far, this one included
+    line_no: int
     raw: str = ""
 
 
@@ -155,12 +172,15 @@ _E6 = re.compile(rf"(?:[-+]?\d\.\d{{6}}e[-+]\d{{2,3}}|{_NONFINITE})")
 _F6 = re.compile(rf"(?:[-+]?\d+\.\d{{6}}|{_NONFINITE})")
 _F4 = re.compile(rf"(?:[-+]?\d+\.\d{{4}}|{_NONFINITE})")
 _INT = re.compile(r"\d+")
+_G = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]\d+)?")
 
-_FORMAT_NAMES = {_E9: "%.9e", _E6: "%.6e", _F6: "%.6f", _F4: "%.4f", _INT: "a non-negative integer"}
+_FORMAT_NAMES = {_E9: "%.9e", _E6: "%.6e", _F6: "%.6f", _F4: "%.4f", _INT: "a non-negative integer", _G: "%g"}
 
 _LOSS_FIELDS = (("step", _INT), ("global_loss", _E9), ("grad_norm", _E9), ("lr", _E6),
                 ("tokens", _INT), ("time_s", _F6), ("mfu", _F4))
 _EVAL_FIELDS = (("step", _INT), ("val_loss", _E9), ("val_bpb", _F6), ("tokens", _INT))
+_SKIP_FIELDS = (("step", _INT), ("global_loss", _E9), ("running_mean", _E9), ("factor", _G), ("consecutive", _INT),
+                ("skipped_batches", _INT))
 
 
 def _parse_wire(body: str, marker: str, spec: tuple[tuple[str, re.Pattern[str]], ...]) -> dict[str, str]:
@@ -216,6 +236,12 @@ def _eval_from_wire(v: dict[str, str], no: int, rank: int | None, raw: str) -> E
                       tokens=int(v["tokens"]), source=SOURCE_ENGINE_LOG, line_no=no, rank=rank, raw=raw)
 
 
+def _skip_from_wire(v: dict[str, str], no: int, rank: int | None, raw: str) -> SkipRecord:
+    return SkipRecord(step=int(v["step"]), loss=float(v["global_loss"]), running_mean=float(v["running_mean"]),
+                      factor=float(v["factor"]), consecutive=int(v["consecutive"]),
+                      skipped_batches=int(v["skipped_batches"]), line_no=no, raw=raw)
+
+
 def parse_engine_log(text: str) -> list[StepRecord]:
     """Every `[LOSS]` line of an engine log, in log order. Raises LogParseError on malformed ones.
 
@@ -228,6 +254,11 @@ def parse_engine_log(text: str) -> list[StepRecord]:
 def parse_eval_lines(text: str) -> list[EvalRecord]:
     """Every `[EVAL]` line of an engine log, in log order. Raises LogParseError on malformed ones."""
     return _scan(text, "[EVAL]", _eval_from_wire, _EVAL_FIELDS, "[EVAL] lines")
+
+
+def parse_skip_lines(text: str) -> list[SkipRecord]:
+    """Every `[SKIP]` line of an engine log, in log order. Raises LogParseError on malformed ones."""
+    return _scan(text, "[SKIP]", _skip_from_wire, _SKIP_FIELDS, "[SKIP] lines")
 
 
 # --- JSONL twin ---------------------------------------------------------------------------------

@@ -34,13 +34,19 @@ from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-__all__ = ["REQUIRED_FIELDS", "DOCUMENT_FIELDS", "Scalings", "scalings", "logits", "loss", "loss_sum"]
+__all__ = ["REQUIRED_FIELDS", "DOCUMENT_FIELDS", "IGNORE_INDEX", "Scalings", "scalings", "judged_config", "logits", "loss",
+           "loss_sum", "loss_and_grads"]
 
 REQUIRED_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                    "ffn_hidden_size", "rms_norm_eps", "rope_theta", "mup")
 _MUP_FIELDS = ("scale_emb", "scale_depth", "dim_model_base")
 DOCUMENT_FIELDS = ("document_mask", "reset_position_ids")  # absent = off, as engines before them trained
+IGNORE_INDEX = -100
+# Above this many parameters loss_and_grads recomputes each layer in backward and takes one row per pass:
+# an 8B model's fp32 activations for 4096 tokens would not fit beside its weights and gradients otherwise.
+_LARGE_MODEL = 200_000_000
 
 
 class Scalings:
@@ -53,6 +59,16 @@ def _check(config: Mapping[str, Any]) -> None:
     missing = [k for k in need if k not in config]
     if missing:
         raise KeyError(f"reference forward: config lacks {missing}")
+
+
+def judged_config(expected: Mapping[str, Any], meta_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config the judge reads a job's weights with: the model and muP fields of the EXPECTED config (what
+    the milestone asked for), meta.json's where the expected config lacks one, and packed documents exactly as
+    the expected config says (absent = off), never as the job's meta.json does."""
+    cfg = dict(meta_config)
+    cfg.update({k: expected[k] for k in (*REQUIRED_FIELDS, *_MUP_FIELDS) if k in expected})
+    cfg.update({k: bool(expected.get(k, False)) for k in DOCUMENT_FIELDS})
+    return cfg
 
 
 def scalings(config: Mapping[str, Any]) -> Scalings:
@@ -105,7 +121,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor,
-            eos_id: int | None = None) -> torch.Tensor:
+            eos_id: int | None = None, recompute: bool = False) -> torch.Tensor:
     sc = scalings(config)
     h, d = int(config["hidden_size"]), int(config["head_dim"])
     nh, nkv, L = int(config["num_heads"]), int(config["num_kv_heads"]), int(config["num_layers"])
@@ -119,7 +135,8 @@ def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], input
     if positions.dim() == 2:  # per-row positions: broadcast over heads
         cos, sin = cos[:, None], sin[:, None]
     group = nh // nkv
-    for i in range(L):
+
+    def layer(x: torch.Tensor, i: int) -> torch.Tensor:
         p = f"layers.{i}"
         y = _rmsnorm(x, params[f"{p}.attn_norm.weight"], eps)
         q, k, v = (y @ params[f"{p}.attn.qkv"].t()).split([nh * d, nkv * d, nkv * d], dim=-1)
@@ -135,7 +152,10 @@ def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], input
         x = x + sc.residual * (att.transpose(1, 2).reshape(b, s, nh * d) @ params[f"{p}.attn.o"].t())
         y = _rmsnorm(x, params[f"{p}.mlp_norm.weight"], eps)
         gate, up = (y @ params[f"{p}.mlp.fc1"].t()).chunk(2, dim=-1)
-        x = x + sc.residual * ((F.silu(gate) * up) @ params[f"{p}.mlp.fc2"].t())
+        return x + sc.residual * ((F.silu(gate) * up) @ params[f"{p}.mlp.fc2"].t())
+
+    for i in range(L):
+        x = checkpoint(layer, x, i, use_reentrant=False) if recompute else layer(x, i)
     assert x.shape[-1] == h
     return _rmsnorm(x, params["final_norm.weight"], eps) / sc.logit_divisor
 
@@ -165,3 +185,36 @@ def loss(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: 
     """tokens [B, S + 1] -> mean next-token cross-entropy (nats per token) of the fp32 reference."""
     total, count = loss_sum(params, config, tokens, eos_id=eos_id)
     return total / count
+
+
+def loss_and_grads(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor,
+                   labels: torch.Tensor, rows_per_pass: int = 0, *, eos_id: int | None = None,
+                   backward: bool = True) -> tuple[float, int, dict[str, torch.Tensor]]:
+    """inputs, labels [B, S] -> (mean next-token cross-entropy over the labels that are not -100, their count,
+    its gradient for every parameter). The engine's loss of one optimizer step: the sum over the whole global
+    batch divided by the global count of valid labels. Computed in the parameters' dtype, `rows_per_pass` rows
+    at a time (0: all at once, or one for a large model, which also recomputes each layer in backward); every
+    row starts a document, so passes of rows see the documents of the whole batch. `eos_id`: needed when the
+    config has document_mask on. `backward` False: the loss alone (no gradients: an empty dict)."""
+    _check(config)
+    vocab = int(config["vocab_size"])
+    leaves = {k: v.detach().requires_grad_(backward) for k, v in params.items()}
+    large = sum(v.numel() for v in leaves.values()) > _LARGE_MODEL
+    rows = rows_per_pass or (1 if large else inputs.shape[0])
+    count = int((labels != IGNORE_INDEX).sum())
+    if count == 0:
+        raise ValueError("the batch has no label that carries a loss")
+    total = 0.0
+    with torch.set_grad_enabled(backward):
+        for i in range(0, inputs.shape[0], rows):
+            out = _hidden(leaves, config, inputs[i:i + rows], eos_id, recompute=large and backward) \
+                @ leaves["lm_head"][:vocab].t()
+            ce = F.cross_entropy(out.reshape(-1, vocab), labels[i:i + rows].reshape(-1), ignore_index=IGNORE_INDEX,
+                                 reduction="sum")
+            if backward:
+                (ce / count).backward()
+            total += float(ce.detach().double())
+    if not backward:
+        return total / count, count, {}
+    grads = {k: v.grad if v.grad is not None else torch.zeros_like(v) for k, v in leaves.items()}
+    return total / count, count, grads

@@ -41,12 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.jobs import JobSpec, Sandbox, launch, probe
-from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, flag_values, load_base
+from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, load_base
 from harness.judge.hardware import check_requires, wait_watching_gpus
+from harness.judge.keeper import CheckpointKeeper, draw_pairs
 from harness.judge.live import StepProgress, TestFileProgress
 from harness.judge.metrics import JobOutcome, judge_metrics
 from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch
 from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env, tree_manifest
+from harness.judge.saveplan import SavePlan, plan_saves
 from harness.progress import Progress
 from harness.records import RunRecord, scrub_file, scrub_text, write_atomic
 from harness.settings import child_env, data_dir
@@ -58,7 +60,6 @@ __all__ = ["GateRunner", "GateError", "verdict_text", "LOG_TAIL_LINES"]
 
 LOG_TAIL_LINES = 60
 _JUDGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding this judge's `harness` package
-_CHECKPOINT_BUDGET = 256 * 2**20  # bytes of per-step checkpoints a CPU job keeps for the judge
 _MAX_VIOLATIONS = 200
 _JOB_ID = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _COLLECTED_ID = re.compile(r"^(\S+\.py::\S.*)$")
@@ -119,6 +120,9 @@ class _Judging:
     jobs: dict[str, JobOutcome] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
     new_tests_ran: bool = False
+    saves: dict[str, tuple[SavePlan, CheckpointKeeper | None]] = field(default_factory=dict)  # train job -> its saves
+    batches: dict[tuple[str, ...], Any] = field(default_factory=dict)  # base `engine batches` argv -> its answer
+    scratch: list[Path] = field(default_factory=list)  # the judge's own temp folders, removed after the judging
 
 
 class GateRunner:
@@ -191,7 +195,8 @@ class GateRunner:
             judging = _Judging(attempt=attempt, label=label, tree=tree, holder=holder, live_tree=live_tree, diff=diff,
                                log_dir=log_dir, env_overrides=env, policy=policy, expected=tree_manifest(tree),
                                seed=seed, device=device, flags=list(sandbox_flags))
-            results = self._run_all(judging)
+            with _removed_after(*judging.scratch):
+                results = self._run_all(judging)
         failed = next((g for g in results if not g.passed and not g.skipped), None)
         reason = f"gate {failed.name} failed: {failed.summary}" if failed else ""
         return Verdict(attempt=attempt, accepted=failed is None, gates=tuple(results), reason=reason,
@@ -549,8 +554,14 @@ class GateRunner:
         argv = render_argv(gate.argv, job_dir=job_dir, worktree=judging.tree, seed=judging.seed, device=judging.device,
                            data=data_dir(self.home), job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
         verify = self._verifies(gate)
+        keeper = None
         if verify:
-            argv = _with_checkpoints(argv, job_dir, keep=self._checkpoints_to_keep(argv) if judging.device == "cpu" else 0)
+            plan = self._save_plan(argv, job_dir, judging)
+            argv = plan.argv
+            if plan.sample_pairs:  # beside the holder: the same filesystem for hard links, out of the sandbox's sight
+                judging.scratch.append(Path(tempfile.mkdtemp(dir=judging.holder.parent)))
+                keeper = CheckpointKeeper(plan.save_dir, judging.scratch[-1], draw_pairs(plan.num_steps, plan.sample_pairs))
+            judging.saves[gate.name] = (plan, keeper)
         several = gate.nproc > 1 or gate.nodes > 1
         # A job sees only the earlier jobs' folders its argv names ({job_dir:NAME}, e.g. a checkpoint to resume):
         # the others are hidden, so a run cannot replay another run's files as its own.
@@ -577,6 +588,8 @@ class GateRunner:
         self.progress("job", f"{job_id} started ({gate.launcher}, {gate.task}): python -m engine {' '.join(argv)}")
         if gate.gpus > 0 and gate.launcher == "local":
             result, gpus_seen = wait_watching_gpus(job)
+        elif keeper is not None:
+            result, gpus_seen = _wait_keeping(job, keeper), None
         else:
             result, gpus_seen = job.wait(poll_s=0.5), None
         scrub_file(spec.log_path)
@@ -615,7 +628,9 @@ class GateRunner:
                                   summary=f"job {job_id}: {len(problems)} claim(s) its own weights contradict "
                                           "(checked with the judge's reference forward pass and optimizer state)")
             summary += "; claims verified against its weights" + (
-                f" (judge val loss {measured['judge_val_loss']:.4f})" if "judge_val_loss" in measured else "")
+                f" (judge val loss {measured['judge_val_loss']:.4f})" if "judge_val_loss" in measured else "") + (
+                f"; {measured['exact_steps']:.0f} step(s) exact on their batch ({judging.saves[gate.name][0].scope} "
+                f"kept for it)" if "exact_steps" in measured else "")
             return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=measured, summary=summary)
         return GateResult(name=gate.name, kind=gate.kind, passed=True, summary=summary)
 
@@ -718,19 +733,18 @@ class GateRunner:
         except (ConfigUnknown, KeyError, ValueError):
             return None
 
-    def _checkpoints_to_keep(self, argv: list[str]) -> int:
-        """How many per-step checkpoints a CPU job keeps for the judge: every step where they fit in
-        _CHECKPOINT_BUDGET bytes (fp32 masters + two Adam moments: 12 bytes a parameter), at least 2."""
+    def _save_plan(self, argv: list[str], job_dir: Path, judging: _Judging) -> SavePlan:
+        """The job's argv made to leave the checkpoints the judge verifies it from (harness/judge/saveplan.py)."""
         defaults, presets = self._base()
         try:
-            cfg = expected_config(argv, defaults=defaults, presets=presets)
-            h, layers, ffn = int(cfg["hidden_size"]), int(cfg["num_layers"]), int(cfg["ffn_hidden_size"])
-            attn = h * (int(cfg["num_heads"]) + 2 * int(cfg["num_kv_heads"])) * int(cfg["head_dim"]) \
-                + int(cfg["num_heads"]) * int(cfg["head_dim"]) * h
-            params = 2 * int(cfg["vocab_size"]) * h + layers * (attn + 3 * h * ffn)
-            return max(2, min(int(cfg["num_steps"]) + 1, _CHECKPOINT_BUDGET // (12 * params)))
-        except (ConfigUnknown, KeyError, ValueError, ZeroDivisionError):
-            return 2
+            expected = expected_config(argv, defaults=defaults, presets=presets)
+        except ConfigUnknown:
+            expected = {}
+        plan = plan_saves(argv, job_dir, expected=expected, base_defaults=defaults, device=judging.device,
+                          free_bytes=shutil.disk_usage(job_dir).free)
+        if plan.limits:
+            judging.flags.append(plan.limits)
+        return plan
 
     def _verifies(self, gate: JobGate) -> bool:
         """Train jobs that end on their own are verified; one the judge interrupts has no final weights."""
@@ -774,17 +788,101 @@ class GateRunner:
                         "this job tokenizes another source on the fly"], {}
         except (OSError, ValueError, KeyError) as err:
             return [f"the judge cannot read the job's data: {err}"], {}
-        save_dir = Path(str(expected.get("save_dir") or Path(str(expected.get("run_dir"))) / "checkpoints"))
-        evidence = verify_train_run(save_dir, expected_config=expected, printed_steps=steps, printed_evals=evals,
+        plan, keeper = judging.saves[outcome.gate.name]
+        evidence = verify_train_run(plan.save_dir, expected_config=expected, printed_steps=steps, printed_evals=evals,
                                     seed=judging.seed, validation=validation, training=training, device=judging.device,
-                                    # The applied lr is fitted from steps N-1 and N: required where the judge made the
-                                    # job save every step (CPU); a milestone's own cadence is kept and then only
-                                    # the weights' loss and size are checked.
-                                    require_lr_check=expected.get("save_every") == 1 and int(expected.get("keep_last", 0)) >= 2,
-                                    check_schedule=outcome.gate.verify_schedule)
+                                    # The applied lr is fitted from steps N-1 and N, which the judge asked for.
+                                    require_lr_check=plan.pairs_expected, check_schedule=outcome.gate.verify_schedule)
         measured = {k: float(v) for k, v in (("judge_val_loss", evidence.judge_val_loss),
                                              ("lr_estimate", evidence.lr_estimate)) if v is not None}
-        return list(evidence.violations), measured
+        if plan.scope == "none" or any(v.startswith(("config:", "model shape", "checkpoint:")) for v in evidence.violations):
+            return list(evidence.violations), measured  # another model, or no weights to hold a step against
+        eos_id = (training or validation).eos_id  # where --document-mask starts a document, by the judge's tokenization
+        problems, exact = self._verify_exact(outcome, judging, expected, steps, plan, keeper, text, eos_id)
+        return [*problems, *evidence.violations], {**measured, **exact}
+
+    def _verify_exact(self, outcome: JobOutcome, judging: _Judging, expected: dict[str, Any], steps: list[Any],
+                      plan: SavePlan, keeper: CheckpointKeeper | None, text: str,
+                      eos_id: int) -> tuple[list[str], dict[str, float]]:
+        """Each step the job left checkpoints N - 1 and N for, against the judge's forward and backward pass on the
+        exact batch of step N as the base engine states it (harness/judge/exactstep.py, batches.py)."""
+        from harness.judge.checkpoint import list_checkpoints
+        from harness.judge.exactstep import batch_order, step_pairs, verify_exact_steps
+        from harness.judge.logparse import LogParseError, parse_skip_lines
+
+        found = {p.name: p for p in (keeper.paths() if keeper else [])} | {p.name: p for p in list_checkpoints(plan.save_dir)}
+        pairs = step_pairs(sorted(found.values(), key=lambda p: p.name))
+        if not pairs:
+            return [f"exact steps: the job left no two consecutive checkpoints in {plan.save_dir} (the judge asked for "
+                    f"{plan.scope}), so no step's work can be verified"], {}
+        try:  # skipped updates (--skip-spike-factor) shift which batch a step trained on
+            order, problems, unknown = batch_order(parse_skip_lines(text), expected=expected)
+        except LogParseError as err:
+            return [str(err)], {}
+        if order is None:
+            if unknown:
+                judging.flags.append(f"job {outcome.job_id}: {unknown}")
+            return problems, {}
+        world = outcome.gate.nproc * outcome.gate.nodes
+        verified = [int(p.name.removeprefix("step_")) for _, p in pairs]
+        wanted = {order.batch_of(s) for s in verified} | {order.skipped_batch(k) for k in order.skips if k.step in verified}
+        # Every step where the job keeps them all: the same request for every job of one data setup (the resumed
+        # runs of a milestone too), answered once.
+        if plan.scope == "every step":
+            wanted |= set(range(2, plan.num_steps + 1))
+        batches = self._base_batches(outcome, judging, sorted(wanted), world, expected)
+        if isinstance(batches, str):
+            return [batches], {}
+        if batches is None:
+            judging.flags.append(f"job {outcome.job_id}: exact steps not verified: the base engine has no `batches` command "
+                                 "to state what each step trains on")
+            return [], {}
+        exact = verify_exact_steps(pairs, expected_config=expected, printed_steps=steps, batches=batches,
+                                   device=judging.device, eos_id=eos_id, order=order)
+        measured = {"exact_steps": float(len(exact.checked))}
+        if exact.checked:
+            measured["exact_grad_rel_max"] = max(c.grad_rel for c in exact.checked)
+        return exact.violations, measured
+
+    def _base_batches(self, outcome: JobOutcome, judging: _Judging, steps: list[int], world: int,
+                      expected: dict[str, Any]) -> Any:
+        """{step: StepBatch} from `engine batches` of the base commit without the milestone's setup patch, run
+        sandboxed (harness/judge/batches.py); None when that engine has no such command; a str: why it failed."""
+        from harness.judge.batches import FILE, MISSING_COMMAND, BatchesError, batches_argv, read_batches
+
+        args = batches_argv(outcome.argv, steps=steps, world_size=world, out=Path("OUT"))
+        if tuple(args) in judging.batches:
+            return judging.batches[tuple(args)]
+        name = f"{outcome.job_id}-batches"
+        log = self.record.job_dir(outcome.job_id) / "batches.log"
+        with Workspace.scratch(self.repo, self.base) as checkout:
+            tree = checkout.worktree
+            if self.milestone.setup is not None:  # a setup may plant the data-order defect the milestone repairs
+                setup = str((self.home / self.milestone.setup).resolve())
+                if subprocess.run(["git", "-C", str(tree), "apply", "-R", "--check", setup], capture_output=True).returncode == 0:
+                    subprocess.run(["git", "-C", str(tree), "apply", "-R", setup], capture_output=True, check=True)
+            out = _neutral(judging.holder)
+            argv = [sys.executable, "-m", "engine", *batches_argv(outcome.argv, steps=steps, world_size=world, out=out)]
+            paths = python_env(tree, _neutral(judging.holder))
+            env = {**_cache_env(out), **_job_env({**judging.env_overrides, **paths})}
+            spec = JobSpec(name=name, argv=argv, timeout_s=600, env=env, cwd=tree, log_path=log, kill_grace_s=5.0,
+                           **self._sandbox_kwargs(judging, writable=(out,), readonly=(tree.parent,)))
+            self.progress("job", f"{name}: the base engine states the batches of steps {steps[0]}..{steps[-1]}")
+            result = launch(spec).wait(poll_s=0.2)
+            text = result.read_log()
+            if result.exit_code == 2 and MISSING_COMMAND in text:
+                answer: Any = None
+            elif result.exit_code != 0:
+                answer = (f"exact steps: the base engine could not state the batches of job {outcome.job_id} (exit "
+                          f"{result.exit_code}): {_tail(text, 3)}")
+            else:
+                try:
+                    answer = read_batches(out / FILE, seq_length=int(expected["seq_length"]),
+                                          vocab_size=int(expected["vocab_size"]))
+                except BatchesError as err:
+                    answer = f"exact steps: {err}"
+        judging.batches[tuple(args)] = answer
+        return answer
 
     # ------------------------------------------------------------------ metrics
 
@@ -824,18 +922,17 @@ def _job_env(overrides: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in overrides.items() if not k.startswith(("PYTEST_", "TEMPER_JUDGE_"))}
 
 
-def _with_checkpoints(argv: list[str], job_dir: Path, *, keep: int) -> list[str]:
-    """The job's argv made to leave what the judge verifies: its final weights (`--save-final`) and, where
-    `keep` > 0 (CPU, where it is cheap), a checkpoint every step, the last `keep` of them kept: the applied
-    learning rate is fitted from two consecutive ones, and each printed loss is held against the weights
-    before it. A save dir or cadence the milestone chose is kept."""
-    out = [a for a in argv if a != "--no-save-final"]
-    flags = flag_values(out)
-    if "save-dir" not in flags:
-        out += ["--save-dir", str(job_dir / "checkpoints")]
-    if keep and "save-every" not in flags:
-        out += ["--save-every", "1", "--keep-last", str(keep)]
-    return out + ["--save-final"]
+def _wait_keeping(job: Any, keeper: CheckpointKeeper) -> Any:
+    """Wait for a local job while `keeper` links the checkpoints it writes (harness/judge/keeper.py)."""
+    try:
+        while (result := job.poll()) is None:
+            keeper.poll()
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        job.cancel()
+        raise
+    keeper.poll()
+    return result
 
 
 def _has_module(name: str) -> bool:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Case", "CASES", "HONEST", "TWIN_MILESTONES", "GPU_TWINS", "ALTER_REPORTS", "REWRITE_REPORT_AT_EXIT",
-           "build_patch", "git"]
+           "Edit", "build_patch", "git", "plus", "replace_in"]
 
 Edit = Callable[[Path], None]
 
@@ -1008,12 +1008,16 @@ assert len(_ids) == len(set(_ids)), "duplicate case ids"
 
 
 def build_patch(home: Path, workdir: Path, edit: Edit, *, diff_args: tuple[str, ...] = (),
-                dialect: Callable[[str], str] | None = None) -> str:
+                dialect: Callable[[str], str] | None = None, setup: str | None = None) -> str:
     """The `git diff --binary` of `edit` applied to a fresh clone of `home` (every change staged, ignored
-    files too)."""
+    files too). `setup`: a milestone's setup patch (a path in the clone), committed first, as the judge's
+    base has it."""
     workdir.mkdir(parents=True, exist_ok=True)
     clone = workdir / f"clone-{len(list(workdir.iterdir()))}"
     git(workdir, "clone", "-q", str(home), str(clone))
+    if setup:
+        git(clone, "apply", setup)
+        git(clone, "commit", "-qam", "setup")
     edit(clone)
     git(clone, "add", "-A", "--force")  # a patch may carry what .gitignore hides (planted bytecode)
     patch = git(clone, "-c", "core.quotePath=true", "diff", "--cached", "--binary", *diff_args)

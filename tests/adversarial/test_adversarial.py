@@ -1,5 +1,6 @@
-"""The adversarial suite: every cheat of cases.py is REJECTED by `temper gate demo-tiny --patch` with a
-reason that names it, and its honest twin is ACCEPTED.
+"""The adversarial suite: every cheat of cases.py (milestone demo-tiny) and training.py (the training
+milestones) is REJECTED by `temper gate MILESTONE --patch` with a reason that names it, and its honest twin
+is ACCEPTED by the same milestone.
 
 The judge runs as a real process (`python -m harness gate ...`, PYTHONPATH = the checkout under test)
 on a home repository that is a committed copy of this checkout (tracked and untracked, not ignored,
@@ -23,12 +24,15 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from harness.settings import data_dir
 from tests.adversarial.cases import CASES, GPU_TWINS, HONEST, TWIN_MILESTONES, Case, build_patch, git
+from tests.adversarial.training import TRAINING_CASES, TRAINING_TWINS
 from tests.judge.op_milestones import write_milestones
 
 __all__: list[str] = []
@@ -39,6 +43,11 @@ pytestmark = pytest.mark.timeout(1800)
 REPO = Path(__file__).resolve().parents[2]
 UNSANDBOXED = not (REPO / "harness" / "jobs" / "sandbox.py").is_file()
 TIMEOUT_S = 1500
+ALL_CASES = CASES + TRAINING_CASES
+TWIN_EDITS = {**HONEST, **TRAINING_TWINS}
+# perf with a goal every honest engine meets: perf's own jobs and checks, so that the GPU cheats' honest twin
+# can be accepted while perf's MFU bar is an open goal (main measures 42.9 % of 45 %).
+PROBES = {"perf-probe": ("perf", "value = 0.45", "value = 0.0")}
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,11 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target, follow_symlinks=False)
+    for probe, (source, old, new) in PROBES.items():
+        text = (root / "milestones" / f"{source}.toml").read_text(encoding="utf-8")
+        assert old in text, f"milestones/{source}.toml changed: {old!r} is gone"
+        (root / "milestones" / f"{probe}.toml").write_text(text.replace(f'id = "{source}"', f'id = "{probe}"').replace(old, new),
+                                                          encoding="utf-8")
     write_milestones(root)  # the op milestones the op cases are judged against (CPU- and GPU-sized)
     git(root, "init", "-q", "-b", "main")
     git(root, "add", "-A")
@@ -93,7 +107,7 @@ class Judge:
         # The judge keeps what PYTHONPATH already holds after the checkout (kernel and harness wheels unpacked outside
         # site-packages, as on the device machine).
         env.update(TEMPER_HOME=str(self.home), PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
-                   NO_COLOR="1")
+                   NO_COLOR="1", TEMPER_DATA=str(data_dir(REPO)))
         argv = [sys.executable, "-m", "harness", "gate", milestone, "--patch", str(path), "--json"]
         if UNSANDBOXED:
             argv.append("--unsandboxed")
@@ -127,13 +141,26 @@ def _marks(case: Case) -> list:
     return [*([pytest.mark.slow] if case.slow else []), *([pytest.mark.gpu] if case.gpu else [])]
 
 
+def _setup(home: Path, milestone: str) -> str | None:
+    """The milestone's setup patch (a path inside a clone of the home), which its judged base has committed."""
+    spec = home / "milestones" / f"{milestone}.toml"
+    return tomllib.loads(spec.read_text(encoding="utf-8")).get("setup")
+
+
+def _needs_data(milestone: str) -> None:
+    if milestone == "long-horizon" and not data_dir(REPO).is_dir():
+        pytest.skip(f"{data_dir(REPO)} is absent: set TEMPER_DATA to the shared data folder")
+
+
 # Cheapest first: refusals before candidate code, then the cases that run the acceptance tests or the job.
-_ORDER = sorted(CASES, key=lambda c: c.runs_code)
+_ORDER = sorted(ALL_CASES, key=lambda c: c.runs_code)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c)) for c in _ORDER])
 def test_cheat_is_rejected_naming_it(case: Case, judge: Judge) -> None:
-    patch = judge.patch_for(("cheat", case.id), case.cheat, diff_args=case.diff_args, dialect=case.dialect)
+    _needs_data(case.milestone)
+    patch = judge.patch_for(("cheat", case.id), case.cheat, diff_args=case.diff_args, dialect=case.dialect,
+                            setup=_setup(judge.home, case.milestone))
     verdict = judge(patch, case.milestone)
     assert verdict.rc != 3, f"the judge says this machine cannot judge {case.milestone}: {verdict.raw[-2000:]}"
     assert not verdict.accepted, f"{case.id} ({case.cls}) was ACCEPTED: {case.note or case.cls}\n{verdict.raw[-4000:]}"
@@ -142,25 +169,33 @@ def test_cheat_is_rejected_naming_it(case: Case, judge: Judge) -> None:
         f"{case.id} ({case.cls}) was rejected, but not for its cheat (expected /{case.reason}/):\n{verdict.text[-4000:]}")
 
 
-# One twin test per distinct honest change (the twin of many cases); the cheat's own twin id is in the case.
-TWINS = sorted({c.twin for c in CASES})
+# One twin test per distinct honest change and milestone (the twin of many cases); the cheat's own twin id is in
+# the case. The twins of cases.py are judged by their TWIN_MILESTONES (demo-tiny unless named): demo-tiny's GPU
+# case (under-reported-time-s, judged on perf) has its twin judged on demo-tiny.
+TWINS = sorted({(c.twin, TWIN_MILESTONES.get(c.twin, "demo-tiny") if c.twin in HONEST else c.milestone) for c in ALL_CASES})
+_GPU_MILESTONES = {c.milestone for c in ALL_CASES if c.gpu and c.twin not in HONEST}
 
 
-def _twin_marks(twin: str) -> list:
-    return ([] if twin == "honest" else [pytest.mark.slow]) + ([pytest.mark.gpu] if twin in GPU_TWINS else [])
+def _twin_marks(twin: str, milestone: str) -> list:
+    if (twin, milestone) == ("honest", "demo-tiny"):
+        return []
+    return [pytest.mark.slow, *([pytest.mark.gpu] if twin in GPU_TWINS or milestone in _GPU_MILESTONES else [])]
 
 
-@pytest.mark.parametrize("twin", [pytest.param(t, id=t, marks=_twin_marks(t)) for t in TWINS])
-def test_honest_twin_is_accepted(twin: str, judge: Judge) -> None:
-    patch = judge.patch_for(("twin", twin), HONEST[twin])
-    verdict = judge(patch, TWIN_MILESTONES.get(twin, "demo-tiny"))
+@pytest.mark.parametrize("twin,milestone", [pytest.param(t, m, id=f"{t}@{m}", marks=_twin_marks(t, m)) for t, m in TWINS])
+def test_honest_twin_is_accepted(twin: str, milestone: str, judge: Judge) -> None:
+    _needs_data(milestone)
+    patch = judge.patch_for(("twin", twin, milestone), TWIN_EDITS[twin], setup=_setup(judge.home, milestone))
+    verdict = judge(patch, milestone)
     assert verdict.rc != 3, verdict.raw[-2000:]
-    assert verdict.accepted and verdict.rc == 0, f"honest twin {twin!r} was REJECTED:\n{verdict.text[-4000:]}"
+    assert verdict.accepted and verdict.rc == 0, f"honest twin {twin!r} was REJECTED by {milestone}:\n{verdict.text[-4000:]}"
 
 
 def test_every_class_has_a_fast_case_or_needs_candidate_code() -> None:
     """The default set covers every class refused before candidate code runs (see README.md)."""
-    fast_classes = {c.cls.split(":")[0] for c in CASES if not c.slow}
+    fast_classes = {c.cls.split(":")[0] for c in ALL_CASES if not c.slow}
     assert {"outside-editable", "binary", "symlink", "protected-rename", "tests", "guards"} <= fast_classes
     assert len(CASES) >= 30
-    assert set(TWINS) <= set(HONEST)
+    assert {t for t, _ in TWINS} <= set(TWIN_EDITS)
+    assert len({c.id for c in ALL_CASES}) == len(ALL_CASES), "duplicate case ids"
+    assert all(c.slow for c in TRAINING_CASES), "a training case runs jobs: slow"

@@ -17,6 +17,7 @@ from harness.judge.logparse import (
     parse_eval_lines,
     parse_megatron_log,
     parse_metrics_jsonl,
+    parse_skip_lines,
     strip_rank_prefix,
 )
 
@@ -117,6 +118,17 @@ def test_torn_line_and_every_problem_are_reported_together() -> None:
 def test_malformed_eval_line() -> None:
     with pytest.raises(LogParseError, match="val_bpb"):
         parse_eval_lines("[EVAL] step=5 val_loss=2.500000000e+00 val_bpb=1.25 tokens=10")
+
+
+def test_skip_lines_as_the_engine_prints_them() -> None:
+    """engine/metrics.py skip_line's format, restated: a skipped update and the run's count of skips."""
+    [rec] = parse_skip_lines("x\n[rank0]: [SKIP] step=7 global_loss=5.544144630e+00 running_mean=5.540068626e+00 "
+                             "factor=1.0001 consecutive=2 skipped_batches=3\n[LOSS] step=7 ...\n")
+    assert (rec.step, rec.loss, rec.running_mean, rec.factor, rec.consecutive, rec.skipped_batches, rec.line_no) == \
+        (7, 5.544144630, 5.540068626, 1.0001, 2, 3, 2)
+    with pytest.raises(LogParseError, match="global_loss"):
+        parse_skip_lines("[SKIP] step=7 global_loss=5.54 running_mean=5.540068626e+00 factor=2 consecutive=1 "
+                         "skipped_batches=1")
 
 
 @pytest.mark.parametrize(("line", "body", "rank"), [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.judge.logparse import parse_engine_log, parse_eval_lines
 
-__all__ = ["REPO", "BASE_ARGS", "DROP_MUP_LR", "train", "expected_config", "validation_bytes", "Run"]
+__all__ = ["REPO", "BASE_ARGS", "DROP_MUP_LR", "flag_argv", "train", "expected_config", "validation_bytes", "Run"]
 
 REPO = Path(__file__).resolve().parents[2]
 # Seconds per run on 2 CPU cores; warmup 2 so the lr changes every step (cosine over 6 steps).
@@ -42,15 +42,21 @@ DROP_MUP_LR = ("import engine.optim, engine.optim.mup\n"
                "engine.optim.mup.lr_multipliers = engine.optim.lr_multipliers = uniform\n")
 
 
+def flag_argv(args: dict) -> list[str]:
+    """{flag name: value} -> the engine's argv (booleans as --name / --no-name)."""
+    out: list[str] = []
+    for k, v in args.items():
+        out += [f"--{k}" if v else f"--no-{k}"] if isinstance(v, bool) else [f"--{k}", str(v)]
+    return out
+
+
 def train(run_dir: Path, *, prelude: str = "", **overrides) -> Run:
     """`python -m engine pretrain` with BASE_ARGS and `overrides`; `prelude`: Python run in the engine's
     process before its CLI (a planted regression, e.g. DROP_MUP_LR)."""
     args = dict(BASE_ARGS) | {k.replace("_", "-"): v for k, v in overrides.items()}
     start = ["-c", f"{prelude}import sys\nfrom engine.cli import main\nsys.exit(main(sys.argv[1:]))"] if prelude \
         else ["-m", "engine"]
-    argv = [sys.executable, *start, "pretrain", "--run-dir", str(run_dir), "--save-dir", str(run_dir / "ck")]
-    for k, v in args.items():
-        argv += [f"--{k}" if v else f"--no-{k}"] if isinstance(v, bool) else [f"--{k}", str(v)]
+    argv = [sys.executable, *start, "pretrain", "--run-dir", str(run_dir), "--save-dir", str(run_dir / "ck"), *flag_argv(args)]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return Run(run_dir, proc.stdout, args)

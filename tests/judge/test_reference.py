@@ -9,6 +9,9 @@
   engine): logits atol 1e-4, loss rel 1e-5, for the same reasons.
 - muP folding: MiniCPM scalings folded into the weights (as export-hf does) give the same logits
   with mup off, a check that needs neither engine nor transformers.
+- Gradients (loss_and_grads, what the exact-step check holds a step's applied gradient against) vs
+  HF's autograd on the same weights and labels (one masked), in one pass, in passes of one row and with
+  each layer recomputed: relative L2 1e-5 per tensor (fp32 sums in another order, ~1e-7 seen).
 - Packed documents (document_mask, reset_position_ids): each document of a packed row gives the
   logits the reference gives it alone (1e-5 relative: the same sums over other lengths), and the
   engine's --document-mask forward agrees (atol 1e-4, as above); without the EOS id it refuses.
@@ -60,9 +63,9 @@ def to_hf(cfg: dict, p: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: t.contiguous() for k, t in out.items()}
 
 
-def test_matches_hf_llama_fp32():
+def _hf_llama(cfg: dict):
+    """transformers' LlamaForCausalLM for a Llama-style config of ours, fp32, eager attention."""
     transformers = pytest.importorskip("transformers")
-    cfg = LLAMA
     hf_cfg = transformers.LlamaConfig(
         vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["ffn_hidden_size"],
         num_hidden_layers=cfg["num_layers"], num_attention_heads=cfg["num_heads"],
@@ -70,7 +73,12 @@ def test_matches_hf_llama_fp32():
         rope_theta=cfg["rope_theta"], max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False,
         mlp_bias=False, hidden_act="silu", torch_dtype="float32")
     hf_cfg._attn_implementation = "eager"
-    model = transformers.LlamaForCausalLM(hf_cfg).float().eval()
+    return transformers.LlamaForCausalLM(hf_cfg).float()
+
+
+def test_matches_hf_llama_fp32():
+    cfg = LLAMA
+    model = _hf_llama(cfg).eval()
     params = random_params(cfg)
     missing, unexpected = model.load_state_dict(to_hf(cfg, params), strict=False)
     assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
@@ -82,6 +90,32 @@ def test_matches_hf_llama_fp32():
     torch.testing.assert_close(ours, hf_logits, atol=1e-4, rtol=1e-4)
     hf_loss = torch.nn.functional.cross_entropy(hf_logits.reshape(-1, cfg["vocab_size"]), tokens[:, 1:].reshape(-1))
     assert reference.loss(params, cfg, tokens) == pytest.approx(hf_loss.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("rows_per_pass", [0, 1])
+def test_gradients_match_hf_llama_autograd(rows_per_pass, monkeypatch):
+    cfg = LLAMA
+    params = random_params(cfg, seed=5)
+    model = _hf_llama(cfg)
+    model.load_state_dict(to_hf(cfg, params), strict=False)
+    gen = torch.Generator().manual_seed(6)
+    inputs = torch.randint(0, cfg["vocab_size"], (3, 40), generator=gen)
+    labels = torch.randint(0, cfg["vocab_size"], (3, 40), generator=gen)
+    labels[1, :5] = reference.IGNORE_INDEX
+    logits = model(input_ids=inputs).logits.float()
+    hf_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg["vocab_size"]), labels.reshape(-1),
+                                                ignore_index=reference.IGNORE_INDEX)
+    hf_loss.backward()
+    hf_grads = {name: p.grad for name, p in model.named_parameters()}
+    if rows_per_pass == 1:  # the large-model path: one row per pass, every layer recomputed in backward
+        monkeypatch.setattr(reference, "_LARGE_MODEL", 0)
+    loss, count, grads = reference.loss_and_grads(params, cfg, inputs, labels, rows_per_pass=rows_per_pass)
+    assert count == 3 * 40 - 5 and loss == pytest.approx(hf_loss.item(), rel=1e-5)
+    ours = to_hf(cfg, grads)
+    for name, want in hf_grads.items():
+        assert want.norm() > 0, name
+        assert ((ours[name] - want).norm() / want.norm()).item() < 1e-5, name
+    assert grads["embed.weight"][cfg["vocab_size"]:].abs().max() == 0  # padding rows are never looked up
 
 
 def test_mup_scalings_fold_into_weights():
@@ -184,3 +218,42 @@ def test_document_mask_without_eos_is_refused():
         reference.logits(random_params(LLAMA), cfg, torch.zeros(1, 4, dtype=torch.int64))
     with pytest.raises(ValueError, match="reset_position_ids without document_mask"):
         reference.logits(random_params(LLAMA), LLAMA | {"reset_position_ids": True}, torch.zeros(1, 4, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("rows_per_pass", [0, 1])
+def test_masked_gradients_match_hf_llama_on_each_document_alone(rows_per_pass, monkeypatch):
+    """document_mask + reset_position_ids: a packed row is its documents side by side, so loss_and_grads of the
+    batch (sum over its labels / their count) and its gradient are HF LlamaForCausalLM's autograd over each
+    document alone, positions from 0, summed. Labels are the row's next tokens (the EOS's label is the next
+    document's first token, as the engine trains it), two masked. Passes of one row with every layer recomputed
+    (the large-model path) too. Tolerance: relative L2 1e-5 per tensor, as for the unmasked gradients."""
+    cfg = LLAMA | {"document_mask": True, "reset_position_ids": True}
+    params = random_params(LLAMA, seed=7)
+    model = _hf_llama(LLAMA)
+    model.load_state_dict(to_hf(LLAMA, params), strict=False)
+    rows = [packed(cfg["vocab_size"], (6, 1, 13, 21), seed=8), packed(cfg["vocab_size"], (41,), seed=9)]
+    tokens = torch.cat([row for row, _ in rows])
+    inputs, labels = tokens[:, :-1], tokens[:, 1:].clone()
+    labels[0, 3], labels[1, 30] = reference.IGNORE_INDEX, reference.IGNORE_INDEX
+    count = int((labels != reference.IGNORE_INDEX).sum())
+    total = torch.zeros(())
+    for r, (_, docs) in enumerate(rows):
+        start = 0
+        for doc in docs:
+            end = min(start + len(doc), inputs.shape[1])
+            out = model(input_ids=inputs[r:r + 1, start:end]).logits.float()
+            total = total + torch.nn.functional.cross_entropy(out.reshape(-1, cfg["vocab_size"]), labels[r, start:end],
+                                                              ignore_index=reference.IGNORE_INDEX, reduction="sum")
+            start = end
+    (total / count).backward()
+    if rows_per_pass == 1:
+        monkeypatch.setattr(reference, "_LARGE_MODEL", 0)
+    loss, got_count, grads = reference.loss_and_grads(params, cfg, inputs, labels, rows_per_pass=rows_per_pass,
+                                                      eos_id=EOS)
+    assert got_count == count and loss == pytest.approx(total.item() / count, rel=1e-5)
+    ours = to_hf(LLAMA, grads)
+    for name, p in model.named_parameters():
+        assert p.grad.norm() > 0, name
+        assert ((ours[name] - p.grad).norm() / p.grad.norm()).item() < 1e-5, name
+    with pytest.raises(ValueError, match="EOS"):
+        reference.loss_and_grads(params, cfg, inputs, labels)

@@ -29,9 +29,12 @@ GPU_MILESTONES = {"perf": "1 x H100/H200 GPU", "production": "8 x H100/H200 GPUs
                   **{f"op-{op}": "1 x H100/H200 GPU" for op in ("gemm_fc1", "gemm_output", "attention", "rmsnorm")}}
 # The gate that defends each milestone's property: the planted regression must fail there.
 # Long-horizon's regression (labels not shifted) is caught at its train job already: the losses it prints
-# are not what its weights give under the judge's own forward pass (the next-token objective).
-DEFENDING_GATE = {"alignment": "pytest", "bitwise-single": "metrics", "resume": "restart-metrics",
-                  "bitwise-dptp": "metrics", "long-horizon": "train"}
+# are not what its weights give under the judge's own forward pass (the next-token objective). So are
+# bitwise-single's (the process id in the data order: the first run's steps did not train on the batches the
+# base engine states for them) and bitwise-dptp's (a loss normalised per DP rank: the DP 2 run's printed grad
+# norm is twice the judge's on the exact batch), by the exact-step check (harness/judge/exactstep.py).
+DEFENDING_GATE = {"alignment": "pytest", "bitwise-single": "first", "resume": "restart-metrics",
+                  "bitwise-dptp": "dp2", "long-horizon": "train"}
 
 def temper(*args: str, tmp_path: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TEMPER_RUNS_DIR": str(tmp_path / "runs")}

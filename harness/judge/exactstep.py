@@ -1,0 +1,318 @@
+"""Exact-step verification: what a training step printed and applied, against the judge's own forward and
+backward pass on the exact batch of that step.
+
+Part of the judge: nothing here imports the engine. For a step N whose checkpoints N - 1 and N the judge
+holds (read with harness/judge/checkpoint.py), and whose batch it knows from a trusted source (the base
+commit's `engine batches`, harness/judge/batches.py), it computes with harness/judge/reference.py, from
+the masters of step N - 1:
+
+    L = sum of next-token cross-entropy over the batch's labels / their count   (the engine's loss of a step)
+    G = dL / dw for every parameter                                             (the gradient before clipping)
+
+and holds against them:
+a. the printed `global_loss` of step N (the loss is measured on the weights before the update);
+b. the printed `grad_norm` of step N (the norm before clipping) against ||G||;
+c. the gradient the optimizer applied, recovered from the Adam moments of the two checkpoints:
+       g = (m_N - b1 m_{N-1}) / (1 - b1)       against   c G,   c = min(1, clip / (||G|| + 1e-6))
+   (the engine clips in place before Adam; weight decay is decoupled, so it is not in the moments), as a
+   relative L2 error over all parameters together;
+d. the second moment: (v_N - b2 v_{N-1}) / (1 - b2) against (c G)^2, likewise.
+c. and d. pin the data the step trained on, how many tokens and at what sequence length, that it ran a
+backward pass, and how the loss was normalised: a run that trained on fewer samples, shorter sequences,
+other data or a stale gradient, or that printed made-up numbers (a smoothed curve, a reference run's
+losses) fails here whatever its weights look like from afar.
+
+The moments do not depend on the learning rate, so c. and d. hold whatever lr each tensor trained at (muP's
+per-tensor multipliers included: harness/judge/evidence.py holds the applied lr of every tensor). The
+forward reads packed documents as the EXPECTED config says (document_mask, reset_position_ids; the EOS of
+the judge's own tokenization), never as the job's meta.json does (reference.judged_config).
+
+Skipped updates (--skip-spike-factor): a step whose loss spikes is not applied and is retried on the next
+batch, so step N trained on batch N + (skips before it), as the job's [SKIP] lines say (BatchOrder). Those
+lines are checked too: none where the config does not skip; counts that go up one at a time; the expected
+factor, a loss above factor x running mean, a full window and a running mean that is the mean of the
+printed losses of the window; and, where the judge holds checkpoint N - 1, each skipped batch's printed
+loss against its own forward pass of those weights (the weights do not move at a skip). A run cannot
+drop hard batches by calling them spikes.
+
+Tolerances (`tolerances_for`), relative:
+- fp32 compute (CPU): the engine and the reference add the same products in another order (fused QKV,
+  chunked LM head, flat-buffer norms, TP partial sums, a DP reduce-scatter). Measured on honest runs,
+  torch 2.13 CPU (tiny 8 steps, llama-tiny 30 steps, tiny TP 2 x DP 2 and DP 2): loss <= 1.6e-7, grad
+  norm <= 1.1e-7, gradient <= 2.9e-7, second moment <= 8.8e-7. Bounds: 1e-4, 1e-4, 1e-3, 1e-3, 600x and
+  more above the worst seen, so other CPUs and torch builds stay inside. The cheats they must catch are
+  far away: another batch of the same text moves the gradient by ~0.3-1 (tests/judge/test_exactstep.py),
+  half the samples the printed loss and norm by percents.
+- bf16 compute (GPU): the engine's forward and backward round every GEMM input to bf16 (unit roundoff
+  2^-8 = 3.9e-3) and accumulate in fp32. Measured with the engine in bf16 on CPU against this fp32
+  reference: tiny, 8 steps: 2.4e-4 / 2.0e-3 / 4.2e-3 / 5.6e-3; llama-tiny, 30 steps (small late gradients,
+  where rounding weighs most): 4.5e-4 / 1.1e-2 / 3.7e-2 / 3.6e-2. Bounds: 2e-2, 5e-2, 0.15, 0.2, 4x and
+  more above those. Larger models on a GPU must be measured on the device before the bounds are trusted
+  there (`python -m pytest -m gpu -s tests/judge/test_exactstep.py` prints them).
+"""
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from harness.judge import reference
+from harness.judge.checkpoint import CheckpointError, load_checkpoint
+
+__all__ = ["Tolerances", "FP32", "BF16", "tolerances_for", "StepBatch", "StepCheck", "ExactEvidence", "BatchOrder",
+           "batch_order", "step_pairs", "verify_exact_steps"]
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    loss: float
+    grad_norm: float
+    grad: float
+    second_moment: float
+
+
+FP32 = Tolerances(loss=1e-4, grad_norm=1e-4, grad=1e-3, second_moment=1e-3)
+BF16 = Tolerances(loss=2e-2, grad_norm=5e-2, grad=0.15, second_moment=0.2)
+
+
+def tolerances_for(config: Mapping[str, Any], device: str) -> Tolerances:
+    """The bounds for the compute dtype the run used (`auto`: bf16 on CUDA, fp32 on CPU, as the engine resolves it)."""
+    dtype = str(config.get("compute_dtype", "auto"))
+    if dtype == "auto":
+        dtype = "bf16" if device == "cuda" else "fp32"
+    return FP32 if dtype == "fp32" else BF16
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The whole global batch of one optimizer step: inputs and labels [rows, seq] (labels -100 carry no loss)."""
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+
+
+@dataclass
+class StepCheck:
+    step: int
+    judge_loss: float
+    judge_grad_norm: float
+    printed_loss: float | None = None
+    printed_grad_norm: float | None = None
+    grad_rel: float = math.nan
+    second_moment_rel: float = math.nan
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ExactEvidence:
+    checked: list[StepCheck] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# A [SKIP] line's running mean against the mean of the printed losses of its window: both are the same fp32
+# losses, printed with 10 significant digits.
+_MEAN_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class BatchOrder:
+    """Which of the loader's global batches (numbered from 1, as `engine batches` states them) each optimizer step
+    of one job trained on. Step N trained on batch N, unless updates were skipped (--skip-spike-factor): a
+    skipped step is retried on the next batch, so step N trained on batch N + (skips before it). The job's
+    [SKIP] lines on the judge's pipe say where; `before` counts the run's skips before this job's log began
+    (a resumed run). `batch_order` builds it and refuses what an honest engine never prints."""
+
+    skips: tuple[Any, ...] = ()  # logparse.SkipRecord, in log order
+    before: int = 0
+
+    def batch_of(self, step: int) -> int:
+        return step + self.before + sum(1 for k in self.skips if k.step <= step)
+
+    def skipped_batch(self, skip: Any) -> int:
+        return skip.step + skip.skipped_batches - 1
+
+    def decision_problems(self, printed_steps: Sequence[Any], expected: Mapping[str, Any]) -> list[str]:
+        """Each skip must be the engine's own decision (engine/optim/spike.py): the expected factor, a loss above
+        factor x the running mean, a full window, and (where the window's [LOSS] lines are all in this log) a
+        running mean that is the mean of the last `skip_spike_window` printed losses."""
+        factor, window = float(expected.get("skip_spike_factor", 0.0)), int(expected.get("skip_spike_window", 20))
+        losses = {r.step: r.loss for r in printed_steps}
+        out = []
+        for k in self.skips:
+            if not _rel(k.factor, factor) <= _MEAN_RTOL:
+                out.append(f"exact step: the [SKIP] line of step {k.step} says factor={k.factor:g}; the job was asked for "
+                           f"--skip-spike-factor {factor:g}")
+            elif not k.loss > k.factor * k.running_mean:
+                out.append(f"exact step: step {k.step}'s update was skipped with global_loss={k.loss:.9e}, not above "
+                           f"{k.factor:g} x running_mean={k.running_mean:.9e}: only a loss spike may be skipped")
+            elif k.step - 1 < window:
+                out.append(f"exact step: step {k.step}'s update was skipped before --skip-spike-window {window} steps were "
+                           "accepted (the engine starts checking once its window is full)")
+            elif all(s in losses for s in range(k.step - window, k.step)):
+                mean = sum(losses[s] for s in range(k.step - window, k.step)) / window
+                if not _rel(k.running_mean, mean) <= _MEAN_RTOL:
+                    out.append(f"exact step: the [SKIP] line of step {k.step} says running_mean={k.running_mean:.9e}; the "
+                               f"printed losses of steps {k.step - window}..{k.step - 1} average {mean:.9e}")
+        return out
+
+
+def batch_order(skips: Sequence[Any], *, expected: Mapping[str, Any]) -> tuple[BatchOrder | None, list[str], str]:
+    """(the job's BatchOrder, violations, why it cannot be known) from its [SKIP] lines and the expected config.
+
+    No order (None) with violations: the lines contradict the config or each other. None with a reason: a
+    resumed run under --skip-spike-factor that printed no [SKIP] line, whose skips before the resume are on
+    no pipe of this job (the caller flags the verdict: its steps are not verified exactly)."""
+    factor = float(expected.get("skip_spike_factor", 0.0))
+    resumed = bool(expected.get("resume"))
+    if not skips:
+        if factor > 0 and resumed:
+            return None, [], ("exact steps not verified: a resumed run under --skip-spike-factor that skipped nothing "
+                              "itself; the skips before the resume, which shift its batches, are on no line of its log")
+        return BatchOrder(), [], ""
+    if not factor > 0:
+        k = skips[0]
+        return None, [f"exact step: the job skipped the update of step {k.step} ([SKIP] line {k.line_no}), but it was "
+                      "asked for --skip-spike-factor 0: no step's update may be dropped"], ""
+    before = skips[0].skipped_batches - 1
+    problems = []
+    if before < 0 or (before and not resumed):
+        problems.append(f"exact step: the first [SKIP] line (step {skips[0].step}) counts skipped_batches="
+                        f"{skips[0].skipped_batches}; a run that did not resume starts at 1")
+    for i, (a, b) in enumerate(zip(skips, skips[1:]), start=1):
+        if b.skipped_batches != before + i + 1 or b.step < a.step:
+            problems.append(f"exact step: [SKIP] lines {a.line_no} and {b.line_no} (steps {a.step}, {b.step}) count "
+                            f"skipped_batches {a.skipped_batches}, {b.skipped_batches}: not one skip after another")
+            break
+    return (None, problems, "") if problems else (BatchOrder(tuple(skips), before), [], "")
+
+
+def step_pairs(checkpoints: Sequence[Path]) -> list[tuple[Path, Path]]:
+    """(step N - 1, step N) folder pairs among `checkpoints` (step_XXXXXXXX folders), by step."""
+    by_step = {int(p.name.removeprefix("step_")): p for p in checkpoints}
+    return [(by_step[s - 1], by_step[s]) for s in sorted(by_step) if s - 1 in by_step]
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def _groups(names: Sequence[str], shapes: Mapping[str, torch.Size], max_elems: int) -> list[list[str]]:
+    """Parameter names in groups of at most `max_elems` elements (one name per group if larger): the moments of
+    four checkpoints are read a group at a time, so an 8B model's never sit in memory all at once."""
+    out: list[list[str]] = []
+    size = 0
+    for name in names:
+        n = math.prod(shapes[name])
+        if out and size + n <= max_elems:
+            out[-1].append(name)
+            size += n
+        else:
+            out.append([name])
+            size = n
+    return out
+
+
+def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | None, expected: Mapping[str, Any],
+                tol: Tolerances, device: str, ev: ExactEvidence, group_elems: int, eos_id: int | None,
+                skipped: Sequence[tuple[Any, int, StepBatch]]) -> None:
+    step = int(path.name.removeprefix("step_"))
+    prev = load_checkpoint(prev_path, kinds=("master",))
+    if prev.step != step - 1:
+        ev.violations.append(f"exact step: {prev_path} holds step {prev.step}, not {step - 1}")
+        return
+    cfg = reference.judged_config(expected, prev.config)
+    b1, b2 = float(expected.get("adam_beta1", prev.config.get("adam_beta1"))), float(expected.get("adam_beta2", prev.config.get("adam_beta2")))
+    clip = float(expected.get("grad_clip", prev.config.get("grad_clip", 0.0)))
+    params = {k: v.to(device) for k, v in prev.masters.items()}
+    shapes = {k: v.shape for k, v in prev.masters.items()}
+    del prev
+    for skip, number, other in skipped:  # the weights of step N - 1 also met the batches skipped before step N
+        judged, _, _ = reference.loss_and_grads(params, cfg, other.inputs.to(device), other.labels.to(device),
+                                                eos_id=eos_id, backward=False)
+        if not _rel(skip.loss, judged) <= tol.loss:
+            ev.violations.append(f"exact step: the [SKIP] line of step {step} (line {skip.line_no}) printed global_loss="
+                                 f"{skip.loss} for batch {number}; the judge's forward pass of step {step - 1}'s weights on "
+                                 f"it gives {judged:.9e} (relative difference {_rel(skip.loss, judged):.3g} > {tol.loss}): a "
+                                 "skipped update must be a real loss spike")
+    loss, _, grads = reference.loss_and_grads(params, cfg, batch.inputs.to(device), batch.labels.to(device), eos_id=eos_id)
+    del params
+    norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
+    check = StepCheck(step=step, judge_loss=loss, judge_grad_norm=norm)
+    ev.checked.append(check)
+    if printed is not None:
+        check.printed_loss, check.printed_grad_norm = printed.loss, printed.grad_norm
+        if printed.loss is None or not _rel(printed.loss, loss) <= tol.loss:
+            ev.violations.append(f"exact step: step {step} printed global_loss={printed.loss}; the judge's forward pass of "
+                                 f"step {step - 1}'s weights on the exact batch of step {step} gives {loss:.9e} (relative "
+                                 f"difference {_rel(printed.loss or math.nan, loss):.3g} > {tol.loss})")
+        if printed.grad_norm is None or not _rel(printed.grad_norm, norm) <= tol.grad_norm:
+            ev.violations.append(f"exact step: step {step} printed grad_norm={printed.grad_norm}; the judge's backward pass "
+                                 f"on the exact batch gives {norm:.9e} (relative difference "
+                                 f"{_rel(printed.grad_norm or math.nan, norm):.3g} > {tol.grad_norm})")
+    coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0
+    sums = {"g_err": 0.0, "g_ref": 0.0, "v_err": 0.0, "v_ref": 0.0}
+    worst = ("", 0.0)
+    for names in _groups(list(grads), shapes, group_elems):
+        a = load_checkpoint(prev_path, kinds=("exp_avg", "exp_avg_sq"), names=names)
+        b = load_checkpoint(path, kinds=("exp_avg", "exp_avg_sq"), names=names)
+        if b.adam_step != a.adam_step + 1:
+            ev.violations.append(f"exact step: the Adam step goes from {a.adam_step} ({prev_path.name}) to {b.adam_step} "
+                                 f"({path.name}); one optimizer step lies between them")
+            return
+        for name in names:
+            want = grads[name].double().to("cpu") * coef
+            got = (b.exp_avg[name].double() - b1 * a.exp_avg[name].double()) / (1 - b1)
+            got_v = (b.exp_avg_sq[name].double() - b2 * a.exp_avg_sq[name].double()) / (1 - b2)
+            err = float((got - want).pow(2).sum())
+            ref = float(want.pow(2).sum())
+            sums["g_err"] += err
+            sums["g_ref"] += ref
+            sums["v_err"] += float((got_v - want * want).pow(2).sum())
+            sums["v_ref"] += float((want * want).pow(2).sum())
+            if ref > 0 and math.sqrt(err / ref) > worst[1]:
+                worst = (name, math.sqrt(err / ref))
+    check.grad_rel = math.sqrt(sums["g_err"] / max(sums["g_ref"], 1e-300))
+    check.second_moment_rel = math.sqrt(sums["v_err"] / max(sums["v_ref"], 1e-300))
+    if not check.grad_rel <= tol.grad:
+        ev.violations.append(f"exact step: the gradient step {step} applied (from the Adam moments of {prev_path.name} and "
+                             f"{path.name}) is {check.grad_rel:.3g} away (relative L2) from the judge's gradient of the "
+                             f"exact batch > {tol.grad}; worst tensor {worst[0]} ({worst[1]:.3g}): the step did not train "
+                             "on the batch it was given, or not on all of it")
+    elif not check.second_moment_rel <= tol.second_moment:
+        ev.violations.append(f"exact step: the second moment step {step} accumulated is {check.second_moment_rel:.3g} away "
+                             f"(relative L2) from the square of the judge's gradient > {tol.second_moment}")
+
+
+def verify_exact_steps(pairs: Sequence[tuple[Path, Path]], *, expected_config: Mapping[str, Any],
+                       printed_steps: Sequence[Any], batches: Mapping[int, StepBatch], device: str = "cpu",
+                       tolerances: Tolerances | None = None, group_elems: int = 64 * 2**20, eos_id: int | None = None,
+                       order: BatchOrder | None = None) -> ExactEvidence:
+    """Check each (checkpoint N - 1, checkpoint N) pair whose batch is in `batches` (module doc).
+
+    `batches`: by the loader's batch number (`order` maps a step to it; None: step N trained on batch N).
+    `printed_steps`: the job's [LOSS] records (.step, .loss, .grad_norm); a step without one gets checks c
+    and d only. `eos_id`: the EOS of the judge's own tokenization, for a config with document_mask on.
+    Never raises for a bad run: every problem is a violation of the returned evidence."""
+    ev = ExactEvidence()
+    tol = tolerances or tolerances_for(expected_config, device)
+    order = order or BatchOrder()
+    printed = {r.step: r for r in printed_steps}
+    ev.violations += order.decision_problems(printed_steps, expected_config)
+    for prev_path, path in pairs:
+        step = int(path.name.removeprefix("step_"))
+        skipped = [(k, order.skipped_batch(k)) for k in order.skips if k.step == step]
+        missing = [n for n in (order.batch_of(step), *(n for _, n in skipped)) if n not in batches]
+        if missing:
+            ev.notes.append(f"exact step {step}: no batch known for batch number(s) {missing}")
+            continue
+        try:
+            _check_pair(prev_path, path, batches[order.batch_of(step)], printed.get(step), expected_config, tol, device, ev,
+                        group_elems, eos_id, [(k, n, batches[n]) for k, n in skipped])
+        except CheckpointError as err:
+            ev.violations.append(f"exact step: {err}")
+    return ev

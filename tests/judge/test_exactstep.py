@@ -1,0 +1,287 @@
+"""Exact-step verification (harness/judge/exactstep.py) on real tiny CPU runs of the engine, with the batches the
+engine's own `batches` command states (harness/judge/batches.py reads them): an honest run passes far inside the
+bounds, and every way a step can misstate its work is named. Plus the pieces around it: the batches file reader,
+the save plan, the secret keeper of checkpoints.
+
+The reference is the judge's plain-PyTorch forward and backward (harness/judge/reference.py, itself held
+against HF LlamaForCausalLM in tests/judge/test_reference.py). Tolerances are exactstep.FP32 (fp32 CPU runs);
+the honest run must stay 25x inside them (the margin the module's doc states).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.judge.batches import BatchesError, batches_argv, read_batches
+from harness.judge.checkpoint import list_checkpoints
+from harness.judge.exactstep import BF16, FP32, StepBatch, batch_order, step_pairs, tolerances_for, verify_exact_steps
+from harness.judge.keeper import CheckpointKeeper, draw_pairs
+from harness.judge.logparse import parse_engine_log, parse_skip_lines
+from harness.judge.saveplan import JOB_BUDGET, plan_saves
+from tests.judge.runs import REPO, edit_lines, expected_config, flag_argv, train
+
+
+def engine_batches(run, out: Path, steps: list[int], **flags) -> dict[int, StepBatch]:
+    args = dict(run.args) | {k.replace("_", "-"): v for k, v in flags.items()}
+    argv = ["pretrain", *flag_argv(args), "--resume", "/nowhere"]
+    cmd = [sys.executable, "-m", "engine", *batches_argv(argv, steps=steps, world_size=1, out=out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return read_batches(out / "batches.json", seq_length=int(args["seq-length"]), vocab_size=258)
+
+
+@pytest.fixture(scope="module")
+def steps5(honest, tmp_path_factory):
+    """The honest run's pair (5, 6) and the batches of steps 5 and 6."""
+    pairs = step_pairs(list_checkpoints(honest.save_dir))
+    assert [int(p.name[-8:]) for _, p in pairs] == [6]
+    return pairs, engine_batches(honest, tmp_path_factory.mktemp("batches"), [5, 6])
+
+
+def check(run, pairs, batches, log=None):
+    return verify_exact_steps(pairs, expected_config=expected_config(), printed_steps=run.steps(log), batches=batches)
+
+
+def test_honest_step_passes_far_inside_the_bounds(honest, steps5):
+    pairs, batches = steps5
+    ev = check(honest, pairs, batches)
+    assert not ev.violations, ev.violations
+    [c] = ev.checked
+    assert c.step == 6 and c.printed_loss is not None
+    assert abs(c.printed_loss - c.judge_loss) / c.judge_loss < FP32.loss / 25
+    assert abs(c.printed_grad_norm - c.judge_grad_norm) / c.judge_grad_norm < FP32.grad_norm / 25
+    assert c.grad_rel < FP32.grad / 25 and c.second_moment_rel < FP32.second_moment / 25
+
+
+def test_a_printed_loss_or_norm_off_by_a_thousandth_is_named(honest, steps5):
+    pairs, batches = steps5
+    for field in ("global_loss", "grad_norm"):
+        ev = check(honest, pairs, batches, log=edit_lines(honest.log, "[LOSS]", field, 1.001, ".9e"))
+        assert len(ev.violations) == 1 and f"printed {field}=" in ev.violations[0], ev.violations
+
+
+def test_a_step_that_trained_on_other_data_is_named(honest, steps5):
+    """The judge told the batch of step 5 for step 6: the same kind of text, other samples."""
+    pairs, batches = steps5
+    ev = check(honest, pairs, {6: batches[5]})
+    assert any("did not train on the batch" in v for v in ev.violations), ev.violations
+    assert ev.checked[0].grad_rel > 0.2  # far outside 1e-3: batch noise, not rounding
+
+
+def test_a_step_that_trained_on_half_of_its_batch_is_named(honest, steps5):
+    """The run trained on 4 samples; the judge's batch says the step had 8 (the 4 and 4 more)."""
+    pairs, batches = steps5
+    whole = StepBatch(torch.cat([batches[6].inputs, batches[5].inputs]), torch.cat([batches[6].labels, batches[5].labels]))
+    ev = check(honest, pairs, {6: whole})
+    text = " ".join(ev.violations)
+    assert "global_loss" in text and "grad_norm" in text and "did not train on the batch" in text, ev.violations
+
+
+# ---------------------------------------------------------------- packed documents, skipped updates
+
+
+@pytest.fixture(scope="module")
+def short_docs(tmp_path_factory):
+    """Short documents (3-14 words): several in every 64-byte window, so the mask changes every row."""
+    from tests.engine.test_document_mask import short_documents
+
+    data = tmp_path_factory.mktemp("short")
+    short_documents(data, 400, 1, "train")
+    short_documents(data, 60, 2, "validation")
+    return data
+
+
+def test_a_document_masked_step_verifies_with_the_mask_its_config_asks_for(tmp_path, short_docs):
+    """--document-mask --reset-position-ids: the judge's pass reads the step's batch as the expected config says,
+    with the EOS of its own tokenization (the byte tokenizer's 257), and the honest step is exact; read without
+    the mask the same step is far off. (Without the position reset alone it would not be: RoPE scores depend on
+    the distance between two tokens, which the reset does not change inside a document.)"""
+    flags = dict(hf_dataset=str(short_docs), data_cache_dir=str(tmp_path / "cache"), eval_samples=0, document_mask=True,
+                 reset_position_ids=True)
+    run = train(tmp_path / "run", **flags)
+    pairs = step_pairs(list_checkpoints(run.save_dir))
+    batches = engine_batches(run, tmp_path / "b", [6])
+    assert (batches[6].inputs == 257).sum() >= 4  # several documents in the batch: the mask is no no-op
+    ev = verify_exact_steps(pairs, expected_config=expected_config(**flags), printed_steps=run.steps(), batches=batches,
+                            eos_id=257)
+    assert not ev.violations, ev.violations
+    assert ev.checked[0].grad_rel < FP32.grad / 25
+    plain = expected_config(**flags | dict(document_mask=False, reset_position_ids=False))
+    off = verify_exact_steps(pairs, expected_config=plain, printed_steps=run.steps(), batches=batches, eos_id=257)
+    assert any("printed global_loss" in v for v in off.violations), off.violations
+
+
+# Batch noise at an almost flat loss (lr 1e-4): with a window of one step and a factor just above 1, some steps
+# spike (seed 1234: step 6 is skipped twice, on batches 6 and 7, and trains on batch 8).
+SKIPPING = dict(lr=1e-4, keep_last=20, eval_samples=0, skip_spike_factor=1.0001, skip_spike_window=1,
+                skip_spike_max_consecutive=50)
+
+
+def test_an_honest_run_that_skips_spikes_verifies_on_the_batches_it_trained_on(tmp_path):
+    run = train(tmp_path / "run", **SKIPPING)
+    skips = parse_skip_lines(run.log)
+    assert skips, "no step was skipped: the test needs a run that skips"
+    expected = expected_config(**SKIPPING)
+    order, problems, unknown = batch_order(skips, expected=expected)
+    assert order is not None and not problems and not unknown
+    pairs = step_pairs(list_checkpoints(run.save_dir))[-2:]  # the step of the skips and the one before: 5, 6
+    assert [int(p.name[-8:]) for _, p in pairs] == [5, 6] and {k.step for k in skips} == {6}
+    batches = engine_batches(run, tmp_path / "b", list(range(5, order.batch_of(6) + 1)))
+    ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches, order=order)
+    assert not ev.violations, ev.violations
+    assert len(ev.checked) == 2
+    # step N held against batch N, as if nothing had been skipped: the steps after a skip do not match
+    naive = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches)
+    assert {v.split(" printed")[0] for v in naive.violations if "printed global_loss" in v} == \
+        {f"exact step: step {k.step}" for k in skips}
+    # the same lines from a job that was asked not to skip
+    _, problems, _ = batch_order(skips, expected=expected | {"skip_spike_factor": 0.0})
+    assert "--skip-spike-factor 0" in problems[0]
+    # a skip whose printed loss was made up (a hard batch dropped as a "spike")
+    forged = parse_skip_lines(edit_lines(run.log, "[SKIP]", "global_loss", 1.01, ".9e"))
+    made_up = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches,
+                                 order=batch_order(forged, expected=expected)[0])
+    assert len(made_up.violations) == len(skips) and all("must be a real loss spike" in v for v in made_up.violations)
+
+
+def test_skip_lines_that_no_engine_prints_are_refused():
+    """Each skip must be the engine's own decision (engine/optim/spike.py) and the counts must add up."""
+    expected = expected_config(skip_spike_factor=1.1, skip_spike_window=3)
+
+    def skip(step, loss, mean, factor, total):
+        return (f"[SKIP] step={step} global_loss={loss:.9e} running_mean={mean:.9e} factor={factor:g} consecutive=1 "
+                f"skipped_batches={total}")
+
+    losses = "".join(f"[LOSS] step={s} global_loss={4.0:.9e} grad_norm=1.000000000e+00 lr=1.000000e-04 tokens=8 "
+                     f"time_s=0.100000 mfu=0.0000\n" for s in range(1, 5))
+    printed = parse_engine_log(losses)
+    for line, why in ((skip(5, 5.0, 4.0, 1.1, 2), "a run that did not resume starts at 1"),
+                      (skip(5, 5.0, 4.0, 1.1, 1) + "\n" + skip(6, 5.0, 4.0, 1.1, 3), "not one skip after another"),
+                      (skip(5, 5.0, 4.0, 1.5, 1), "factor=1.5"),
+                      (skip(5, 4.1, 4.0, 1.1, 1), "only a loss spike may be skipped"),
+                      (skip(3, 5.0, 4.0, 1.1, 1), "window"),
+                      (skip(5, 5.0, 4.5, 1.1, 1), "average 4.000")):
+        order, problems, _ = batch_order(parse_skip_lines(line), expected=expected)
+        problems += order.decision_problems(printed, expected) if order else []
+        assert len(problems) == 1 and why in problems[0], (line, problems)
+    _, problems, unknown = batch_order([], expected=expected | {"resume": "auto"})
+    assert not problems and "resumed run" in unknown
+
+
+def test_tolerances_follow_the_compute_dtype():
+    assert tolerances_for({"compute_dtype": "auto"}, "cpu") is FP32
+    assert tolerances_for({"compute_dtype": "auto"}, "cuda") is BF16
+    assert tolerances_for({"compute_dtype": "fp32"}, "cuda") is FP32
+
+
+# ---------------------------------------------------------------- batches file
+
+
+def test_batches_file_is_read_strictly(tmp_path):
+    good = {"format": "temper-batches", "version": 1, "seq_length": 2, "steps": {"3": {"inputs": [[1, 2]], "labels": [[2, -100]]}}}
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(good))
+    got = read_batches(path, seq_length=2, vocab_size=10)
+    assert got[3].labels.tolist() == [[2, -100]]
+    for bad, why in ((dict(good, seq_length=3), "sequences of 3"), (dict(good, format="x"), "temper-batches"),
+                     (dict(good, steps={"3": {"inputs": [[1, 2]], "labels": [[2, 10]]}}), "vocabulary"),
+                     (dict(good, steps={"3": {"inputs": [[1]], "labels": [[2]]}}), r"not \[rows, 2\]")):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(BatchesError, match=why):
+            read_batches(path, seq_length=2, vocab_size=10)
+
+
+def test_batches_argv_leaves_out_where_the_job_writes_and_resumes():
+    argv = ["pretrain", "--preset", "tiny", "--run-dir", "/j", "--resume=/ck/step_4", "--save-dir", "/s", "--seed", "3"]
+    assert batches_argv(argv, steps=[2, 3], world_size=4, out=Path("/o")) == [
+        "batches", "--preset", "tiny", "--seed", "3", "--steps", "2,3", "--world-size", "4", "--out", "/o"]
+
+
+# ---------------------------------------------------------------- the save plan
+
+
+def plan(device="cpu", free=2**40, defaults=None, **cfg):
+    expected = expected_config(**cfg)
+    argv = ["pretrain", "--num-steps", str(expected["num_steps"])]
+    return plan_saves(argv, Path("/job"), expected=expected, base_defaults={"save_last": 0} if defaults is None else defaults,
+                      device=device, free_bytes=free)
+
+
+def test_a_small_cpu_run_keeps_every_step():
+    p = plan()
+    assert p.scope == "every step" and p.argv[-5:] == ["--save-every", "1", "--keep-last", "7", "--save-final"]
+    assert p.save_dir == Path("/job/checkpoints") and not p.sample_pairs
+
+
+def test_a_large_cpu_run_is_sampled_in_secret_and_a_gpu_run_keeps_its_final_pair():
+    big = dict(vocab_size=73448, num_steps=40)  # the long-horizon model: 226 MB a checkpoint
+    p = plan(**big)
+    assert p.sample_pairs >= 3 and "--keep-last" in p.argv and p.argv[p.argv.index("--keep-last") + 1] == "4"
+    assert 12 * 2 * 73448 * 128 * 41 > JOB_BUDGET
+    g = plan(device="cuda", **big)
+    assert g.scope == "the final step" and "--save-last" in g.argv and not g.limits
+    assert "no --save-last" in plan(device="cuda", defaults={}, **big).limits  # an older base
+    assert "do not fit" in plan(device="cuda", free=10 * 2**20, **big).limits
+
+
+# ---------------------------------------------------------------- the keeper
+
+
+def ckpt(save_dir: Path, step: int) -> None:
+    folder = save_dir / f"step_{step:08d}"
+    folder.mkdir(parents=True)
+    for name in (".metadata", "meta.json", "__0_0.distcp"):
+        (folder / name).write_text(f"{step}")
+
+
+def test_the_keeper_keeps_chosen_pairs_after_the_job_prunes_them(tmp_path):
+    save, keep = tmp_path / "save", tmp_path / "keep"
+    keeper = CheckpointKeeper(save, keep, chosen={3, 4}, lag=2)
+    for step in range(1, 9):
+        ckpt(save, step)
+        keeper.poll()
+        for old in sorted(save.iterdir())[:-2]:  # the job keeps its last two
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
+    assert [p.name for p in keeper.paths()] == ["step_00000003", "step_00000004", "step_00000006", "step_00000007",
+                                                "step_00000008"]
+    assert (keep / "step_00000003" / "meta.json").read_text() == "3"
+    # every checkpoint was linked when it appeared, chosen or not: a link count tells the job nothing in time
+    assert os.stat(save / "step_00000008" / "meta.json").st_nlink == 2
+
+
+def test_secret_pairs_are_pairs_inside_the_run():
+    for _ in range(20):
+        chosen = draw_pairs(40, 4)
+        assert all(1 <= s <= 39 and (s - 1 in chosen or s + 1 in chosen) for s in chosen) and 4 <= len(chosen) <= 8
+    assert draw_pairs(3, 4) == {1, 2}
+
+
+# ---------------------------------------------------------------- GPU: bf16 against the fp32 reference
+
+
+@pytest.mark.gpu
+def test_honest_bf16_gpu_steps_stay_inside_the_bf16_bounds(tmp_path):
+    """Run on a CUDA machine: prints the measured bf16-vs-fp32 discrepancies that BF16's bounds rest on."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run = train(tmp_path / "gpu", device="cuda", preset="minicpm4-0.5b", seq_length=1024, micro_batch_size=2,
+                num_steps=3, warmup_steps=1, eval_samples=0, keep_last=3)
+    pairs = step_pairs(list_checkpoints(run.save_dir))
+    batches = engine_batches(run, tmp_path / "b", [int(p.name[-8:]) for _, p in pairs])
+    expected = expected_config(preset="minicpm4-0.5b", seq_length=1024, micro_batch_size=2, num_steps=3, warmup_steps=1,
+                               eval_samples=0)
+    ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches, device="cuda")
+    for c in ev.checked:
+        print(f"step {c.step}: loss {abs(c.printed_loss - c.judge_loss) / c.judge_loss:.2e} grad_norm "
+              f"{abs(c.printed_grad_norm - c.judge_grad_norm) / c.judge_grad_norm:.2e} grad {c.grad_rel:.2e} "
+              f"v {c.second_moment_rel:.2e}")
+    assert ev.checked and not ev.violations, ev.violations
+    assert all(math.isfinite(c.grad_rel) for c in ev.checked)
