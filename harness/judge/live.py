@@ -11,12 +11,12 @@ A line either view cannot read is not shown; the verdict, which reads the whole 
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from harness.judge.logparse import LogParseError, parse_engine_log
 from harness.judge.pytest_report import outcome_of, signed_prefix
 
-__all__ = ["TestFileProgress", "StepProgress"]
+__all__ = ["TestFileProgress", "StepProgress", "count_text"]
 
 Show = Callable[[str, int | None, int | None], None]  # (text, done, total)
 
@@ -65,12 +65,17 @@ class TestFileProgress:
         for node, phases in self._phases.items():  # a test that never reported its teardown (the process stopped)
             self._counts[outcome_of(node, phases).status] += 1
         self._done += 1
-        said = ", ".join(f"{n} {status}" for status, n in sorted(self._counts.items(), key=lambda kv: _ORDER[kv[0]]))
-        self._show(f"{self._file}: {said or 'no tests'}", self._done, self._files)
+        self._show(f"{self._file}: {count_text(self._counts.elements())}", self._done, self._files)
         self._file, self._counts, self._phases = "", Counter(), {}
 
 
 _ORDER = {"passed": 0, "failed": 1, "error": 2, "skipped": 3}
+
+
+def count_text(statuses: Iterable[str]) -> str:
+    """`12 passed, 1 skipped`: test statuses counted in pytest's order ('no tests' for none)."""
+    counts = Counter(statuses)
+    return ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=lambda s: _ORDER.get(s, len(_ORDER)))) or "no tests"
 
 
 class StepProgress:

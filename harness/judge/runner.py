@@ -44,7 +44,7 @@ from harness.jobs import JobSpec, Sandbox, launch, probe
 from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, load_base
 from harness.judge.hardware import check_requires, wait_watching_gpus
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
-from harness.judge.live import StepProgress, TestFileProgress
+from harness.judge.live import StepProgress, TestFileProgress, count_text
 from harness.judge.metrics import JobOutcome, judge_metrics
 from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch
 from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env, tree_manifest
@@ -83,10 +83,8 @@ def _pytest_tail(text: str) -> str:
 def _append_counts(log: Path, cases: list[tuple[str, str, str]], canaries: int) -> None:
     """End a pytest log with the judge's own count of the tests it judges: pytest's summary line above also
     counts the judge's canary tests, one of which fails by design, and a reader must not take that for theirs."""
-    counts = {status: sum(1 for _, s, _ in cases if s == status) for status in ("passed", "failed", "error", "skipped")}
-    line = ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "no tests"
     with log.open("a", encoding="utf-8") as f:
-        f.write(f"[judge] the tests judged: {line} (pytest's counts above include the judge's {canaries} canary tests, "
+        f.write(f"[judge] the tests judged: {count_text(s for _, s, _ in cases)} (pytest's counts above include the judge's {canaries} canary tests, "
                 "one of which fails by design)\n")
 
 
