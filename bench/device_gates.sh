@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Judge milestones on the device machine: `temper gate ID --json` for each ID, verdicts and run records
 # to $OUT, a table last.
-#   bash bench/device_gates.sh op-gemm_fc1 resume perf
+#   bash bench/device_gates.sh op-gemm_fc1 resume perf bitwise-dptp-nccl=tests/milestones/regressions/bitwise-dptp.patch
 # Expects the kernel wheels and the harness's dependencies on PYTHONPATH (../shared/gpu: fetch-wheels with
 # the harness pins, then `source .gpu/b/env.sh`). The pins used on 2026-11-24 (python 3.12 wheels):
 #   ../shared/gpu/fetch-wheels pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 \
@@ -36,11 +36,15 @@ if [ -n "$why" ]; then
 else
   echo "sandbox: bubblewrap starts here"
 fi
-for id in "$@"; do
-  echo "=== $(date +%T) temper gate $id"
-  python3 -m harness gate "$id" --json "${flags[@]}" > "$OUT/$id.json" 2> "$OUT/$id.err"
+# An argument is a milestone id, or ID=PATCH to judge a patch (e.g. a planted regression) instead of main;
+# its verdict files are then named ID=PATCHNAME.
+for arg in "$@"; do
+  id="${arg%%=*}"; patch=(); name="$id"
+  if [ "$arg" != "$id" ]; then patch=(--patch "${arg#*=}"); name="$id=$(basename "${arg#*=}" .patch)"; fi
+  echo "=== $(date +%T) temper gate $name"
+  python3 -m harness gate "$id" "${patch[@]}" --json "${flags[@]}" > "$OUT/$name.json" 2> "$OUT/$name.err"
   echo "rc=$?"
-  tail -3 "$OUT/$id.err"
+  tail -3 "$OUT/$name.err"
 done
 # Job and pytest logs, flattened: the device tool brings back only shallow folders.
 mkdir -p "$OUT/logs"
@@ -53,7 +57,8 @@ import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 print(f"{'milestone':16} {'verdict':9} gate results")
-for mid in sys.argv[2:]:
+for arg in sys.argv[2:]:
+    mid = arg if "=" not in arg else arg.split("=")[0] + "=" + Path(arg.split("=", 1)[1]).stem
     try:
         v = json.loads((out / f"{mid}.json").read_text())
     except (OSError, ValueError):

@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 CPU_MILESTONES = ("demo-tiny", "alignment", "bitwise-single", "resume", "bitwise-dptp", "long-horizon")
 GPU_MILESTONES = {"perf": "1 x H100/H200 GPU", "production": "8 x H100/H200 GPUs",
+                  "bitwise-dptp-nccl": "2 x H100/H200 GPUs",
                   **{f"op-{op}": "1 x H100/H200 GPU" for op in ("gemm_fc1", "gemm_output", "attention", "rmsnorm")}}
 # The gate that defends each milestone's property: the planted regression must fail there.
 # Long-horizon's regression (labels not shifted) is caught at its train job already: the losses it prints
