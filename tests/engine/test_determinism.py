@@ -3,7 +3,7 @@
 CPU: the switch itself (torch's deterministic mode, the cuBLAS workspace pin and its refusal of a user's
 non-reproducible value). GPU (`-m gpu`, the device machine): the reported defect of issue 13, on the
 same preset and seed: minicpm4-0.5b, seed 7, 8 steps, two runs and a resume from step 4, with the
-CuTeDSL defaults and with the torch baselines. Bitwise means every [LOSS] field but time and MFU is
+CuTeDSL defaults and with the torch baselines; and the same at TP 2 on two GPUs (NCCL, torchrun). Bitwise means every [LOSS] field but time and MFU is
 the same string (`.9e` loss and grad norm).
 """
 
@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.errors import ConfigError
 from engine.train import make_reproducible
 from tests.engine.helpers import deterministic_fields, loss_lines, run_engine
+from tests.parallel.launch import torchrun
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 
@@ -75,14 +76,25 @@ BASELINE = ["--op-attention", "baseline", "--op-rmsnorm", "baseline", "--op-gemm
             "--op-gemm-output", "baseline"]
 
 
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("tp", [1, 2], ids=["1gpu", "tp2"])
 @pytest.mark.parametrize("ops", ["defaults", "baseline"])
-def test_gpu_same_seed_runs_and_a_resume_are_bitwise(ops, tmp_path) -> None:
+def test_gpu_same_seed_runs_and_a_resume_are_bitwise(ops, tp, tmp_path) -> None:
+    if _gpus() < tp:
+        pytest.skip(f"needs {tp} GPUs; this machine has {_gpus()}")
     common = ["pretrain", "--preset", "minicpm4-0.5b", "--device", "cuda", "--seed", "7", "--num-steps", "8",
               "--warmup-steps", "2", "--eval-samples", "0", "--seq-length", "2048", "--micro-batch-size", "2",
-              *(BASELINE if ops == "baseline" else [])]
-    first = run_engine(*common, "--save-every", "4", "--keep-last", "3", "--run-dir", str(tmp_path / "a"), timeout=900)
-    second = run_engine(*common, "--no-save-final", "--run-dir", str(tmp_path / "b"), timeout=900)
+              *(["--tp", "2"] if tp == 2 else []), *(BASELINE if ops == "baseline" else [])]
+
+    def run(*args: str):
+        return torchrun(2, *common, *args, timeout=900) if tp == 2 else run_engine(*common, *args, timeout=900)
+
+    first = run("--save-every", "4", "--keep-last", "3", "--run-dir", str(tmp_path / "a"))
+    second = run("--no-save-final", "--run-dir", str(tmp_path / "b"))
     a = [deterministic_fields(x) for x in loss_lines(first.stdout)]
     b = [deterministic_fields(x) for x in loss_lines(second.stdout)]
     assert len(a) == 8 and a == b, "\n".join(f"{x}\n{y}" for x, y in zip(a, b) if x != y)
@@ -91,7 +103,7 @@ def test_gpu_same_seed_runs_and_a_resume_are_bitwise(ops, tmp_path) -> None:
     ckpt = tmp_path / "a" / "checkpoints" / "step_00000004"
     assert ckpt.is_dir(), sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir())
     shutil.copytree(ckpt, tmp_path / "c" / "checkpoints" / ckpt.name)
-    resumed = run_engine(*common, "--no-save-final", "--resume", str(tmp_path / "c" / "checkpoints" / ckpt.name),
-                         "--run-dir", str(tmp_path / "c"), timeout=900)
+    resumed = run("--no-save-final", "--resume", str(tmp_path / "c" / "checkpoints" / ckpt.name),
+                  "--run-dir", str(tmp_path / "c"))
     c = [deterministic_fields(x) for x in loss_lines(resumed.stdout)]
     assert c == a[4:], "\n".join(f"{x}\n{y}" for x, y in zip(c, a[4:]) if x != y)
