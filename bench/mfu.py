@@ -22,7 +22,8 @@ vocabulary) and its MFU uses the engine's FLOP count (engine/flops.py: 6 x matmu
 head + 6 x L x h x s per token, against --peak-tflops per GPU or the GPU's datasheet peak). A peer
 that cannot import or run is reported with the reason; the others still run.
 
-Prints a table last (ratio = the engine's first variant's tokens/s / the row's, which is the MFU ratio) and writes JSON (--out).
+Engine variants of one job share seed and data: `loss diff` is each one's largest relative per-step
+loss difference from the first (TP 2 against TP 1: ~1e-3 in bf16, tolerance 1e-2). Prints a table last (ratio = the engine's first variant's tokens/s / the row's, which is the MFU ratio) and writes JSON (--out).
 CUDA_DEVICE_MAX_CONNECTIONS=1 is set for multi-process runs (--max-connections 0: unset), as Megatron
 requires for TP overlap.
 """
@@ -98,9 +99,8 @@ def _header_value(stdout: str, prefix: str) -> str:
 
 def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     """One engine variant: a real training run, its steady-state numbers."""
-    cfg = engine_config(flags, 1)
+    cfg = engine_config(flags)
     nproc = cfg.tp
-    cfg = engine_config(flags, nproc)
     with tempfile.TemporaryDirectory() as tmp:
         launcher = _launcher(nproc) if nproc > 1 else [sys.executable]
         cmd = [*launcher, "-m", "engine", "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
@@ -143,7 +143,7 @@ def _with_peak(cfg, args):
 
 def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace) -> dict:
     """One peer variant in its own torchrun job; its JSON record (with `error` when it could not run)."""
-    nproc = engine_config(flags, 1).tp
+    nproc = engine_config(flags).tp
     name = peer + (f" {variant}" if variant else "")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peer.json"
@@ -163,6 +163,13 @@ def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace
     return result
 
 
+def loss_diff(a: dict, b: dict) -> float | None:
+    """Largest relative per-step loss difference of two engine runs (e.g. TP 2 vs TP 1 on one seed and data:
+    bf16 rounding of differently ordered sums, ~1e-3; a bug shows as ~1e-1)."""
+    pairs = [(x["loss"], y["loss"]) for x, y in zip(a.get("steps", []), b.get("steps", []))]
+    return max(abs(x - y) / abs(y) for x, y in pairs) if pairs else None
+
+
 def _fmt_mem(r: dict) -> str:
     mem = r.get("nvidia_smi_used_gib") or r.get("peak_mem_gib_per_gpu") or []
     return " ".join(f"{m:.1f}" for m in mem if m is not None) or "-"
@@ -174,16 +181,19 @@ def print_table(results: list[dict]) -> None:
     print(f"\ndevice {device}; MFU: engine/flops.py count; ratio = {base['name'] if base else 'engine'} tokens/s / row's "
           f"(= the MFU ratio: one FLOP count; > 1: the engine is faster); mem: nvidia-smi used per GPU (GiB; peers without nvidia-smi: allocated)")
     print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'ratio':>7}{'mem GiB':>14}"
-          f"{'loss':>9}  ops / versions")
+          f"{'loss':>9}{'loss diff':>10}  ops / versions")
     for r in results:
         if "error" in r:
             print(f"{r['name']:<24}{r.get('nproc', 1):>5}  failed: {r['error'].strip().splitlines()[-1][:110]}")
             continue
         lo, hi = r["step_s_spread"]
         ratio = f"{base['tokens_per_s'] / r['tokens_per_s']:.3f}" if base else "-"
+        d = r.get("loss_diff_vs_first")
+        diff = f"{d:.1e}" if d is not None else "-"
         what = r.get("ops") or " ".join(f"{k}={v}" for k, v in r.get("versions", {}).items())
         print(f"{r['name']:<24}{r['nproc']:>5}{r['median_step_s']:>9.4f}{f'{lo:.4f}-{hi:.4f}':>17}"
-              f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{r['final_loss']:>9.4f}  {what}")
+              f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{r['final_loss']:>9.4f}"
+              f"{diff:>10}  {what}")
 
 
 def _set_flag(flags: list[str], flag: str, value: int) -> list[str]:
@@ -269,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
             results += [run_engine(name, common + shlex.split(flags), args) for name, flags in variants]
         for peer in args.peer:
             results += [run_peer(peer, v, common, args) for v in PEER_VARIANTS[peer]]
+    engines = [r for r in results if r.get("kind") == "engine" and "error" not in r]
+    if not args.sweep:
+        for r in engines[1:]:
+            r["loss_diff_vs_first"] = loss_diff(r, engines[0])
     for r in results:
         if "error" in r:
             print(f"[{r['name']}] could not run:\n{r['error'][-3000:]}", flush=True)

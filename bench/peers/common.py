@@ -21,10 +21,11 @@ from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
 __all__ = ["engine_config", "check_matmul_params", "linear_params", "synthetic_batches", "time_steps", "summarize"]
 
 
-def engine_config(flags: list[str], world_size: int = 1) -> EngineConfig:
-    """The resolved EngineConfig of `python -m engine pretrain FLAGS` on `world_size` processes."""
-    args = build_parser().parse_args(["pretrain", *flags])
-    return resolve(config_from_args(args), world_size)
+def engine_config(flags: list[str], world_size: int | None = None) -> EngineConfig:
+    """The resolved EngineConfig of `python -m engine pretrain FLAGS` on `world_size` processes (default:
+    --tp processes, one TP group: the layout bench/mfu.py launches)."""
+    cfg = config_from_args(build_parser().parse_args(["pretrain", *flags]))
+    return resolve(cfg, cfg.tp if world_size is None else world_size)
 
 
 def linear_params(weights: Iterable[torch.Tensor], lm_head: torch.Tensor, vocab_size: int, tp: int = 1) -> int:
