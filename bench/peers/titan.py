@@ -47,7 +47,7 @@ def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, attn_ba
     """(model, step, versions); torch.distributed is initialised (bench/peers/run.py launches via torchrun)."""
     import torch.distributed as dist
     from torchtitan.components.loss import CrossEntropyLoss
-    from torchtitan.components.optimizer import OptimizersContainer
+    from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed import utils as dist_utils
@@ -77,7 +77,9 @@ def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, attn_ba
                              if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head")],
                             model.lm_head.weight, cfg.vocab_size)
     check_matmul_params(cfg, counted, "torchtitan")  # DTensor weights (TP, FSDP) report their global shape
-    optimizers = OptimizersContainer.Config(name="AdamW", lr=cfg.lr, weight_decay=cfg.weight_decay,
+    adamw = {"lr": cfg.lr, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_eps, "weight_decay": cfg.weight_decay}
+    optimizers = OptimizersContainer.Config(param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW",
+                                                                           optimizer_kwargs=adamw)],
                                             implementation="fused").build(model_parts=[model])
     loss_fn = CrossEntropyLoss.Config().build(compile_config=compile_config)
     batches = synthetic_batches(cfg, device, seed)
