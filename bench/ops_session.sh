@@ -27,7 +27,7 @@ case "${1:-check}" in
   engine)
     warm minicpm4-0.5b 1
     stamp "engine steps, minicpm4-0.5b: baseline ops vs the CuTeDSL defaults"
-    timeout 300 python3 bench/engine_step.py --preset minicpm4-0.5b --steps 30 --skip 5 --out "$OUT/engine_step.json" \
+    timeout 300 python3 bench/mfu.py --common "--preset minicpm4-0.5b" --steps 25 --warmup 5 --out "$OUT/engine_step.json" \
       --variant baseline="$BASELINE_OPS" --variant cutedsl= \
       2>&1 | tail -8
     ;;

@@ -1,0 +1,300 @@
+"""MFU of whole training steps: the engine and its peers, one after another in one job on the same GPUs.
+
+    python bench/mfu.py --common "--preset minicpm4-8b --num-layers 4 --micro-batch-size 2 --seq-length 4096 \
+        --grad-accum-steps 8" --steps 8 --warmup 3 --peer torch-compile --peer torchtitan --peer megatron-core \
+        --out bench/results/mfu_8b4l_h200.json
+    python bench/mfu.py --common "--preset minicpm4-8b --tp 2 ..." --peer megatron-core        # TP 2 (torchrun)
+    python bench/mfu.py --common "--preset minicpm4-0.5b" --variant tp1= --variant tp2="--tp 2"   # TP 2 vs TP 1
+    python bench/mfu.py --common "--preset minicpm4-8b --num-layers 4" --sweep --seqs 1024 2048 4096 8192 16384 \
+        --mbs 1 2 --png docs/img/mfu_sweep.png                                                    # sweep
+
+Each engine variant is a real `python -m engine pretrain` (torchrun when the layout has more than one
+process: --tp N runs on N GPUs) of warmup + steps optimizer steps; the first --warmup steps (compile,
+autotuning, allocator) are dropped and the median of the rest reported. The op versions a run used come
+from its header (`[RUN] ops ...`), the per-step time and peak allocated memory (rank 0) from its
+metrics.jsonl, and nvidia-smi's memory.used per GPU is polled while it runs.
+
+Peers (--peer, each variant in its own process so one's memory and compile caches do not touch the
+next): `torch-compile` (two variants: `bf16` weights without fp32 master, and `amp`, fp32 weights +
+bf16 autocast; bench/peers/compiled.py), `torchtitan` (bench/peers/titan.py), `megatron-core`
+(bench/peers/megatron.py). Each is configured from the same engine flags (shapes, mbs, seq, GAS,
+vocabulary) and its MFU uses the engine's FLOP count (engine/flops.py: 6 x matmul params incl. the LM
+head + 6 x L x h x s per token, against --peak-tflops per GPU or the GPU's datasheet peak). A peer
+that cannot import or run is reported with the reason; the others still run.
+
+Engine variants of one job share seed and data: `loss diff` is each one's largest relative per-step
+loss difference from the first (TP 2 against TP 1: ~1e-3 in bf16, tolerance 1e-2). Prints a table last (ratio = the engine's first variant's tokens/s / the row's, which is the MFU ratio) and writes JSON (--out).
+CUDA_DEVICE_MAX_CONNECTIONS=1 is set for multi-process runs (--max-connections 0: unset), as Megatron
+requires for TP overlap.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.peers.common import engine_config  # noqa: E402
+from engine.atomic import write_text_atomic  # noqa: E402
+from engine.flops import flops_per_token, mfu, peak_flops  # noqa: E402
+
+__all__ = ["main", "run_engine", "run_peer", "GpuMemoryPoller"]
+
+PEER_VARIANTS = {"torch-compile": ["bf16", "amp"], "torchtitan": [""], "megatron-core": [""]}
+
+
+class GpuMemoryPoller:
+    """Largest nvidia-smi memory.used (GiB) per GPU while running; empty without nvidia-smi."""
+
+    def __init__(self, interval_ms: int = 500):
+        self.peak: dict[int, int] = {}
+        self._proc = None
+        exe = shutil.which("nvidia-smi")
+        if exe:
+            self._proc = subprocess.Popen([exe, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
+                                           f"-lms={interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True)
+            self._thread = threading.Thread(target=self._read, daemon=True)
+            self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                self.peak[int(parts[0])] = max(self.peak.get(int(parts[0]), 0), int(parts[1]))
+
+    def stop(self) -> list[float]:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+            self._thread.join(timeout=10)
+        return [mib / 1024 for _, mib in sorted(self.peak.items())]
+
+
+def _launcher(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+
+
+def _env(args: argparse.Namespace, nproc: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    if nproc > 1 and args.max_connections:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(args.max_connections)
+    return env
+
+
+def _header_value(stdout: str, prefix: str) -> str:
+    return next((line[len(prefix):].strip() for line in stdout.splitlines() if line.startswith(prefix)), "")
+
+
+def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
+    """One engine variant: a real training run, its steady-state numbers."""
+    cfg = engine_config(flags)
+    nproc = cfg.tp
+    with tempfile.TemporaryDirectory() as tmp:
+        launcher = _launcher(nproc) if nproc > 1 else [sys.executable]
+        cmd = [*launcher, "-m", "engine", "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
+               "--eval-samples", "0", "--no-save-final", "--warmup-steps", "0", "--run-dir", tmp, *flags]
+        print(f"[{name}] {shlex.join(cmd)}", flush=True)
+        poller = GpuMemoryPoller()
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, env=_env(args, nproc), capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        used = poller.stop()
+        metrics = Path(tmp) / "metrics.jsonl"
+        records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    steps = [r for r in records if r.get("kind") == "loss"]
+    run = _header_value(proc.stdout, "[RUN] temper engine ")
+    result = {"name": name, "kind": "engine", "cmd": cmd, "nproc": nproc, "returncode": proc.returncode, "wall_s": wall,
+              "device": run.split("device=", 1)[1].split(" host=")[0] if "device=" in run else "?",
+              "run_header": run, "ops": _header_value(proc.stdout, "[RUN] ops "),
+              "steps": [{"step": r["step"], "loss": r["global_loss"], "grad_norm": r["grad_norm"], "tokens": r["tokens"],
+                         "time_s": r["time_s"]} for r in steps],
+              "peak_alloc_gib_rank0": max((r.get("peak_mem_gib", 0.0) for r in steps), default=None),
+              "nvidia_smi_used_gib": used}
+    if proc.returncode != 0 or len(steps) <= args.warmup:
+        result["error"] = (proc.stdout[-2000:] + "\n" + proc.stderr[-6000:]).strip() or "no steps were timed"
+        return result
+    times = [s["time_s"] for s in result["steps"][args.warmup:]]
+    med = statistics.median(times)
+    tokens = cfg.tokens_per_step
+    peak = peak_flops(_with_peak(cfg, args), result["device"])
+    result.update({"tokens_per_step": tokens, "flops_per_token": flops_per_token(cfg), "median_step_s": med,
+                   "step_s_spread": [min(times), max(times)], "tokens_per_s": tokens / med,
+                   "mfu": mfu(cfg, tokens, med, nproc, peak), "final_loss": result["steps"][-1]["loss"],
+                   "peak_mem_gib_per_gpu": used or [result["peak_alloc_gib_rank0"]]})
+    return result
+
+
+def _with_peak(cfg, args):
+    from dataclasses import replace
+    return replace(cfg, peak_tflops=args.peak_tflops) if args.peak_tflops else cfg
+
+
+def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace) -> dict:
+    """One peer variant in its own torchrun job; its JSON record (with `error` when it could not run)."""
+    nproc = engine_config(flags).tp
+    name = peer + (f" {variant}" if variant else "")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "peer.json"
+        cmd = [*_launcher(nproc), "-m", "bench.peers.run", "--peer", peer, "--variant", variant, "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--device", args.device, "--out", str(out), "--",
+               *flags, *(["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
+        print(f"[{name}] {shlex.join(cmd)}", flush=True)
+        poller = GpuMemoryPoller()
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, env=_env(args, nproc), capture_output=True, text=True,
+                              timeout=args.peer_timeout)
+        used = poller.stop()
+        result = json.loads(out.read_text()) if out.exists() else {"name": name, "kind": "peer"}
+    result.update({"cmd": cmd, "returncode": proc.returncode, "wall_s": time.perf_counter() - t0, "nvidia_smi_used_gib": used})
+    if proc.returncode != 0 and "error" not in result:
+        result["error"] = (proc.stdout[-2000:] + "\n" + proc.stderr[-4000:]).strip()
+    return result
+
+
+def loss_diff(a: dict, b: dict) -> float | None:
+    """Largest relative per-step loss difference of two engine runs (e.g. TP 2 vs TP 1 on one seed and data:
+    bf16 rounding of differently ordered sums, ~1e-3; a bug shows as ~1e-1)."""
+    pairs = [(x["loss"], y["loss"]) for x, y in zip(a.get("steps", []), b.get("steps", []))]
+    return max(abs(x - y) / abs(y) for x, y in pairs) if pairs else None
+
+
+def _fmt_mem(r: dict) -> str:
+    mem = r.get("nvidia_smi_used_gib") or r.get("peak_mem_gib_per_gpu") or []
+    return " ".join(f"{m:.1f}" for m in mem if m is not None) or "-"
+
+
+def print_table(results: list[dict]) -> None:
+    base = next((r for r in results if r.get("kind") == "engine" and "error" not in r), None)
+    device = base["device"] if base else next((r.get("device") for r in results if r.get("device")), "?")
+    print(f"\ndevice {device}; MFU: engine/flops.py count; ratio = {base['name'] if base else 'engine'} tokens/s / row's "
+          f"(= the MFU ratio: one FLOP count; > 1: the engine is faster); mem: nvidia-smi used per GPU (GiB; peers without nvidia-smi: allocated)")
+    print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'ratio':>7}{'mem GiB':>14}"
+          f"{'loss':>9}{'loss diff':>10}  ops / versions")
+    for r in results:
+        if "error" in r:
+            print(f"{r['name']:<24}{r.get('nproc', 1):>5}  failed: {r['error'].strip().splitlines()[-1][:110]}")
+            continue
+        lo, hi = r["step_s_spread"]
+        ratio = f"{base['tokens_per_s'] / r['tokens_per_s']:.3f}" if base else "-"
+        d = r.get("loss_diff_vs_first")
+        diff = f"{d:.1e}" if d is not None else "-"
+        what = r.get("ops") or " ".join(f"{k}={v}" for k, v in r.get("versions", {}).items())
+        print(f"{r['name']:<24}{r['nproc']:>5}{r['median_step_s']:>9.4f}{f'{lo:.4f}-{hi:.4f}':>17}"
+              f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{r['final_loss']:>9.4f}"
+              f"{diff:>10}  {what}")
+
+
+def _set_flag(flags: list[str], flag: str, value: int) -> list[str]:
+    """flags with `flag value` (an earlier occurrence is overridden by argparse's last-wins rule)."""
+    return [*flags, flag, str(value)]
+
+
+def sweep(common: list[str], args: argparse.Namespace) -> list[dict]:
+    points = []
+    for mbs in args.mbs:
+        for seq in args.seqs:
+            flags = _set_flag(_set_flag(common, "--seq-length", seq), "--micro-batch-size", mbs)
+            rows = [run_engine(f"engine mbs{mbs} s{seq}", flags, args)]
+            for peer in args.peer:
+                rows += [run_peer(peer, v, flags, args) for v in PEER_VARIANTS[peer]]
+            for r in rows:
+                r.update(seq=seq, mbs=mbs, series=r["name"].rsplit(" mbs", 1)[0] + f" mbs {mbs}")
+                status = "failed" if "error" in r else f"{r['tokens_per_s']:.0f} tok/s, MFU {r['mfu']:.3f}"
+                print(f"  {r['name']} seq {seq} mbs {mbs}: {status}", flush=True)
+            points += rows
+    return points
+
+
+def plot_sweep(points: list[dict], png: Path) -> str:
+    """PNG of tokens/s and MFU against sequence length, one line per (run, mbs); the reason when none."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        return f"no PNG: matplotlib is not importable ({err}); the numbers are in the JSON"
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
+    for series in dict.fromkeys(p["series"] for p in points):
+        ok = [p for p in points if p["series"] == series and "error" not in p]
+        if ok:
+            ax_t.plot([p["seq"] for p in ok], [p["tokens_per_s"] for p in ok], marker="o", label=series)
+            ax_m.plot([p["seq"] for p in ok], [p["mfu"] for p in ok], marker="o", label=series)
+    for ax, label in ((ax_t, "tokens / s"), (ax_m, "MFU")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    ax_m.legend(fontsize=7)
+    device = next((p["device"] for p in points if p.get("device") not in (None, "?")), "?")
+    fig.suptitle(f"{device}: throughput and MFU against sequence length")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return f"wrote {png}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--common", default="--preset minicpm4-0.5b", help="engine flags of every run (shapes, cadence, layout)")
+    p.add_argument("--variant", action="append", default=[], help="engine variant NAME=FLAGS added to --common (default: engine=)")
+    p.add_argument("--peer", action="append", default=[], choices=list(PEER_VARIANTS), help="peer to run beside the engine")
+    p.add_argument("--no-engine", action="store_true", help="peers only")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--steps", type=int, default=8, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=3, help="optimizer steps run first and dropped (compile, autotune)")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="bf16 dense peak per GPU (0: by GPU name, engine/flops.py)")
+    p.add_argument("--max-connections", type=int, default=1, help="CUDA_DEVICE_MAX_CONNECTIONS for multi-process runs (0: unset)")
+    p.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds before a peer's job is stopped")
+    p.add_argument("--sweep", action="store_true", help="the first variant (and peers) over --seqs x --mbs")
+    p.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--mbs", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--png", default="", help="sweep plot (default: next to --out, or mfu_sweep.png)")
+    p.add_argument("--out", default="")
+    args = p.parse_args(argv)
+    common = shlex.split(args.common) + ["--device", args.device]
+    variants = [v.split("=", 1) for v in (args.variant or ["engine="])]
+    results: list[dict] = []
+    meta = {"argv": sys.argv if argv is None else argv, "steps": args.steps, "warmup": args.warmup, "common": args.common,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if args.sweep:
+        results = sweep(common + shlex.split(variants[0][1]), args)
+        png = Path(args.png or (Path(args.out).with_suffix(".png") if args.out else "mfu_sweep.png"))
+        meta["png"] = plot_sweep(results, png)
+        print(meta["png"])
+    else:
+        if not args.no_engine:
+            results += [run_engine(name, common + shlex.split(flags), args) for name, flags in variants]
+        for peer in args.peer:
+            results += [run_peer(peer, v, common, args) for v in PEER_VARIANTS[peer]]
+    engines = [r for r in results if r.get("kind") == "engine" and "error" not in r]
+    if not args.sweep:
+        for r in engines[1:]:
+            r["loss_diff_vs_first"] = loss_diff(r, engines[0])
+    for r in results:
+        if "error" in r:
+            print(f"[{r['name']}] could not run:\n{r['error'][-3000:]}", flush=True)
+    print_table(results)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out, json.dumps({"meta": meta, "results": results}, indent=1))
+        print(f"wrote {out}")
+    engine_failed = any("error" in r for r in results if r.get("kind") == "engine")
+    return 1 if engine_failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Run one peer in this process (bench/mfu.py launches it under torchrun, one process per GPU).
+
+    torchrun --standalone --nproc-per-node 1 -m bench.peers.run --peer torch-compile --variant amp \
+        --steps 8 --warmup 3 --out peer.json -- --preset minicpm4-8b --num-layers 4 --micro-batch-size 2 ...
+
+Everything after `--` are engine flags: the peer is configured from the engine's own resolved config.
+Rank 0 writes the result JSON (bench/peers/common.summarize); a peer that cannot import or run writes
+{"error": ...} and exits 1, so the caller reports why and goes on.
+"""
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from bench.peers.common import engine_config, summarize, time_steps
+from engine.atomic import write_text_atomic
+
+__all__ = ["main", "PEERS"]
+
+PEERS = ("torch-compile", "torchtitan", "megatron-core")
+
+
+def _versions(peer: str) -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"torch": torch.__version__}
+    for dist_name in {"torchtitan": ["torchtitan"], "megatron-core": ["megatron-core"]}.get(peer, []):
+        try:
+            out[dist_name] = metadata.version(dist_name)
+        except metadata.PackageNotFoundError:
+            out[dist_name] = "absent"
+    return out
+
+
+def _build(peer: str, variant: str, cfg, device: torch.device, compile_model: bool):
+    if peer == "torch-compile":
+        if cfg.tp != 1:
+            raise ValueError(f"torch-compile is a one-GPU peer; this layout has --tp {cfg.tp}")
+        from bench.peers.compiled import build_step
+        return build_step(cfg, variant or "amp", device, compile_model=compile_model)[1]
+    if peer == "torchtitan":
+        from bench.peers.titan import build_step
+        return build_step(cfg, variant, device)[1]
+    if peer == "megatron-core":
+        from bench.peers.megatron import build_step
+        return build_step(cfg, variant, device)
+    raise ValueError(f"--peer {peer!r}: use one of {', '.join(PEERS)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--peer", required=True, choices=PEERS)
+    p.add_argument("--variant", default="")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--no-compile", action="store_true", help="torch-compile peer: run eager (debugging)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv[:split])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    name = args.peer + (f" {args.variant}" if args.variant else "")
+    result: dict = {"name": name, "kind": "peer", "peer": args.peer, "variant": args.variant, "nproc": world}
+    try:
+        cfg = engine_config(argv[split + 1:], world)
+        if args.device == "cuda":
+            torch.cuda.set_device(local)
+        device = torch.device(args.device, local) if args.device == "cuda" else torch.device("cpu")
+        if world > 1 or args.peer != "torch-compile":
+            dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+        step = _build(args.peer, args.variant, cfg, device, not args.no_compile)
+        times, losses = time_steps(step, steps=args.steps, warmup=args.warmup, device=device)
+        result = summarize(name, cfg, times, losses, device, world, peer=args.peer, variant=args.variant,
+                           versions=_versions(args.peer))
+        code = 0
+    except Exception as err:  # guard: allow broad-except -- reported to bench/mfu.py in the JSON, and exit 1
+        result["error"] = f"{type(err).__name__}: {err}"
+        result["traceback"] = traceback.format_exc()[-4000:]
+        print(result["traceback"], file=sys.stderr)
+        code = 1
+    if rank == 0:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out, json.dumps(result, indent=1))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

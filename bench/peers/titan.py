@@ -1,0 +1,102 @@
+"""Peer `torchtitan` (0.3.x): its Llama3 model and the parts of its trainer that run a step.
+
+Built as torchtitan's Trainer builds it (torchtitan/trainer.py): the model config from its own classes
+(`Llama3Model.Config`, `Llama3TransformerBlock.Config`, `make_gqa_config`, `make_ffn_config`, RoPE,
+RMSNorm) sized to the engine's shapes (fused QKV, GQA, SwiGLU FFN, untied LM head over the padded
+vocabulary), built on the meta device, `parallelize_llama` (TP when the layout has it, per-block
+torch.compile, FSDP2's MixedPrecisionPolicy: fp32 master parameters, bf16 compute, fp32 gradient
+reduction), `init_weights`, its optimizer container (AdamW, fused) and its cross-entropy loss. The
+step is its train_step without logging: GAS forward/backward passes with the loss divided by the
+global token count, its clip_grad_norm_, optimizer step. Attention: its default flex backend with
+the block-causal mask of one document per row (that is plain causal attention).
+torchtitan's llama3 has no muP scalings; they are elementwise and cost nothing measurable.
+"""
+
+import torch
+
+from engine.config import EngineConfig
+
+__all__ = ["build_step"]
+
+
+def _model_config(cfg: EngineConfig, attn_backend: str):
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
+    from torchtitan.models.llama3 import Llama3Model, Llama3TransformerBlock
+
+    h, vocab = cfg.hidden_size, cfg.padded_vocab_size
+    init = {"weight": torch.nn.init.normal_}
+    ones = {"weight": torch.nn.init.ones_}
+    layers = [Llama3TransformerBlock.Config(
+        attention_norm=RMSNorm.Config(normalized_shape=h, eps=cfg.rms_norm_eps, param_init=ones),
+        ffn_norm=RMSNorm.Config(normalized_shape=h, eps=cfg.rms_norm_eps, param_init=ones),
+        attention=make_gqa_config(dim=h, n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                                  wqkv_param_init=init, wo_param_init=init, fuse_qkv=True,
+                                  inner_attention=get_attention_config(attn_backend),
+                                  rope=ComplexRoPE.Config(dim=cfg.head_dim, max_seq_len=cfg.seq_length,
+                                                                         theta=cfg.rope_theta)),
+        feed_forward=make_ffn_config(dim=h, hidden_dim=cfg.ffn_hidden_size, w1_param_init=init, w2w3_param_init=init),
+    ) for _ in range(cfg.num_layers)]
+    return Llama3Model.Config(dim=h, vocab_size=vocab, layers=layers,
+                              tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=h, param_init=init),
+                              norm=RMSNorm.Config(normalized_shape=h, eps=cfg.rms_norm_eps, param_init=ones),
+                              lm_head=Linear.Config(in_features=h, out_features=vocab, param_init=init))
+
+
+def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, attn_backend: str = "flex", seed: int = 0):
+    """(model, step, versions); torch.distributed is initialised (bench/peers/run.py launches via torchrun)."""
+    import torch.distributed as dist
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.models.llama3 import parallelize_llama
+
+    from bench.peers.common import check_matmul_params, linear_params, synthetic_batches
+
+    if variant not in ("", "default"):
+        raise ValueError(f"torchtitan has one variant (fp32 master + bf16 compute), not {variant!r}")
+    world = dist.get_world_size()
+    parallelism = ParallelismConfig(tensor_parallel_degree=cfg.tp, data_parallel_shard_degree=world // cfg.tp)
+    training = TrainingConfig(local_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_length, max_norm=cfg.grad_clip,
+                              mixed_precision_param="bfloat16")
+    compile_config = CompileConfig(enable=device.type == "cuda", components=["model", "loss"])
+    parallel_dims = ParallelDims.from_config(parallelism, world)
+    model_config = _model_config(cfg, attn_backend)
+    torch.manual_seed(seed)
+    with torch.device("meta"):
+        model = model_config.build()
+    model = parallelize_llama(model, parallel_dims=parallel_dims, training=training, parallelism=parallelism,
+                              compile_config=compile_config, ac_config=None, dump_folder="/tmp/torchtitan-peer")
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    counted = linear_params([m.weight for name, m in model.named_modules()
+                             if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head")],
+                            model.lm_head.weight, cfg.vocab_size)
+    check_matmul_params(cfg, counted, "torchtitan")  # DTensor weights (TP, FSDP) report their global shape
+    adamw = {"lr": cfg.lr, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_eps, "weight_decay": cfg.weight_decay}
+    optimizers = OptimizersContainer.Config(param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW",
+                                                                           optimizer_kwargs=adamw)],
+                                            implementation="fused").build(model_parts=[model])
+    loss_fn = CrossEntropyLoss.Config().build(compile_config=compile_config)
+    batches = synthetic_batches(cfg, device, seed)
+    positions = torch.arange(cfg.seq_length, device=device).expand(cfg.micro_batch_size, -1)
+    masks = model.get_attention_masks(positions=positions)
+    tokens = torch.tensor(sum(int(y.numel()) for _, y in batches), device=device)
+
+    def step() -> float:
+        optimizers.zero_grad()
+        total = torch.zeros((), device=device)
+        for x, y in batches:
+            loss, _ = loss_fn(model(x, positions, masks), y, tokens)
+            loss.backward()
+            total += loss.detach()
+        dist_utils.clip_grad_norm_(list(model.parameters()), cfg.grad_clip, foreach=True)
+        optimizers.step()
+        return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+
+    return model, step
+

@@ -1,0 +1,209 @@
+"""Where an engine step's time goes: torch.profiler over a few real training steps, summarised as markdown.
+
+    python bench/profile_step.py --steps 2 --warmup 3 --md prof.md -- --preset minicpm4-8b --num-layers 4 \
+        --micro-batch-size 2 --seq-length 4096 --grad-accum-steps 8
+    torchrun --standalone --nproc-per-node 2 bench/profile_step.py --insert docs/benchmarks.md --section 8b-tp2 \
+        -- --preset minicpm4-8b --tp 2 --micro-batch-size 2 --seq-length 4096 --grad-accum-steps 8
+
+Everything after `--` are engine flags. The engine's own Trainer (engine/train.py, built as `pretrain`
+builds it) runs --warmup steps, then --steps steps under torch.profiler. Rank 0's device kernels are
+summed per step by family (GEMM, attention, copies/casts, optimizer, elementwise, communication) and
+the top kernels listed; exposed communication = communication kernel time not overlapped by any compute
+kernel on another stream (what TP overlap has left to hide). On CPU (no kernels) the families are taken
+from each aten op's self CPU time and there is no overlap. The raw chrome trace goes to --trace-dir
+(default: a temp folder; never into git). The table goes to --md, or replaces the section between
+`<!-- profile:NAME -->` and `<!-- /profile:NAME -->` in --insert (appended when absent).
+"""
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.peers.common import engine_config  # noqa: E402
+from engine.atomic import write_text_atomic  # noqa: E402
+
+__all__ = ["main", "family", "exposed_ms", "summarize_kernels", "markdown", "insert_section"]
+
+FAMILIES = ("GEMM", "attention", "communication", "optimizer", "copies/casts", "elementwise")
+_RULES = [  # first match wins; kernel names (cuBLAS, CUTLASS/CuTeDSL, NCCL, torch) and aten op names on CPU
+    ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|c10d|gloo|broadcast|sendrecv"),
+    ("attention", r"flash|fmha|attention|sdpa|attn"),
+    ("GEMM", r"gemm|nvjet|xmma|wgmma|cublas|cutlass.*(matmul|mm)|^aten::(mm|addmm|bmm|matmul|linear|baddbmm)$"),
+    ("optimizer", r"adam|multi_tensor|foreach|optim|clip_grad"),
+    ("copies/casts", r"copy|memcpy|memset|cast|convert|to_copy|catarray|^aten::(cat|contiguous|clone|t|transpose|"
+                     r"_to_copy|to|index_select|view|reshape)$|transpose"),
+]
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    for fam, pattern in _RULES:
+        if re.search(pattern, low):
+            return fam
+    return "elementwise"
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def exposed_ms(comm: list[tuple[float, float]], compute: list[tuple[float, float]]) -> float:
+    """Time (same unit as the intervals) when a communication kernel runs and no compute kernel does."""
+    busy = _union(compute)
+    exposed = 0.0
+    for start, end in _union(comm):
+        covered = sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy if a < end and b > start)
+        exposed += (end - start) - covered
+    return exposed
+
+
+def summarize_kernels(kernels: list[dict], steps: int) -> dict:
+    """kernels: {name, dur, and ts (device timeline) or count (CPU op totals)} in microseconds. Per-step totals by family and by kernel name, exposed comm."""
+    by_family: dict[str, float] = defaultdict(float)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    comm, compute = [], []
+    for k in kernels:
+        fam = family(k["name"])
+        by_family[fam] += k["dur"]
+        by_name[k["name"]][0] += k["dur"]
+        by_name[k["name"]][1] += k.get("count", 1)
+        if "ts" in k:
+            (comm if fam == "communication" else compute).append((k["ts"], k["ts"] + k["dur"]))
+    total = sum(by_family.values())
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])
+    return {"total_ms": total / 1e3 / steps,
+            "families": {f: by_family.get(f, 0.0) / 1e3 / steps for f in FAMILIES},
+            "top": [{"name": n, "family": family(n), "ms": t / 1e3 / steps, "calls": c / steps} for n, (t, c) in top],
+            "exposed_comm_ms": exposed_ms(comm, compute) / 1e3 / steps if comm else 0.0, "timeline": bool(compute)}
+
+
+def markdown(title: str, summary: dict, step_ms: float, top: int = 15) -> str:
+    total = summary["total_ms"] or 1.0
+    lines = [f"#### {title}", "",
+             f"Step {step_ms:.1f} ms (wall, median of the profiled steps); kernel time {summary['total_ms']:.1f} ms per "
+             f"step (summed over streams).", "", "| family | ms / step | % of kernel time |", "| --- | ---: | ---: |"]
+    for fam in FAMILIES:
+        lines.append(f"| {fam} | {summary['families'][fam]:.2f} | {100 * summary['families'][fam] / total:.1f} |")
+    if summary["timeline"]:
+        lines.append(f"| communication exposed (no compute kernel beside it) | {summary['exposed_comm_ms']:.2f} | "
+                     f"{100 * summary['exposed_comm_ms'] / total:.1f} |")
+    lines += ["", "| kernel | family | calls / step | ms / step | % |", "| --- | --- | ---: | ---: | ---: |"]
+    for k in summary["top"][:top]:
+        name = k["name"] if len(k["name"]) <= 90 else k["name"][:87] + "..."
+        lines.append(f"| `{name.replace('|', '/')}` | {k['family']} | {k['calls']:.0f} | {k['ms']:.2f} | "
+                     f"{100 * k['ms'] / total:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def insert_section(doc: Path, section: str, text: str) -> None:
+    """Replace the text between the section's markers in `doc` (append the marked section when absent)."""
+    begin, end = f"<!-- profile:{section} -->", f"<!-- /profile:{section} -->"
+    old = doc.read_text() if doc.exists() else ""
+    block = f"{begin}\n{text}{end}"
+    if begin in old and end in old:
+        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    write_text_atomic(doc, new)
+
+
+def _kernels_from_trace(trace: Path) -> list[dict]:
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    return [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])} for e in events
+            if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+
+
+def _cpu_ops(prof) -> list[dict]:
+    return [{"name": a.key, "dur": float(a.self_cpu_time_total), "count": a.count} for a in prof.key_averages() if a.self_cpu_time_total > 0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=2, help="profiled optimizer steps")
+    p.add_argument("--warmup", type=int, default=3, help="steps run first, not profiled (compile, autotune)")
+    p.add_argument("--title", default="", help="section title (default: the engine flags)")
+    p.add_argument("--md", default="", help="write the markdown table here")
+    p.add_argument("--insert", default="", help="markdown file whose profile section to replace, e.g. docs/benchmarks.md")
+    p.add_argument("--section", default="engine", help="section name for --insert")
+    p.add_argument("--trace-dir", default="", help="where the raw chrome trace goes (default: a temp folder)")
+    p.add_argument("--json", default="", help="also write the summary as JSON")
+    args = p.parse_args(argv[:split])
+    flags = argv[split + 1:]
+
+    from engine.distributed import init_parallel, shutdown_parallel
+    from engine.env import launch_env
+    from engine.train import Trainer, make_reproducible, resolve_device
+
+    env = launch_env()
+    cfg = engine_config(flags, env.world_size)
+    device_type, dtype = resolve_device(cfg)
+    cfg = replace(cfg, device=device_type, compute_dtype="bf16" if dtype == torch.bfloat16 else "fp32",
+                  num_steps=args.warmup + args.steps, eval_samples=0, save_final=False,
+                  run_dir=cfg.run_dir or tempfile.mkdtemp(prefix="profile-step-"))
+    make_reproducible(cfg, device_type)
+    kv_replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
+    par = init_parallel(env, cfg.tp, device_type, kv_replicas=kv_replicas)
+    try:
+        trainer = Trainer(cfg, par, dtype, launcher=env.launcher)
+        sync = (lambda: torch.cuda.synchronize(par.device)) if device_type == "cuda" else (lambda: None)
+        for _ in range(args.warmup):
+            trainer.train_step()
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device_type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        times = []
+        sync()
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                trainer.train_step()
+                sync()
+                times.append(time.perf_counter() - t0)
+        if par.rank != 0:
+            return 0
+        trace_dir = Path(args.trace_dir or tempfile.mkdtemp(prefix="profile-trace-"))
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        trace = trace_dir / "trace_rank0.json"
+        prof.export_chrome_trace(str(trace))
+        kernels = _kernels_from_trace(trace) if device_type == "cuda" else _cpu_ops(prof)
+        summary = summarize_kernels(kernels, args.steps)
+        device = torch.cuda.get_device_name(par.device) if device_type == "cuda" else "cpu"
+        title = args.title or (f"{device}, {time.strftime('%Y-%m-%d')}, {' '.join(flags)}; ops "
+                               + " ".join(f"{k}={v}" for k, v in sorted(trainer.ops.versions.items())))
+        text = markdown(title, summary, 1e3 * statistics.median(times))
+        print(text)
+        print(f"raw trace (not for git): {trace}")
+        if args.md:
+            write_text_atomic(Path(args.md), text)
+        if args.insert:
+            insert_section(Path(args.insert), args.section, text)
+            print(f"updated section {args.section!r} of {args.insert}")
+        if args.json:
+            write_text_atomic(Path(args.json), json.dumps({"title": title, "step_s": times, **summary}, indent=1))
+        return 0
+    finally:
+        shutdown_parallel()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""bench/profile_step.py: kernel families, exposed communication, and a real CPU profile into a doc section."""
+
+import subprocess
+import sys
+
+from bench.profile_step import exposed_ms, family, summarize_kernels
+from tests.conftest import REPO
+
+
+def test_families_of_real_kernel_names():
+    assert family("nvjet_tst_256x128_64x4_2x1_v_bz_coopB_TNT") == "GEMM"
+    assert family("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "GEMM"
+    assert family("kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90") == "attention"
+    assert family("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "communication"
+    assert family("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
+    assert family("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>") == "copies/casts"
+    assert family("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>") == "elementwise"
+
+
+def test_exposed_communication_is_comm_time_without_compute_beside_it():
+    # comm 0-10 and 20-30; compute 5-12 (another stream) and 25-26: exposed 0-5, 20-25, 26-30 = 14
+    assert exposed_ms([(0, 10), (20, 30)], [(5, 12), (25, 26)]) == 14
+    assert exposed_ms([(0, 10)], [(0, 4), (2, 10)]) == 0
+    summary = summarize_kernels([{"name": "ncclDevKernel_AllReduce", "ts": 0.0, "dur": 4000.0},
+                                 {"name": "nvjet_gemm", "ts": 1000.0, "dur": 5000.0}], steps=2)
+    assert summary["exposed_comm_ms"] == 0.5 and summary["families"]["GEMM"] == 2.5 and summary["total_ms"] == 4.5
+
+
+def test_profile_on_cpu_fills_and_then_replaces_a_doc_section(tmp_path):
+    doc = tmp_path / "bench.md"
+    doc.write_text("# Benchmarks\n\nkept\n")
+    cmd = [sys.executable, "bench/profile_step.py", "--steps", "1", "--warmup", "1", "--insert", str(doc), "--section",
+           "tiny", "--trace-dir", str(tmp_path / "trace"), "--", "--preset", "tiny", "--seq-length", "32",
+           "--micro-batch-size", "2", "--grad-accum-steps", "2", "--device", "cpu"]
+    for _ in range(2):
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nkept\n")
+    assert text.count("<!-- profile:tiny -->") == 1 and text.count("<!-- /profile:tiny -->") == 1
+    assert "| GEMM |" in text and "`aten::mm`" in text
+    assert (tmp_path / "trace" / "trace_rank0.json").exists()
