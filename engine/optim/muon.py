@@ -9,7 +9,7 @@ modded-nanogpt; the scale is Moonlight's):
 NS_k is the quintic Newton-Schulz iteration X <- a X + (b X X^T + c (X X^T)^2) X on X = u / ||u||_F with
 Keller Jordan's coefficients (a, b, c) = (3.4445, -4.7750, 2.0315), run on the wide orientation (A <= B).
 It maps every singular value s of X to p^k(s), p(s) = a s + b s^3 + c s^5: small ones are pushed up fast and
-all of them end in a band around 1 (about 0.7-1.2 after 5 steps, not exactly 1: the coefficients buy speed with
+all of them end in a band around 1 ([0.68, 1.21] after 5 steps for s >= 0.03, not exactly 1: the coefficients buy speed with
 that slack; tests/engine/test_muon.py checks the band). It runs in the compute dtype: bf16 on GPU (as
 modded-nanogpt; NS is stable in bf16), fp32 on CPU, where bf16 matmuls are slow emulation.
 
