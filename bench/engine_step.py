@@ -1,6 +1,7 @@
 """Benchmark whole engine training steps: run `python -m engine pretrain` variants, parse [LOSS] lines.
 
-Each variant is a real training run (subprocess) of --steps steps; the first --skip steps (compile,
+Each variant is a real training run (subprocess) of --steps steps (evaluation off unless its flags add
+`--eval-samples N`; the [EVAL] lines are then kept too); the first --skip steps (compile,
 allocator warm-up) are dropped and the median / spread of the rest reported. Throughput and MFU are
 recomputed here from tokens and time_s (same FLOP count as engine/flops.py, printed by the run).
 Variants run one after another in the same job on the same GPU, so their ratios are meaningful.
@@ -24,10 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["main", "run_variant"]
 
 REPO = Path(__file__).resolve().parents[1]
 _LOSS = re.compile(r"^\[LOSS\] step=(\d+) global_loss=(\S+) grad_norm=(\S+) lr=(\S+) tokens=(\d+) time_s=(\S+) mfu=(\S+)")
+_EVAL = re.compile(r"^\[EVAL\] step=(\d+) val_loss=(\S+) val_bpb=(\S+)")
 _MODEL = re.compile(r"flops_per_token=(\S+)")
 _DEVICE = re.compile(r"device=(.+?) host=")
 
@@ -41,14 +43,18 @@ def run_variant(name: str, extra: list[str], args: argparse.Namespace) -> dict:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         metrics = Path(tmp) / "metrics.jsonl"
-        mem = [json.loads(x).get("peak_mem_gib") for x in metrics.read_text().splitlines()] if metrics.exists() else []
+        lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+        mem = [line["peak_mem_gib"] for line in lines if line.get("peak_mem_gib") is not None]  # step lines, not evals
     steps = [m.groups() for m in map(_LOSS.match, proc.stdout.splitlines()) if m]
     flops = _MODEL.search(proc.stdout)
     device = _DEVICE.search(proc.stdout)
     result = {"name": name, "cmd": cmd, "returncode": proc.returncode, "wall_s": wall,
               "device": device.group(1) if device else "?", "steps": [
                   {"step": int(s), "loss": float(l), "grad_norm": float(g), "tokens": int(t), "time_s": float(dt),
-                   "mfu_reported": float(m)} for s, l, g, _, t, dt, m in steps]}
+                   "mfu_reported": float(m)} for s, l, g, _, t, dt, m in steps],
+              # evaluations, when a variant's flags ask for them (--eval-samples N after the default 0)
+              "evals": [{"step": int(s), "val_loss": float(l), "val_bpb": float(b)}
+                        for s, l, b in (m.groups() for m in map(_EVAL.match, proc.stdout.splitlines()) if m)]}
     if proc.returncode != 0 or not steps:
         result["error"] = proc.stderr[-4000:]
         return result

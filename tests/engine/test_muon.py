@@ -24,6 +24,7 @@ from engine.config import build_config, resolve
 from engine.errors import ConfigError
 from engine.optim.muon import assign_owners, newton_schulz
 from tests.engine.adamw_reference import initial_weights, reference_logits
+from tests.engine.helpers import deterministic_fields, loss_lines, run_engine
 from tests.engine.muon_reference import KELLER, train_muon_reference
 from tests.parallel.workers import fixed_tokens, make_config, single_run
 
@@ -150,3 +151,21 @@ def test_resume_is_bitwise(muon_single):
     resumed = muon_single["resumed"]
     assert resumed["steps"] == muon_single["run8"]["steps"][4:]
     assert torch.equal(resumed["logits"], muon_single["run8"]["logits"])
+
+
+@pytest.mark.gpu
+def test_muon_on_cuda_in_bf16_trains_like_fp32_on_cpu(tmp_path):
+    """The GPU path: bf16 compute and Newton-Schulz in bf16, the CuTeDSL ops, against the fp32 CPU run of the
+    same seed and data (tiny, 8 steps). 3e-2 relative per step, as tests/engine/test_gpu_default_kernels.py
+    allows bf16 against bf16: here each NS step also rounds to bf16 (4e-3), a few optimizer steps at lr 1e-2
+    let that drift grow; a wrong update (NS of the wrong matrix, a missing scale) moves the loss by far more."""
+    common = ["pretrain", "--preset", "tiny", "--optimizer", "muon", "--num-steps", "8", "--warmup-steps", "2",
+              "--eval-samples", "0", "--no-save-final"]
+    gpu = run_engine(*common, "--device", "cuda", "--run-dir", str(tmp_path / "gpu"), timeout=600)
+    cpu = run_engine(*common, "--device", "cpu", "--run-dir", str(tmp_path / "cpu"), timeout=600)
+    assert "Newton-Schulz steps in bfloat16" in gpu.stdout and "Newton-Schulz steps in float32" in cpu.stdout
+    lg = [float(deterministic_fields(x)[1]) for x in loss_lines(gpu.stdout)]
+    lc = [float(deterministic_fields(x)[1]) for x in loss_lines(cpu.stdout)]
+    assert len(lg) == len(lc) == 8 and lg[-1] < lg[0] - 0.5
+    for step, (a, b) in enumerate(zip(lg, lc), start=1):
+        assert abs(a - b) / b < 3e-2, f"step {step}: cuda {a} vs cpu {b}"
