@@ -7,20 +7,16 @@ at the TP 1 layout. Optimizer, restated here from the recipe (Keller Jordan's Mu
   Newton-Schulz iteration of u in fp64 here; W = W (1 - lr wd) - lr 0.2 sqrt(max(A, B)) O;
 - every other tensor: torch.optim.AdamW with the muP groups of tests/engine/adamw_reference.py;
 - muP: lr x (dim_model_base / hidden_size) for every hidden matrix, Muon's and AdamW's decay alike;
-- clip_grad_norm_ over all tensors, then the warmup + cosine schedule in closed form.
-Data: the engine's own loader (data order is not under test here), one micro-batch holding the global batch.
+- the loop AdamW's reference runs (adamw_reference.clipped_steps): the judge's forward on the engine's own
+  batches, clip_grad_norm_ over all tensors, the warmup + cosine schedule in closed form.
 """
 
 import math
 
 import torch
-import torch.nn.functional as F
 
-from engine.config import EngineConfig, to_dict
-from engine.data.loader import BatchLoader
-from engine.data.sources import build_data
-from harness.judge import reference
-from tests.engine.adamw_reference import HIDDEN_MATRICES, cosine, mup_multiplier, param_groups
+from engine.config import EngineConfig
+from tests.engine.adamw_reference import HIDDEN_MATRICES, adamw, adamw_step, clipped_steps, mup_multiplier
 
 __all__ = ["KELLER", "quintic_ns", "logical_rows", "train_muon_reference"]
 
@@ -53,34 +49,16 @@ def train_muon_reference(initial: dict[str, torch.Tensor], cfg: EngineConfig, st
                          split: bool = True) -> tuple[dict[str, torch.Tensor], list[float]]:
     """`steps` steps from `initial` (TP 1 layout); the final weights and each step's loss. `split` False
     orthogonalises the fused QKV / FC1 as one matrix (a negative control)."""
-    assert cfg.lr_schedule == "cosine", "the closed form here is warmup + cosine"
     params = {n: t.detach().clone().float().requires_grad_(True) for n, t in initial.items()}
     hidden = {n: p for n, p in params.items() if n.endswith(HIDDEN_MATRICES)}
     others = {n: p for n, p in params.items() if n not in hidden}
-    adam = torch.optim.AdamW(param_groups(others, cfg), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                             eps=cfg.adam_eps, foreach=True)
+    adam = adamw(others, cfg)
     bufs = {n: torch.zeros_like(p) for n, p in hidden.items()}
     m = cfg.muon_momentum
-    data = build_data(cfg, cache_dir=cfg.data_cache_dir or "unused", dp_rank=0, dp_size=1)
-    loader = BatchLoader(data.train, micro_batch_size=cfg.global_batch_size, grad_accum_steps=1, dp_rank=0,
-                         dp_size=1, seed=cfg.seed)
-    config = to_dict(cfg)
     losses = []
-    for step in range(steps):
-        ((x, y),) = loader.next_step()
-        for p in params.values():
-            p.grad = None
-        out = reference.logits(params, config, x)
-        valid = int((y != -100).sum())
-        loss_sum = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=-100, reduction="sum")
-        (loss_sum / valid).backward()
-        losses.append(loss_sum.item() / valid)
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
-        lr = cosine(step, peak=cfg.lr, floor=cfg.lr * cfg.min_lr_ratio, warmup=cfg.warmup_steps, total=cfg.num_steps)
-        for group in adam.param_groups:
-            group["lr"] = lr * group["mult"]
-        adam.step()
+    for loss, lr in clipped_steps(params, cfg, steps):
+        losses.append(loss)
+        adamw_step(adam, lr)
         with torch.no_grad():
             for name, w in hidden.items():
                 g = w.grad
