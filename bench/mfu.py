@@ -121,7 +121,10 @@ def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
               "steps": [{"step": r["step"], "loss": r["global_loss"], "grad_norm": r["grad_norm"], "tokens": r["tokens"],
                          "time_s": r["time_s"]} for r in steps],
               "peak_alloc_gib_rank0": max((r.get("peak_mem_gib", 0.0) for r in steps), default=None),
-              "nvidia_smi_used_gib": used}
+              "nvidia_smi_used_gib": used,
+              # evaluations, when the flags ask for them (an --eval-samples N after the default 0)
+              "evals": [{"step": r["step"], "val_loss": r["val_loss"], "val_bpb": r["val_bpb"]}
+                        for r in records if r.get("kind") == "eval"]}
     if proc.returncode != 0 or len(steps) <= args.warmup:
         result["error"] = (proc.stdout[-2000:] + "\n" + proc.stderr[-6000:]).strip() or "no steps were timed"
         return result

@@ -41,13 +41,17 @@ from engine.errors import ConfigError
 from engine.optim.schedule import schedule_fields
 
 __all__ = ["save_checkpoint", "load_checkpoint", "select_checkpoint", "newest_checkpoint", "checkpoints_in_write_order",
-           "verify_checkpoint", "read_meta", "check_compatible", "check_schedule", "meta_for", "MODEL_FIELDS"]
+           "verify_checkpoint", "read_meta", "check_compatible", "check_schedule", "meta_for", "MODEL_FIELDS",
+           "OPTIMIZER_FIELDS"]
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 # Fields that must match between a checkpoint and the run resuming from it: the shapes, and the muP scalings,
 # which change what the weights compute and each tensor's learning rate (engine/optim/mup.py).
 MODEL_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                 "head_dim", "ffn_hidden_size", "mup", "scale_emb", "scale_depth", "dim_model_base")
+# The optimizer must match too: its state (AdamW moments, Muon momentum) is what the checkpoint holds, and
+# checkpoints written before the field existed are AdamW's.
+OPTIMIZER_FIELDS = {"optimizer": "adamw"}
 FORMAT = 2  # 2: manifest.json and write_seq
 
 
@@ -259,6 +263,11 @@ def check_compatible(meta: dict[str, Any], cfg: EngineConfig, path: Path, layout
             raise ConfigError(f"--{name.replace('_', '-')}", getattr(cfg, name),
                               f"use {saved.get(name)!r} as in the checkpoint {path}, or start a new run",
                               "differs from the checkpoint")
+    for name, before in OPTIMIZER_FIELDS.items():
+        if saved.get(name, before) != getattr(cfg, name):
+            raise ConfigError(flag_name(name), getattr(cfg, name),
+                              f"use --{name} {saved.get(name, before)} as in the checkpoint {path}, or start a new run",
+                              "differs from the checkpoint (its optimizer state belongs to the other optimizer)")
     written = meta["layout"]
     if written.get("tp") != layout["tp"]:
         raise ConfigError("--tp", layout["tp"],

@@ -20,6 +20,8 @@ __all__ = [
     "EngineConfig",
     "PRESETS_FILE",
     "LR_SCHEDULES",
+    "OPTIMIZERS",
+    "MUON_FIELDS",
     "preset_names",
     "load_preset",
     "load_config",
@@ -31,6 +33,7 @@ __all__ = [
 
 PRESETS_FILE = Path(__file__).with_name("model_spec.toml")
 LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")
+OPTIMIZERS = ("adamw", "muon")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 DTYPE_CHOICES = ("auto", "bf16", "fp32")
 
@@ -80,12 +83,22 @@ class EngineConfig:
                                   "--reset-position-ids); off: positions run 0..seq-1 across the window", "batch")
 
     # --- optimizer and schedule
+    optimizer: str = _f("adamw", "adamw (every tensor), or muon: orthogonalised momentum (Newton-Schulz) for the hidden "
+                        "matrices (attention Q/K/V/O, MLP gate/up/down), AdamW for the embedding, norm gains and LM head "
+                        "(engine/optim/muon.py); same --lr, muP multipliers and --weight-decay", "optim")
+    muon_momentum: float = _f(0.95, "muon: momentum of the hidden matrices' gradient average, in [0, 1)", "optim")
+    muon_nesterov: bool = _f(True, "muon: orthogonalise the Nesterov look-ahead (1 - m) g + m buf instead of buf", "optim")
+    muon_ns_steps: int = _f(5, "muon: Newton-Schulz quintic iterations per matrix and step (1-20; 5 as Keller Jordan's Muon)",
+                            "optim")
+    muon_update_rms: float = _f(0.2, "muon: RMS of a matrix's update per unit lr: the orthogonalised update is scaled by "
+                                "this x sqrt(max(rows, cols)); 0.2 matches AdamW's typical update RMS (Moonlight), so "
+                                "AdamW's --lr and --weight-decay carry over", "optim")
     lr: float = _f(3e-4, "peak learning rate", "optim")
     min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr (cosine, wsd, linear)", "optim")
     lr_schedule: str = _f("cosine", "cosine (warmup + cosine), wsd (warmup-stable-decay, MiniCPM), constant, linear", "optim")
     warmup_steps: int = _f(0, "linear warmup steps from 0 to --lr", "optim")
     decay_steps: int = _f(0, "wsd: length of the final decay (0: 10% of --num-steps)", "optim")
-    weight_decay: float = _f(0.1, "AdamW decoupled weight decay for matrices and embeddings (never norms)", "optim")
+    weight_decay: float = _f(0.1, "decoupled weight decay (lr x muP multiplier x wd per step) for matrices and embeddings, never norms; Muon's matrices too", "optim")
     adam_beta1: float = _f(0.9, "AdamW beta1", "optim")
     adam_beta2: float = _f(0.95, "AdamW beta2", "optim")
     adam_eps: float = _f(1e-8, "AdamW epsilon", "optim")
@@ -165,6 +178,7 @@ def flag_name(name: str) -> str:
 
 
 _FIELDS = {f.name: f for f in fields(EngineConfig)}
+MUON_FIELDS = tuple(name for name in _FIELDS if name.startswith("muon_"))
 
 
 def _check_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
@@ -254,6 +268,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     _choice(cfg, "device", DEVICE_CHOICES)
     _choice(cfg, "compute_dtype", DTYPE_CHOICES)
     _choice(cfg, "lr_schedule", LR_SCHEDULES)
+    _choice(cfg, "optimizer", OPTIMIZERS)
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
               "log_every", "lr", "init_std", "dim_model_base", "skip_spike_window", "skip_spike_max_consecutive")
@@ -283,6 +298,17 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
                           "has no checkpoint whose schedule it would override")
     if cfg.resume not in ("", "auto") and not Path(cfg.resume).exists():
         raise ConfigError("--resume", cfg.resume, "pass 'auto' or an existing checkpoint folder", "does not exist")
+    if not 0.0 <= cfg.muon_momentum < 1.0:
+        raise ConfigError("--muon-momentum", cfg.muon_momentum, "use a value in [0, 1), e.g. 0.95", "is out of range")
+    if not 1 <= cfg.muon_ns_steps <= 20:
+        raise ConfigError("--muon-ns-steps", cfg.muon_ns_steps, "use 1 to 20 iterations (5 is the usual)", "is out of range")
+    if not cfg.muon_update_rms > 0:
+        raise ConfigError("--muon-update-rms", cfg.muon_update_rms, "use a positive RMS, e.g. 0.2", "is out of range")
+    if cfg.optimizer != "muon":
+        for name in MUON_FIELDS:
+            if getattr(cfg, name) != _FIELDS[name].default:
+                raise ConfigError(flag_name(name), getattr(cfg, name), "add --optimizer muon, or leave it out",
+                                  f"has no effect with --optimizer {cfg.optimizer}")
     for beta in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(cfg, beta) < 1.0:
             raise ConfigError(flag_name(beta), getattr(cfg, beta), "use a value in [0, 1)", "is out of range")

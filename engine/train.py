@@ -41,7 +41,8 @@ from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
 from engine.metrics import MetricsWriter, skip_line
 from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
 from engine.ops import resolve_ops
-from engine.optim import FlatBuffers, LossSpikeGuard, MixedPrecisionAdamW, describe_multipliers, lr_at, lr_multipliers
+from engine.optim import (FlatBuffers, LossSpikeGuard, MixedPrecisionAdamW, Muon, describe_multipliers, lr_at,
+                          lr_multipliers, muon_parts)
 from engine.parallel import (GradSync, ParamGather, apply_tensor_parallel, global_param_count, load_optimizer_state,
                              optimizer_state)
 from engine.runinfo import device_name, header_lines
@@ -136,7 +137,10 @@ class Trainer:
         grad_sums = apply_tensor_parallel(self.model, cfg, par)
         self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4)
         self.lr_multipliers = lr_multipliers(self.model, cfg)
-        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers)
+        # --optimizer muon: Muon steps the hidden matrices, AdamW the rest (and takes the grad norm and clips for both)
+        parts = muon_parts(self.model, cfg, par) if cfg.optimizer == "muon" else {}
+        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers, others=frozenset(parts))
+        self.muon = Muon(self.buffers, cfg, par, self.lr_multipliers, parts, dtype) if parts else None
         self.grad_sync = GradSync(self.buffers, par, grad_sums, overlap=cfg.overlap_grad_reduce)
         self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
         self.spike_guard = LossSpikeGuard(cfg, par)
@@ -160,6 +164,8 @@ class Trainer:
                                  flops_per_token=flops_per_token(cfg), config=to_dict(cfg)):
             self.metrics.info(line)
         self.metrics.info(describe_multipliers(self.lr_multipliers, cfg))
+        if self.muon is not None:
+            self.metrics.info(self.muon.describe())
         self.metrics.info(f"[RUN] outputs run_dir={self.run_dir.resolve()} save_dir={self.save_dir.resolve()}"
                           + ("" if cfg.run_dir else f" (no --run-dir: outputs/{cfg.preset} under the current folder)"))
         for line in resume_notes:
@@ -178,7 +184,7 @@ class Trainer:
 
     def _state(self, with_rng: bool = True, stage: Any = None, with_spike: bool | None = None) -> dict[str, Any]:
         state = {
-            "optim": optimizer_state(self.optimizer, self.par, stage),
+            "optim": optimizer_state(self.optimizer, self.par, stage, self.muon),
             "trainer": {"step": self.step, "adam_step": self.optimizer.adam_step(), "data": self.loader.state_dict()},
         }
         if self.spike_guard.enabled if with_spike is None else with_spike:
@@ -221,7 +227,7 @@ class Trainer:
         load_checkpoint(path, state)
         if "spike" in state["trainer"]:
             self.spike_guard.load_state_dict(state["trainer"]["spike"])
-        load_optimizer_state(self.optimizer, state["optim"], self.par, int(state["trainer"]["adam_step"]))
+        load_optimizer_state(self.optimizer, state["optim"], self.par, int(state["trainer"]["adam_step"]), self.muon)
         self.param_gather.start()  # each DP rank restored only its own slices of the parameters
         self.param_gather.wait_all()
         self.loader.load_state_dict(state["trainer"]["data"])
@@ -270,6 +276,8 @@ class Trainer:
             return loss_value, grad_norm, lr  # not applied: run() logs a [SKIP] and retries the step on the next batch
         self.optimizer.clip(grad_norm)
         self.optimizer.step(lr)
+        if self.muon is not None:
+            self.muon.step(lr)
         self.param_gather.start()
         return loss_value, grad_norm, lr
 

@@ -39,7 +39,8 @@ class Segment:
     entry: Entry
     lo: int  # absolute range [lo, hi) in the flat buffers
     hi: int
-    master: torch.Tensor  # fp32, 1-D, hi - lo elements
+    grad: torch.Tensor  # fp32 view of buffers.grads[lo:hi]
+    master: torch.Tensor | None  # fp32, 1-D, hi - lo elements; None: another optimizer (Muon) steps this parameter
 
     @property
     def param_range(self) -> tuple[int, int]:
@@ -58,19 +59,27 @@ class Segment:
 
 
 class MixedPrecisionAdamW:
-    def __init__(self, buffers: FlatBuffers, cfg: EngineConfig, par: ParallelState, lr_multipliers: Mapping[str, float]):
-        """`lr_multipliers`: parameter name -> factor on the scheduled lr (every trainable parameter)."""
+    def __init__(self, buffers: FlatBuffers, cfg: EngineConfig, par: ParallelState, lr_multipliers: Mapping[str, float],
+                 others: frozenset[str] = frozenset()):
+        """`lr_multipliers`: parameter name -> factor on the scheduled lr (every trainable parameter).
+        `others`: parameters another optimizer steps (--optimizer muon). Their gradients still count in
+        `grad_norm` and are clipped by `clip` here (this rank's ZeRO-1 range of them), so the norm and the
+        clipping are those of the whole model whichever optimizer applies the update; AdamW keeps no
+        master or moments for them."""
         self.buffers, self.cfg, self.par = buffers, cfg, par
         missing = [e.name for e in buffers.entries if e.name not in lr_multipliers]
         assert not missing, f"no lr multiplier for {missing}"
-        self.segments: list[Segment] = []
+        self.grad_segments: list[Segment] = []  # every parameter's part of this rank's ranges: norm and clipping
         for lo, hi in buffers.shard_ranges(par.dp_rank):
             for e in buffers.entries:
                 a, b = max(lo, e.start), min(hi, e.end)
                 if a < b:
-                    master = buffers.params[a:b].detach().float().clone()
-                    master.grad = buffers.grads[a:b]
-                    self.segments.append(Segment(e, a, b, master))
+                    master = None
+                    if e.name not in others:
+                        master = buffers.params[a:b].detach().float().clone()
+                        master.grad = buffers.grads[a:b]
+                    self.grad_segments.append(Segment(e, a, b, buffers.grads[a:b], master))
+        self.segments = [s for s in self.grad_segments if s.master is not None]  # the ones AdamW steps
         groups: dict[tuple[float, bool], list[torch.Tensor]] = {}
         for s in self.segments:
             groups.setdefault((float(lr_multipliers[s.entry.name]), s.entry.param.ndim >= 2), []).append(s.master)
@@ -86,15 +95,15 @@ class MixedPrecisionAdamW:
         (their shards are disjoint) and TP ranks (their shards are disjoint; a TP-replicated
         parameter is counted on TP rank 0 only)."""
         squares = torch.zeros((), dtype=torch.float32, device=self.buffers.grads.device)
-        for s in self.segments:
+        for s in self.grad_segments:
             if self.par.tp_size > 1 and self.par.tp_rank != 0 and getattr(s.entry.param, "tp_replicated", False):
                 continue
             if self.par.tp_size > 1 and getattr(s.entry.param, "tp_duplicate", None) is not None:
                 for part in s.counted_slices():
-                    g = s.master.grad[part]
+                    g = s.grad[part]
                     squares += torch.sum(g * g)
                 continue
-            squares += torch.sum(s.master.grad * s.master.grad)
+            squares += torch.sum(s.grad * s.grad)
         if self.par.dp_size > 1:
             dist.all_reduce(squares, group=self.par.dp_group)
         if self.par.tp_size > 1:
@@ -108,8 +117,8 @@ class MixedPrecisionAdamW:
             return
         coef = self.cfg.grad_clip / (norm + 1e-6)
         if coef < 1.0:
-            for s in self.segments:
-                s.master.grad.mul_(coef)
+            for s in self.grad_segments:
+                s.grad.mul_(coef)
 
     @torch.no_grad()
     def step(self, lr: float) -> None:

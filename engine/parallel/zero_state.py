@@ -12,6 +12,10 @@ Why not DTensor: its Shard placement cuts a tensor into torch.chunk-sized pieces
 follow bucket boundaries instead. Why not gathering full tensors on save: it would need the full
 fp32 masters and moments (12 bytes per parameter) on one rank.
 
+With --optimizer muon the hidden matrices' state is Muon's (engine/optim/muon.py): whole matrices, each
+written by the DP rank that owns it as plain tensors `[tp{r}/]{master,muon_momentum}/<name>`, so it too
+loads on any DP size (the loading run's owner reads it by name).
+
 The TP size must match (parameters are sliced differently per TP size); engine.checkpoint refuses
 a checkpoint of another TP size with both layouts named.
 """
@@ -23,7 +27,7 @@ import torch
 from torch.distributed._shard import sharded_tensor as st
 
 from engine.distributed import ParallelState
-from engine.optim import MixedPrecisionAdamW
+from engine.optim import MixedPrecisionAdamW, Muon
 from engine.optim.buffers import FlatBuffers
 
 __all__ = ["optimizer_state", "load_optimizer_state", "KINDS"]
@@ -60,15 +64,19 @@ def _sharded(local: torch.Tensor, numel: int, pieces: list[tuple[int, int, int]]
 
 
 def optimizer_state(optimizer: MixedPrecisionAdamW, par: ParallelState,
-                    stage: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
-    """This rank's masters and moments, keyed for DCP: the masters themselves, so a load is in place,
-    or `stage(key, tensor)` of each (an asynchronous save's host copy, which training cannot change)."""
+                    stage: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+                    muon: Muon | None = None) -> dict[str, Any]:
+    """This rank's masters and moments (and Muon's masters and momentum), keyed for DCP: the tensors
+    themselves, so a load is in place, or `stage(key, tensor)` of each (an asynchronous save's host copy,
+    which training cannot change)."""
     prefix = _prefix(par)
     copy = stage or (lambda key, t: t)
-    if par.dp_size == 1:
-        return {prefix + k: copy(prefix + k, v) for k, v in optimizer.state_tensors().items()}
-    pieces = _pieces(optimizer.buffers, par)
     out: dict[str, Any] = {}
+    if muon is not None:
+        out.update({prefix + k: copy(prefix + k, v) for k, v in muon.state_tensors().items()})
+    if par.dp_size == 1:
+        return out | {prefix + k: copy(prefix + k, v) for k, v in optimizer.state_tensors().items()}
+    pieces = _pieces(optimizer.buffers, par)
     for s in optimizer.segments:
         exp_avg, exp_avg_sq = optimizer.moments(s)
         for kind, tensor in zip(KINDS, (s.master, exp_avg, exp_avg_sq)):
@@ -78,10 +86,13 @@ def optimizer_state(optimizer: MixedPrecisionAdamW, par: ParallelState,
 
 
 def load_optimizer_state(optimizer: MixedPrecisionAdamW, state: dict[str, Any], par: ParallelState,
-                         adam_step: int) -> None:
+                         adam_step: int, muon: Muon | None = None) -> None:
     """Install what DCP loaded into `state` (a dict built by optimizer_state). With DP > 1 each rank
-    rewrites only its own slices of the parameters: gather them afterwards."""
+    rewrites only its own slices of the parameters (Muon's matrices: shared by their owners here): gather
+    them afterwards. Collective over the DP group with Muon."""
     prefix = _prefix(par)
+    if muon is not None:
+        muon.load_state_tensors({k[len(prefix):]: v for k, v in state.items() if k[len(prefix):] in muon.state_tensors()})
     if par.dp_size == 1:
         optimizer.load_state_tensors({k[len(prefix):]: v for k, v in state.items()}, adam_step)
         return

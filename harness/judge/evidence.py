@@ -65,7 +65,7 @@ from harness.judge.checkpoint import (SHAPE_FIELDS, CheckpointError, JudgeCheckp
                                       load_checkpoint, read_meta, size_mismatches)
 
 __all__ = ["Evidence", "TokenStream", "embedded_tokens", "shard_tokens", "verify_train_run", "estimate_lr",
-           "scheduled_lr", "lr_multiplier", "HIDDEN_MATRICES",
+           "scheduled_lr", "lr_multiplier", "HIDDEN_MATRICES", "VERIFIED_OPTIMIZER",
            "VAL_RTOL", "TRAIN_RTOL", "TRAJECTORY_RTOL", "LR_RTOL", "MOMENT_RTOL", "BYTE_EOS", "BYTE_VOCAB"]
 
 # Claimed final [EVAL] val_loss vs the judge's loss of the same weights on other validation
@@ -91,7 +91,12 @@ BYTE_VOCAB, BYTE_EOS = 258, 257  # the engine's byte tokenizer: ids 0..255 bytes
 CHECKED_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                   "head_dim", "ffn_hidden_size", "rms_norm_eps", "rope_theta", "mup", "scale_emb", "scale_depth",
                   "dim_model_base", "seq_length", "adam_beta1", "adam_beta2", "adam_eps", "tp", "document_mask",
-                  "reset_position_ids")
+                  "reset_position_ids", "optimizer")
+# The optimizer whose update c. models (and whose moments harness/judge/exactstep.py reads): torch's AdamW on every
+# tensor. A job asked to run another (`--optimizer muon`: Newton-Schulz-orthogonalised momentum for the hidden
+# matrices, no Adam moments for them) cannot be verified by these checks, and is refused by name rather than
+# misjudged as a run that hid its moments or applied the wrong lr.
+VERIFIED_OPTIMIZER = "adamw"
 
 
 @dataclass
@@ -301,6 +306,13 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
     Never raises for a bad run: every problem is a violation in the returned Evidence.
     """
     ev = Evidence()
+    optimizer = expected_config.get("optimizer", VERIFIED_OPTIMIZER)
+    if optimizer != VERIFIED_OPTIMIZER:
+        ev.violations.append(
+            f"config: the job's argv asks for --optimizer {optimizer}; the judge verifies the applied learning rate and "
+            f"each exact step from AdamW's moments (harness/judge/evidence.py, exactstep.py), which a {optimizer} run does "
+            f"not keep for its hidden matrices: give the milestone's gate `verify = false` or run --optimizer adamw")
+        return ev
     steps = list(printed_steps)
     if not steps:
         ev.violations.append("no [LOSS] lines were printed; nothing to verify")

@@ -22,6 +22,9 @@ backward pass, and how the loss was normalised: a run that trained on fewer samp
 other data or a stale gradient, or that printed made-up numbers (a smoothed curve, a reference run's
 losses) fails here whatever its weights look like from afar.
 
+AdamW only: c. and d. read Adam moments of every tensor. A job whose argv asks for `--optimizer muon` (no Adam
+moments for the hidden matrices) is refused by name in harness/judge/evidence.py before any step is checked.
+
 The moments do not depend on the learning rate, so c. and d. hold whatever lr each tensor trained at (muP's
 per-tensor multipliers included: harness/judge/evidence.py holds the applied lr of every tensor). The
 forward reads packed documents as the EXPECTED config says (document_mask, reset_position_ids; the EOS of

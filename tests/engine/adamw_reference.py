@@ -10,6 +10,7 @@ whole global batch.
 """
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,8 +24,8 @@ from engine.model import build_model
 from engine.ops import resolve_ops
 from harness.judge import reference
 
-__all__ = ["HIDDEN_MATRICES", "cosine", "mup_multiplier", "param_groups", "initial_weights", "train_reference",
-           "reference_logits"]
+__all__ = ["HIDDEN_MATRICES", "cosine", "mup_multiplier", "param_groups", "initial_weights", "clipped_steps",
+           "train_reference", "adamw", "adamw_step", "reference_logits"]
 
 HIDDEN_MATRICES = (".attn.qkv", ".attn.o", ".mlp.fc1", ".mlp.fc2")
 
@@ -64,31 +65,50 @@ def reference_logits(weights: dict[str, torch.Tensor], cfg: EngineConfig, tokens
         return reference.logits(weights, to_dict(cfg), tokens)
 
 
-def train_reference(initial: dict[str, torch.Tensor], cfg: EngineConfig, steps: int, *,
-                    mup_lr: bool = True) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """`steps` steps of the plain loop from `initial` (the engine's step-0 weights, TP 1 layout);
-    returns the final weights and each step's loss. cfg: the resolved config (global batch, schedule)."""
+def clipped_steps(params: dict[str, torch.Tensor], cfg: EngineConfig, steps: int) -> Iterator[tuple[float, float]]:
+    """The loop every reference optimizer shares: per step, the loss and gradients of the global batch on
+    `params` (leaf tensors, updated in place by the caller), clip_grad_norm_ over all of them, then yields
+    (the loss, the step's scheduled lr) for the caller to apply its update. cfg: the resolved config."""
     assert cfg.lr_schedule == "cosine", "the closed form here is warmup + cosine"
-    params = {n: t.detach().clone().float().requires_grad_(True) for n, t in initial.items()}
     config = to_dict(cfg)
-    opt = torch.optim.AdamW(param_groups(params, cfg, mup_lr=mup_lr), lr=cfg.lr,
-                            betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, foreach=True)
     data = build_data(cfg, cache_dir=cfg.data_cache_dir or "unused", dp_rank=0, dp_size=1)
     loader = BatchLoader(data.train, micro_batch_size=cfg.global_batch_size, grad_accum_steps=1, dp_rank=0,
                          dp_size=1, seed=cfg.seed)
-    losses = []
     for step in range(steps):
         ((x, y),) = loader.next_step()
-        opt.zero_grad(set_to_none=True)
+        for p in params.values():
+            p.grad = None
         out = reference.logits(params, config, x)
         valid = int((y != -100).sum())
         loss_sum = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=-100, reduction="sum")
         (loss_sum / valid).backward()
-        losses.append(loss_sum.item() / valid)
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
-        lr = cosine(step, peak=cfg.lr, floor=cfg.lr * cfg.min_lr_ratio, warmup=cfg.warmup_steps, total=cfg.num_steps)
-        for group in opt.param_groups:
-            group["lr"] = lr * group["mult"]
-        opt.step()
+        yield loss_sum.item() / valid, cosine(step, peak=cfg.lr, floor=cfg.lr * cfg.min_lr_ratio,
+                                              warmup=cfg.warmup_steps, total=cfg.num_steps)
+
+
+def train_reference(initial: dict[str, torch.Tensor], cfg: EngineConfig, steps: int, *,
+                    mup_lr: bool = True) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """`steps` steps of the plain loop from `initial` (the engine's step-0 weights, TP 1 layout);
+    returns the final weights and each step's loss. cfg: the resolved config (global batch, schedule)."""
+    params = {n: t.detach().clone().float().requires_grad_(True) for n, t in initial.items()}
+    opt = adamw(params, cfg, mup_lr=mup_lr)
+    losses = []
+    for loss, lr in clipped_steps(params, cfg, steps):
+        losses.append(loss)
+        adamw_step(opt, lr)
     return {n: p.detach() for n, p in params.items()}, losses
+
+
+def adamw(named: dict[str, torch.Tensor], cfg: EngineConfig, *, mup_lr: bool = True) -> torch.optim.AdamW:
+    """torch.optim.AdamW (foreach) over `named` with the groups of `param_groups`."""
+    return torch.optim.AdamW(param_groups(named, cfg, mup_lr=mup_lr), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                             eps=cfg.adam_eps, foreach=True)
+
+
+def adamw_step(opt: torch.optim.AdamW, lr: float) -> None:
+    """One step at the scheduled `lr` times each group's multiplier."""
+    for group in opt.param_groups:
+        group["lr"] = lr * group["mult"]
+    opt.step()

@@ -195,3 +195,15 @@ def test_prepared_shards_give_the_same_validation_tokens(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-2] + b"\x00\x00")
     with pytest.raises(ValueError, match="sha256"):
         shard_tokens(tmp_path / "prep" / "validation")
+
+
+def test_muon_runs_are_refused_by_name_not_misjudged(tmp_path, validation):
+    """--optimizer muon keeps no Adam moments for the hidden matrices: the lr fit and the exact steps cannot
+    hold it to account. Asked for by the milestone: one violation that says why and what to do. Not asked for
+    (a run that switched optimizer on its own): its meta.json names the optimizer it ran."""
+    run = train(tmp_path / "muon", optimizer="muon")
+    asked = verify(run, validation, expected=expected_config(optimizer="muon"))
+    assert len(asked.violations) == 1 and asked.violations[0].startswith("config: the job's argv asks for --optimizer muon")
+    assert "verify = false" in asked.violations[0]
+    unasked = verify(run, validation, expected=expected_config(optimizer="adamw"))
+    assert any("has optimizer='muon', expected 'adamw'" in v for v in unasked.violations), unasked.violations
