@@ -28,6 +28,7 @@ import re
 import shutil
 import time
 import warnings
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ _STEP_DIR = re.compile(r"^step_(\d{8})$")
 MODEL_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                 "head_dim", "ffn_hidden_size", "mup", "scale_emb", "scale_depth", "dim_model_base")
 FORMAT = 2  # 2: manifest.json and write_seq
+_FIELD_NAMES = tuple(f.name for f in fields(EngineConfig))
 
 
 def _barrier(group: Any = None) -> None:
@@ -273,10 +275,13 @@ def check_schedule(meta: dict[str, Any], cfg: EngineConfig, path: Path) -> list[
     """The learning-rate schedule must continue as it was written, unless --override-schedule says a
     change is meant. Returns the overrides to record in the next checkpoints (the checkpoint's own,
     plus this resume's when it changes the schedule)."""
-    saved = meta["config"]
-    names = ("lr_schedule",) + tuple(dict.fromkeys(schedule_fields(str(saved.get("lr_schedule")))
-                                                   + schedule_fields(cfg.lr_schedule)))
-    changes = {n: [saved.get(n), getattr(cfg, n)] for n in names if saved.get(n) != getattr(cfg, n)}
+    # a field the checkpoint's engine did not have yet (e.g. --warmdown-frac) had its default there
+    defaults = EngineConfig()
+    saved = {n: meta["config"].get(n, getattr(defaults, n)) for n in _FIELD_NAMES}
+    names = ("lr_schedule",) + tuple(dict.fromkeys(
+        schedule_fields(str(saved["lr_schedule"]), warmdown=bool(saved["warmdown_frac"]))
+        + schedule_fields(cfg.lr_schedule, warmdown=bool(cfg.warmdown_frac))))
+    changes = {n: [saved[n], getattr(cfg, n)] for n in names if saved[n] != getattr(cfg, n)}
     history = list(meta.get("schedule_overrides", []))
     if not changes:
         return history

@@ -106,6 +106,15 @@ class EngineConfig:
     data_path: str = _f("", "token shards written by `engine prepare` (skips tokenization)", "data")
     data_cache_dir: str = _f("", "where pretrain caches shards it prepares on the fly (empty: <run_dir>/data)", "data")
 
+    # --- wall-clock budget and data mixing (issue 14; engine/optim/schedule.py, engine/data/mix.py)
+    max_wall_s: float = _f(0.0, "stop training once this many seconds of training have passed (summed over resumes: the "
+                           "checkpoint carries them; periodic evaluations and start-up not counted), then evaluate and "
+                           "checkpoint; --num-steps still caps the run; ranks agree on the time (the slowest rank's) "
+                           "every step (0: no budget)", "run")
+    warmdown_frac: float = _f(0.0, "wsd: decay the learning rate linearly to the minimum over the last fraction of the "
+                              "run, progress being max(step / --num-steps, elapsed / --max-wall-s), so the decay is "
+                              "planned against the time budget as it unfolds (0: --decay-steps instead)", "optim")
+
     # --- evaluation
     eval_every: int = _f(0, "evaluate every N steps (0: only the final evaluation)", "eval")
     eval_samples: int = _f(64, "validation sequences (of --seq-length tokens) per evaluation: the first N of the validation split, the same whatever the layout (mbs, GAS, DP, TP); 0: no evaluation at all", "eval")
@@ -246,6 +255,27 @@ def _positive(cfg: EngineConfig, *names: str, allow_zero: bool = False) -> None:
             raise ConfigError(flag_name(name), value, f"use {need}", "is out of range")
 
 
+def _check_budget_and_mix(cfg: EngineConfig) -> None:
+    """--max-wall-s and --warmdown-frac (issue 14)."""
+    if not 0.0 <= cfg.max_wall_s < math.inf:
+        raise ConfigError("--max-wall-s", cfg.max_wall_s, "use seconds of training, e.g. 600 (0: no budget)", "is out of range")
+    if not 0.0 <= cfg.warmdown_frac <= 1.0:
+        raise ConfigError("--warmdown-frac", cfg.warmdown_frac, "use a fraction in (0, 1], e.g. 0.3 (0: off)", "is out of range")
+    if cfg.warmdown_frac and cfg.lr_schedule != "wsd":
+        raise ConfigError("--warmdown-frac", cfg.warmdown_frac, "add --lr-schedule wsd (its decay is what it plans), or "
+                          "leave it out", f"does not apply to --lr-schedule {cfg.lr_schedule}")
+    if cfg.warmdown_frac and cfg.decay_steps:
+        raise ConfigError("--decay-steps", cfg.decay_steps, "give --warmdown-frac or --decay-steps, not both",
+                          "contradicts --warmdown-frac")
+    if cfg.max_wall_s and cfg.lr_schedule != "constant" and not cfg.warmdown_frac:
+        raise ConfigError("--max-wall-s", cfg.max_wall_s, "add --lr-schedule wsd --warmdown-frac F (the decay planned "
+                          "against the budget), or use --lr-schedule constant", f"with --lr-schedule {cfg.lr_schedule} "
+                          "decays by steps alone, so the budget would cut the decay short")
+    if cfg.max_wall_s and cfg.save_last:
+        raise ConfigError("--save-last", cfg.save_last, "leave it out with --max-wall-s (the last step is not known in "
+                          "advance; the final step is checkpointed with --save-final)", "needs a known last step")
+
+
 def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     """Validate everything that can be checked before any work, and fill derived fields.
 
@@ -286,6 +316,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     for beta in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(cfg, beta) < 1.0:
             raise ConfigError(flag_name(beta), getattr(cfg, beta), "use a value in [0, 1)", "is out of range")
+    _check_budget_and_mix(cfg)
 
     # Parallel layout: TP groups of consecutive ranks, DP over the rest.
     if world_size % cfg.tp:
