@@ -40,7 +40,7 @@ from engine.checkpoint import (check_compatible, check_schedule, load_checkpoint
                                save_checkpoint, select_checkpoint)
 from engine.config import EngineConfig, resolve, to_dict
 from engine.data.loader import BatchLoader
-from engine.data.sources import build_data
+from engine.data.sources import build_data, default_cache_dir
 from engine.distributed import ParallelState, init_parallel, shutdown_parallel
 from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
@@ -133,8 +133,7 @@ class Trainer:
             self.resume_meta = read_meta(self.resume_from)
             self.resharding = check_compatible(self.resume_meta, cfg, self.resume_from, self.layout)
             self.schedule_overrides = check_schedule(self.resume_meta, cfg, self.resume_from)
-        cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else self.run_dir / "data"
-        self.data = build_data(cfg, cache_dir=cache, dp_rank=par.dp_rank, dp_size=par.dp_size, global_rank=par.rank,
+        self.data = build_data(cfg, cache_dir=default_cache_dir(cfg), dp_rank=par.dp_rank, dp_size=par.dp_size, global_rank=par.rank,
                                world_size=par.world_size)
         self.loader = BatchLoader(self.data.train, micro_batch_size=cfg.micro_batch_size,
                                   grad_accum_steps=cfg.grad_accum_steps, dp_rank=par.dp_rank,

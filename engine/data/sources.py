@@ -35,7 +35,7 @@ from engine.data.shards import InMemoryTokens, TokenShards, read_index
 from engine.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from engine.errors import ConfigError
 
-__all__ = ["DataBundle", "build_data", "cache_key", "embedded_tokens", "PREPARE_WAIT_TIMEOUT_S"]
+__all__ = ["DataBundle", "build_data", "cache_key", "default_cache_dir", "embedded_tokens", "PREPARE_WAIT_TIMEOUT_S"]
 
 # How long non-zero ranks wait for rank 0 to prepare --hf-dataset. Preparing ~10B tokens on one
 # host takes hours; beyond that, `prepare` ahead of time is the right tool anyway.
@@ -189,6 +189,13 @@ def _prepare_shared(cfg: EngineConfig, folder: Path, is_preparer: bool, timeout_
 
 
 # --- entry point ----------------------------------------------------------------------------------
+
+
+def default_cache_dir(cfg: EngineConfig) -> Path:
+    """Where a run caches the --hf-dataset it prepares: --data-cache-dir, else <run_dir>/data (run_dir: --run-dir,
+    else outputs/<preset>), so a later command with the run's config (export-int8's evaluation) finds it."""
+    return Path(cfg.data_cache_dir) if cfg.data_cache_dir else Path(cfg.run_dir or f"outputs/{cfg.preset}") / "data"
+
 
 
 def build_data(cfg: EngineConfig, *, cache_dir: Path, dp_rank: int, dp_size: int, global_rank: int | None = None,
