@@ -261,6 +261,9 @@ def check_compatible(meta: dict[str, Any], cfg: EngineConfig, path: Path, layout
             raise ConfigError(f"--{name.replace('_', '-')}", getattr(cfg, name),
                               f"use {saved.get(name)!r} as in the checkpoint {path}, or start a new run",
                               "differs from the checkpoint")
+    if saved.get("data_mix", "") != cfg.data_mix:  # another loader and state; a changed mix is refused by its fingerprint
+        raise ConfigError("--data-mix", cfg.data_mix, f"use {saved.get('data_mix', '')!r} as in the checkpoint {path}, or "
+                          "start a new run", "differs from the checkpoint")
     written = meta["layout"]
     if written.get("tp") != layout["tp"]:
         raise ConfigError("--tp", layout["tp"],
