@@ -8,7 +8,7 @@ survives a power loss (a process crash needs only the replace).
 import os
 from pathlib import Path
 
-__all__ = ["write_text_atomic", "fsync_dir"]
+__all__ = ["write_text_atomic", "write_bytes_atomic", "fsync_dir"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -20,11 +20,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_bytes_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(text)
+    with tmp.open("wb") as fh:
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))

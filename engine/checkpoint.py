@@ -25,9 +25,11 @@ error. Verification is collective: every rank rehashes a share of the blocks.
 import json
 import os
 import re
+import shlex
 import shutil
 import time
 import warnings
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +44,20 @@ from engine.optim.schedule import schedule_fields
 
 __all__ = ["save_checkpoint", "load_checkpoint", "select_checkpoint", "newest_checkpoint", "checkpoints_in_write_order",
            "verify_checkpoint", "read_meta", "check_compatible", "check_schedule", "meta_for", "MODEL_FIELDS",
-           "OPTIMIZER_FIELDS"]
+           "STATE_FIELDS"]
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 # Fields that must match between a checkpoint and the run resuming from it: the shapes, and the muP scalings,
 # which change what the weights compute and each tensor's learning rate (engine/optim/mup.py).
 MODEL_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                 "head_dim", "ffn_hidden_size", "mup", "scale_emb", "scale_depth", "dim_model_base")
-# The optimizer must match too: its state (AdamW moments, Muon momentum) is what the checkpoint holds, and
-# checkpoints written before the field existed are AdamW's.
-OPTIMIZER_FIELDS = {"optimizer": "adamw"}
+# Fields whose state the checkpoint holds, so a resume must keep them: {field: (its value in checkpoints
+# written before the field existed, why)}. The optimizer's state (AdamW moments, Muon momentum); the data
+# mix's loader state (one cursor per source; a changed mix is refused again by its fingerprint).
+STATE_FIELDS = {"optimizer": ("adamw", "its optimizer state belongs to the other optimizer"),
+                "data_mix": ("", "its loader state belongs to another data mix")}
 FORMAT = 2  # 2: manifest.json and write_seq
+_FIELD_NAMES = tuple(f.name for f in fields(EngineConfig))
 
 
 def _barrier(group: Any = None) -> None:
@@ -263,11 +268,11 @@ def check_compatible(meta: dict[str, Any], cfg: EngineConfig, path: Path, layout
             raise ConfigError(f"--{name.replace('_', '-')}", getattr(cfg, name),
                               f"use {saved.get(name)!r} as in the checkpoint {path}, or start a new run",
                               "differs from the checkpoint")
-    for name, before in OPTIMIZER_FIELDS.items():
+    for name, (before, why) in STATE_FIELDS.items():
         if saved.get(name, before) != getattr(cfg, name):
             raise ConfigError(flag_name(name), getattr(cfg, name),
-                              f"use --{name} {saved.get(name, before)} as in the checkpoint {path}, or start a new run",
-                              "differs from the checkpoint (its optimizer state belongs to the other optimizer)")
+                              f"use {flag_name(name)} {shlex.quote(str(saved.get(name, before)))} as in the checkpoint {path}, or start "
+                              "a new run", f"differs from the checkpoint ({why})")
     written = meta["layout"]
     if written.get("tp") != layout["tp"]:
         raise ConfigError("--tp", layout["tp"],
@@ -282,10 +287,13 @@ def check_schedule(meta: dict[str, Any], cfg: EngineConfig, path: Path) -> list[
     """The learning-rate schedule must continue as it was written, unless --override-schedule says a
     change is meant. Returns the overrides to record in the next checkpoints (the checkpoint's own,
     plus this resume's when it changes the schedule)."""
-    saved = meta["config"]
-    names = ("lr_schedule",) + tuple(dict.fromkeys(schedule_fields(str(saved.get("lr_schedule")))
-                                                   + schedule_fields(cfg.lr_schedule)))
-    changes = {n: [saved.get(n), getattr(cfg, n)] for n in names if saved.get(n) != getattr(cfg, n)}
+    # a field the checkpoint's engine did not have yet (e.g. --warmdown-frac) had its default there
+    defaults = EngineConfig()
+    saved = {n: meta["config"].get(n, getattr(defaults, n)) for n in _FIELD_NAMES}
+    names = ("lr_schedule",) + tuple(dict.fromkeys(
+        schedule_fields(str(saved["lr_schedule"]), warmdown=bool(saved["warmdown_frac"]))
+        + schedule_fields(cfg.lr_schedule, warmdown=bool(cfg.warmdown_frac))))
+    changes = {n: [saved[n], getattr(cfg, n)] for n in names if saved[n] != getattr(cfg, n)}
     history = list(meta.get("schedule_overrides", []))
     if not changes:
         return history

@@ -1,4 +1,4 @@
-"""`python -m engine <command>`: pretrain, prepare, export-hf, warmup-kernels, batches, env, config-reference.
+"""`python -m engine <command>`: pretrain, prepare, export-hf, export-int8, warmup-kernels, batches, env, config-reference.
 
 Every EngineConfig field becomes a flag (`--micro-batch-size`, booleans as `--tensorboard` /
 `--no-tensorboard`) with its default and meaning in `--help`. Only the flags a user actually gives
@@ -119,6 +119,22 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="output folder (replaced atomically)")
     export.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weight dtype to write")
 
+    int8 = sub.add_parser("export-int8", help="write a checkpoint's weights as one zlib-compressed int8 file, read it "
+                                              "back and evaluate it against the checkpoint",
+                          description="Per-row symmetric int8 for 2-D weights of at least --quantize-min-numel elements, "
+                                      "fp32 for the rest (norm gains, small matrices), zlib-compressed into one file "
+                                      "(engine/export_int8.py); then the file is loaded back and val_loss / val_bpb of "
+                                      "the original and the round-tripped weights are printed, with the file size.")
+    int8.add_argument("--checkpoint", required=True, help="checkpoint folder (a step_* folder or a save dir: newest), "
+                                                          "any TP layout")
+    int8.add_argument("--out", required=True, help="output file (replaced atomically)")
+    int8.add_argument("--quantize-min-numel", type=int, default=65_536,
+                      help="2-D tensors with at least this many elements become int8; the rest stay fp32 (default: 65536)")
+    int8.add_argument("--eval-samples", type=int, default=-1,
+                      help="validation samples to evaluate both on (-1: the run's --eval-samples; 0: no evaluation)")
+    int8.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                      help="where to evaluate (auto: cuda when available, in bf16; cpu in fp32)")
+
     warm = sub.add_parser("warmup-kernels", help="compile the configured kernels into the on-disk cache")
     _add_config_flags(warm)
 
@@ -160,6 +176,14 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_int8(args: argparse.Namespace) -> int:
+    from engine.export_int8 import export_int8
+
+    export_int8(args.checkpoint, args.out, min_numel=args.quantize_min_numel, eval_samples=args.eval_samples,
+                device=args.device)
+    return 0
+
+
 def _warmup(args: argparse.Namespace) -> int:
     from engine.warmup import warmup_kernels
 
@@ -197,7 +221,8 @@ def _batches(args: argparse.Namespace) -> int:
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "warmup-kernels": _warmup, "batches": _batches,
+    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "export-int8": _export_int8,
+    "warmup-kernels": _warmup, "batches": _batches,
     "env": _env, "config-reference": _config_reference,
 }
 

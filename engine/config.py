@@ -29,6 +29,7 @@ __all__ = [
     "resolve",
     "to_dict",
     "flag_name",
+    "parse_mix",
 ]
 
 PRESETS_FILE = Path(__file__).with_name("model_spec.toml")
@@ -118,6 +119,22 @@ class EngineConfig:
     tokenizer_path: str = _f("", "tokenizer.json, tokenizer.model, or a folder with one (empty: built-in byte tokenizer)", "data")
     data_path: str = _f("", "token shards written by `engine prepare` (skips tokenization)", "data")
     data_cache_dir: str = _f("", "where pretrain caches shards it prepares on the fly (empty: <run_dir>/data)", "data")
+
+    # --- wall-clock budget and data mixing (issue 14; engine/optim/schedule.py, engine/data/mix.py)
+    max_wall_s: float = _f(0.0, "stop training once this many seconds of training have passed (summed over resumes: the "
+                           "checkpoint carries them; periodic evaluations and start-up not counted), then evaluate and "
+                           "checkpoint; --num-steps still caps the run; ranks agree on the time (the slowest rank's) "
+                           "every step (0: no budget)", "run")
+    warmdown_frac: float = _f(0.0, "wsd: decay the learning rate linearly to the minimum over the last fraction of the "
+                              "run, progress being max(step / --num-steps, elapsed / --max-wall-s), so the decay is "
+                              "planned against the time budget as it unfolds (0: --decay-steps instead)", "optim")
+    data_mix: str = _f("", "train on several prepared datasets (folders written by `engine prepare`) sampled by weight: "
+                       "'path:weight,path:weight' (weights are normalised); validation is the first one's; replaces "
+                       "--data-path", "data")
+    data_mix_anneal: str = _f("", "the weights of the --data-mix sources from --data-mix-anneal-at on: 'path:weight,...' "
+                              "(sources of --data-mix only; one left out gets 0)", "data")
+    data_mix_anneal_at: float = _f(0.8, "with --data-mix-anneal: the fraction of --num-steps after which the anneal "
+                                   "weights apply (steps round(at x num_steps) + 1 on)", "data")
 
     # --- evaluation
     eval_every: int = _f(0, "evaluate every N steps (0: only the final evaluation)", "eval")
@@ -260,6 +277,73 @@ def _positive(cfg: EngineConfig, *names: str, allow_zero: bool = False) -> None:
             raise ConfigError(flag_name(name), value, f"use {need}", "is out of range")
 
 
+def _check_budget_and_mix(cfg: EngineConfig) -> None:
+    """--max-wall-s, --warmdown-frac and --data-mix* (issue 14). The mix specs are checked here for their syntax;
+    build_data reads the folders (engine/data/mix.py)."""
+    if not 0.0 <= cfg.max_wall_s < math.inf:
+        raise ConfigError("--max-wall-s", cfg.max_wall_s, "use seconds of training, e.g. 600 (0: no budget)", "is out of range")
+    if not 0.0 <= cfg.warmdown_frac <= 1.0:
+        raise ConfigError("--warmdown-frac", cfg.warmdown_frac, "use a fraction in (0, 1], e.g. 0.3 (0: off)", "is out of range")
+    if cfg.warmdown_frac and cfg.lr_schedule != "wsd":
+        raise ConfigError("--warmdown-frac", cfg.warmdown_frac, "add --lr-schedule wsd (its decay is what it plans), or "
+                          "leave it out", f"does not apply to --lr-schedule {cfg.lr_schedule}")
+    if cfg.warmdown_frac and cfg.decay_steps:
+        raise ConfigError("--decay-steps", cfg.decay_steps, "give --warmdown-frac or --decay-steps, not both",
+                          "contradicts --warmdown-frac")
+    if cfg.max_wall_s and cfg.lr_schedule != "constant" and not cfg.warmdown_frac:
+        raise ConfigError("--max-wall-s", cfg.max_wall_s, "add --lr-schedule wsd --warmdown-frac F (the decay planned "
+                          "against the budget), or use --lr-schedule constant", f"with --lr-schedule {cfg.lr_schedule} "
+                          "decays by steps alone, so the budget would cut the decay short")
+    if cfg.max_wall_s and cfg.save_last:
+        raise ConfigError("--save-last", cfg.save_last, "leave it out with --max-wall-s (the last step is not known in "
+                          "advance; the final step is checkpointed with --save-final)", "needs a known last step")
+    if cfg.data_mix_anneal and not cfg.data_mix:
+        raise ConfigError("--data-mix-anneal", cfg.data_mix_anneal, "add --data-mix (the sources it re-weights), or "
+                          "leave it out", "has no --data-mix to anneal")
+    if not cfg.data_mix:
+        return
+    for other in ("data_path", "hf_dataset"):
+        if getattr(cfg, other):
+            raise ConfigError(flag_name(other), getattr(cfg, other), f"give --data-mix or {flag_name(other)}, not both "
+                              "(--data-mix takes folders of `engine prepare`; a mix of one is --data-mix PATH:1)",
+                              "contradicts --data-mix")
+    sources = [path for path, _ in parse_mix(cfg.data_mix, "--data-mix")]
+    if cfg.data_mix_anneal:
+        for path, _ in parse_mix(cfg.data_mix_anneal, "--data-mix-anneal"):
+            if path not in sources:
+                raise ConfigError("--data-mix-anneal", cfg.data_mix_anneal, f"re-weight only sources of --data-mix "
+                                  f"({', '.join(sources)})", f"names {path!r}, which --data-mix does not")
+        if not 0.0 < cfg.data_mix_anneal_at < 1.0:
+            raise ConfigError("--data-mix-anneal-at", cfg.data_mix_anneal_at, "use a fraction in (0, 1), e.g. 0.8",
+                              "is out of range")
+        if cfg.max_wall_s:
+            raise ConfigError("--data-mix-anneal", cfg.data_mix_anneal, "leave out --max-wall-s, or the anneal (the "
+                              "switch is a step of --num-steps, known in advance so the data order can be replayed)",
+                              "needs a known last step")
+
+
+def parse_mix(text: str, flag: str) -> list[tuple[str, float]]:
+    """'path:weight,path:weight' -> [(path, weight), ...] in the order given (engine/data/mix.py reads the folders).
+
+    A path may hold ':' (the weight is after the last one); weights are finite and >= 0, not all 0; a path at most once."""
+    out: list[tuple[str, float]] = []
+    for part in text.split(","):
+        path, sep, weight = part.strip().rpartition(":")
+        try:
+            value = float(weight) if sep and path else math.nan
+        except ValueError:
+            value = math.nan
+        if not (value >= 0.0 and math.isfinite(value)):
+            raise ConfigError(flag, text, "write PATH:WEIGHT pairs joined by commas, e.g. data/web:0.7,data/code:0.3 "
+                              "(weights finite and >= 0)", f"has a bad part {part.strip()!r}")
+        if path in (p for p, _ in out):
+            raise ConfigError(flag, text, "name each source once", f"names {path!r} twice")
+        out.append((path, value))
+    if not sum(w for _, w in out) > 0:
+        raise ConfigError(flag, text, "give at least one source a positive weight", "has weights that are all 0")
+    return out
+
+
 def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     """Validate everything that can be checked before any work, and fill derived fields.
 
@@ -312,6 +396,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     for beta in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(cfg, beta) < 1.0:
             raise ConfigError(flag_name(beta), getattr(cfg, beta), "use a value in [0, 1)", "is out of range")
+    _check_budget_and_mix(cfg)
 
     # Parallel layout: TP groups of consecutive ranks, DP over the rest.
     if world_size % cfg.tp:

@@ -25,15 +25,16 @@ from engine.model import Transformer
 from engine.model.layers import kv_head_range
 from engine.ops import resolve_ops
 
-__all__ = ["export_hf", "load_full_weights", "to_llama_state_dict", "llama_config"]
+__all__ = ["export_hf", "load_full_weights", "to_llama_state_dict", "llama_config", "config_from_saved"]
 
 _SHARD_BYTES = 5 * 2**30
 
 
-def _config_from_meta(meta: dict) -> EngineConfig:
-    """The run's resolved config as saved; fields added to EngineConfig since keep their defaults."""
+def config_from_saved(values: dict) -> EngineConfig:
+    """A run's resolved config as a checkpoint (or an export) saved it; fields added to EngineConfig since keep
+    their defaults, fields removed since are dropped."""
     names = {f.name for f in fields(EngineConfig)}
-    return EngineConfig(**{k: v for k, v in meta["config"].items() if k in names})
+    return EngineConfig(**{k: v for k, v in values.items() if k in names})
 
 
 def _local_shapes(cfg: EngineConfig, tp_rank: int, tp_size: int) -> dict[str, torch.Size]:
@@ -47,7 +48,7 @@ def _local_shapes(cfg: EngineConfig, tp_rank: int, tp_size: int) -> dict[str, to
 def load_full_weights(checkpoint: Path) -> tuple[EngineConfig, dict[str, torch.Tensor]]:
     """The fp32 master weights of a checkpoint, gathered over TP ranks into full engine tensors."""
     meta = read_meta(checkpoint)
-    cfg = _config_from_meta(meta)
+    cfg = config_from_saved(meta["config"])
     tp = int(meta["layout"]["tp"])
     shards: list[dict[str, torch.Tensor]] = []
     for r in range(tp):

@@ -95,11 +95,13 @@ class MetricsWriter:
                     self._tb.add_scalar(f"{record['kind']}/{key}", value, step)
 
     def log_step(self, *, step: int, loss: float, grad_norm: float, lr: float, tokens: int, time_s: float,
-                 mfu: float, peak_mem_gib: float, skipped_batches: int = 0, print_line: bool = True) -> None:
-        """skipped_batches: loss-spike skips so far in the run (JSONL and TensorBoard only; the wire line is fixed)."""
+                 mfu: float, peak_mem_gib: float, skipped_batches: int = 0, print_line: bool = True,
+                 extra: dict[str, Any] | None = None) -> None:
+        """skipped_batches: loss-spike skips so far in the run; extra: more keys of the record (the elapsed training
+        time, per-source token counts). JSONL and TensorBoard only: the wire line is fixed (harness/judge/logparse.py)."""
         record = {"kind": "loss", "step": step, "global_loss": loss, "grad_norm": grad_norm, "lr": lr,
                   "tokens": tokens, "time_s": time_s, "mfu": mfu, "peak_mem_gib": peak_mem_gib,
-                  "skipped_batches": skipped_batches}
+                  "skipped_batches": skipped_batches, **(extra or {})}
         line = loss_line(step, loss, grad_norm, lr, tokens, time_s, mfu)
         if print_line:
             self._emit(line, record)

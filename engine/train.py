@@ -8,6 +8,14 @@ Order of work, so that bad input fails before anything is written:
    divided by the GLOBAL token count (exact gradient whatever mbs x GAS x DP split);
    NaN/Inf stops the run before the optimizer step (the last checkpoint is never overwritten);
    SIGTERM / SIGUSR1 save a checkpoint at the next step boundary and exit 0.
+5. --max-wall-s: after every step the ranks agree on the elapsed training time (the MAX over ranks,
+   in the same all-reduce as the stop flag, so no rank stops alone and leaves the others waiting in a
+   collective) and stop once it reaches the budget: final evaluation and checkpoint, as at --num-steps.
+   The elapsed time is the loop's own (start-up, compilation of the data and periodic evaluations are
+   not counted), read from `clock` (tests pass a fake one), and kept in every checkpoint: the budget
+   is the total over resumes of the training that survives in the checkpoint (time lost after the
+   last checkpoint to a crash is not counted). The LR of each step is planned against it
+   (engine/optim/schedule.py: --warmdown-frac).
 
 Parallelism (docs/parallelism.md): `GradSync` completes gradients during the last micro-batch's
 backward (TP sums, DP reduce-scatter per bucket), the optimizer steps its ZeRO-1 shard, and
@@ -21,7 +29,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -31,8 +39,8 @@ from engine.atomic import write_text_atomic
 from engine.checkpoint import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
                                save_checkpoint, select_checkpoint)
 from engine.config import EngineConfig, resolve, to_dict
-from engine.data.loader import BatchLoader
-from engine.data.sources import build_data
+from engine.data.mix import MixLoader, make_loader, mix_line
+from engine.data.sources import build_data, default_cache_dir
 from engine.distributed import ParallelState, init_parallel, shutdown_parallel
 from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
@@ -105,10 +113,14 @@ class _StopFlag:
 
 
 class Trainer:
-    """Holds one run's state; `run()` trains from the current step to cfg.num_steps."""
+    """Holds one run's state; `run()` trains from the current step to cfg.num_steps (or the --max-wall-s budget).
 
-    def __init__(self, cfg: EngineConfig, par: ParallelState, dtype: torch.dtype, launcher: str = "none"):
-        self.cfg, self.par, self.dtype = cfg, par, dtype
+    `clock`: monotonic seconds the wall-clock budget is measured with (read once when the loop starts, once
+    after every step, and around periodic evaluations); tests pass a fake one."""
+
+    def __init__(self, cfg: EngineConfig, par: ParallelState, dtype: torch.dtype, launcher: str = "none",
+                 clock: Callable[[], float] = time.monotonic):
+        self.cfg, self.par, self.dtype, self.clock = cfg, par, dtype, clock
         self.run_dir = Path(cfg.run_dir or f"outputs/{cfg.preset}")
         self.save_dir = Path(cfg.save_dir) if cfg.save_dir else self.run_dir / "checkpoints"
         self.layout = {"tp": par.tp_size, "dp": par.dp_size}
@@ -122,10 +134,9 @@ class Trainer:
             self.resume_meta = read_meta(self.resume_from)
             self.resharding = check_compatible(self.resume_meta, cfg, self.resume_from, self.layout)
             self.schedule_overrides = check_schedule(self.resume_meta, cfg, self.resume_from)
-        cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else self.run_dir / "data"
-        self.data = build_data(cfg, cache_dir=cache, dp_rank=par.dp_rank, dp_size=par.dp_size, global_rank=par.rank,
+        self.data = build_data(cfg, cache_dir=default_cache_dir(cfg), dp_rank=par.dp_rank, dp_size=par.dp_size, global_rank=par.rank,
                                world_size=par.world_size)
-        self.loader = BatchLoader(self.data.train, micro_batch_size=cfg.micro_batch_size,
+        self.loader = make_loader(self.data.train, micro_batch_size=cfg.micro_batch_size,
                                   grad_accum_steps=cfg.grad_accum_steps, dp_rank=par.dp_rank,
                                   dp_size=par.dp_size, seed=cfg.seed)
         self.token_bytes = torch.tensor(self.data.tokenizer.token_byte_lengths(), dtype=torch.float64)
@@ -145,6 +156,7 @@ class Trainer:
         self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
         self.spike_guard = LossSpikeGuard(cfg, par)
         self.step = 0
+        self.elapsed_s = 0.0  # training seconds so far, agreed by all ranks (the slowest's), over resumes
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.saver = BackgroundSaver(par.world_size) if cfg.async_save else None
@@ -182,11 +194,14 @@ class Trainer:
 
     # --- checkpoint state ---------------------------------------------------------------------------
 
-    def _state(self, with_rng: bool = True, stage: Any = None, with_spike: bool | None = None) -> dict[str, Any]:
+    def _state(self, with_rng: bool = True, stage: Any = None, with_spike: bool | None = None,
+               with_elapsed: bool = True) -> dict[str, Any]:
         state = {
             "optim": optimizer_state(self.optimizer, self.par, stage, self.muon),
             "trainer": {"step": self.step, "adam_step": self.optimizer.adam_step(), "data": self.loader.state_dict()},
         }
+        if with_elapsed:
+            state["trainer"]["elapsed_s"] = self.elapsed_s
         if self.spike_guard.enabled if with_spike is None else with_spike:
             state["trainer"]["spike"] = self.spike_guard.state_dict()
         if with_rng:
@@ -223,7 +238,10 @@ class Trainer:
         # Per-rank RNG states belong to the saved layout; a resharded resume keeps this run's own.
         # The loss-spike window is in the checkpoint only if that run had the skip on; else it starts empty.
         had_spike = float(self.resume_meta["config"].get("skip_spike_factor", 0.0)) > 0
-        state = self._state(with_rng=not self.resharding, with_spike=self.spike_guard.enabled and had_spike)
+        # The elapsed training time is in checkpoints of engines that know --max-wall-s; older ones count from 0.
+        had_elapsed = "max_wall_s" in self.resume_meta["config"]
+        state = self._state(with_rng=not self.resharding, with_spike=self.spike_guard.enabled and had_spike,
+                            with_elapsed=had_elapsed)
         load_checkpoint(path, state)
         if "spike" in state["trainer"]:
             self.spike_guard.load_state_dict(state["trainer"]["spike"])
@@ -237,6 +255,7 @@ class Trainer:
             if "cuda" in rng:
                 torch.cuda.set_rng_state(rng["cuda"], self.par.device)
         self.step = int(state["trainer"]["step"])
+        self.elapsed_s = float(state["trainer"].get("elapsed_s", 0.0))
 
     # --- one optimizer step -------------------------------------------------------------------------
 
@@ -271,7 +290,7 @@ class Trainer:
         grad_norm = self.optimizer.grad_norm()
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
             raise TrainingDiverged(self._divergence_report(loss_value, grad_norm))
-        lr = lr_at(self.cfg, self.step)
+        lr = lr_at(self.cfg, self.step, self.elapsed_s)
         if self.spike_guard.check(loss_value, self.step + 1):
             return loss_value, grad_norm, lr  # not applied: run() logs a [SKIP] and retries the step on the next batch
         self.optimizer.clip(grad_norm)
@@ -294,11 +313,17 @@ class Trainer:
 
     # --- the loop -----------------------------------------------------------------------------------
 
-    def _stop_agreed(self) -> bool:
-        flag = torch.tensor(1 if self.stop.requested else 0, device=self.par.device)
+    def _agree(self, elapsed_s: float) -> tuple[bool, float]:
+        """(a stop signal reached some rank, the slowest rank's elapsed time): one all-reduce (MAX) per step, so
+        every rank stops after the same step and plans the same learning rate."""
+        both = torch.tensor([1.0 if self.stop.requested else 0.0, elapsed_s], dtype=torch.float64, device=self.par.device)
         if self.par.world_size > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+            dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        stop, elapsed = both.tolist()
+        return stop > 0, elapsed
+
+    def _budget_spent(self) -> bool:
+        return self.cfg.max_wall_s > 0 and self.elapsed_s >= self.cfg.max_wall_s
 
     def _evaluate(self) -> None:
         if self.cfg.eval_samples == 0 or self.data.validation is None:
@@ -318,7 +343,10 @@ class Trainer:
         try:
             if cfg.eval_every and self.step == 0:
                 self._evaluate()  # the starting point every later evaluation is read against
+            started, before, paused = self.clock(), self.elapsed_s, 0.0  # paused: periodic evaluations
             while self.step < cfg.num_steps:
+                if self._budget_spent():  # checked first: a run resumed with its budget spent trains no step
+                    break
                 # Only the compute stream: a device-wide sync would also wait for the parameter
                 # all-gathers that are meant to overlap the next forward.
                 if self.par.device.type == "cuda":
@@ -332,25 +360,38 @@ class Trainer:
                     g = self.spike_guard
                     self.metrics.info(skip_line(self.step + 1, loss, g.running_mean, g.factor, g.consecutive, g.skipped_total))
                     continue
+                stop, self.elapsed_s = self._agree(before + self.clock() - started - paused)
                 self.step += 1
                 mem = torch.cuda.max_memory_allocated(self.par.device) / 2**30 if self.par.device.type == "cuda" else 0.0
+                shown = self.step % cfg.log_every == 0 or self.step == cfg.num_steps or self._budget_spent()
+                extra: dict[str, Any] = {"elapsed_s": self.elapsed_s}
+                if isinstance(self.loader, MixLoader):
+                    extra["source_tokens"] = self.loader.tokens_by_source()
                 self.metrics.log_step(step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=cfg.tokens_per_step,
                                       time_s=dt, mfu=mfu(cfg, cfg.tokens_per_step, dt, self.par.world_size, self.peak),
                                       peak_mem_gib=mem, skipped_batches=self.spike_guard.skipped_total,
-                                      print_line=self.step % cfg.log_every == 0 or self.step == cfg.num_steps)
-                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.num_steps:
+                                      print_line=shown, extra=extra)
+                if shown and "source_tokens" in extra:  # the [LOSS] wire line is fixed (harness/judge/logparse.py)
+                    self.metrics.info(mix_line(self.step, extra["source_tokens"]))
+                final = self.step == cfg.num_steps or self._budget_spent()  # evaluated after the loop
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and not final:
+                    t_eval = self.clock()
                     self._evaluate()
+                    paused += self.clock() - t_eval
                 if self.saver is not None:
                     self._report_save(self.saver.poll())
                 if (cfg.save_every and self.step % cfg.save_every == 0) or self.step > cfg.num_steps - cfg.save_last:
                     self.save()
                     saved_at = self.step
-                if self._stop_agreed():
+                if stop:
                     if saved_at != self.step:
                         self.save()
                     self.metrics.info(f"[RUN] stopped by {self.stop.signal_name or 'signal'} at step {self.step}; "
                                       f"resume with --resume auto")
                     return 0
+            if self._budget_spent():
+                self.metrics.info(f"[RUN] wall-clock budget spent at step {self.step}: {self.elapsed_s:.1f} s of training "
+                                  f">= --max-wall-s {cfg.max_wall_s:g}; final evaluation and checkpoint")
             self._evaluate()
             if cfg.save_final and saved_at != self.step:
                 self.save()

@@ -3,7 +3,8 @@
 Why: a judge that holds a run's printed loss and its optimizer state against its own forward and
 backward pass must know which tokens each step trained on, and must not take the run's word for it.
 The data order is a pure function of the data, --seq-length, --seed and the global batch size
-(engine/data/loader.py), so this command, run from a checkout the judge trusts, states it: it builds
+(engine/data/loader.py; with --data-mix also of the weights, the anneal and --num-steps: engine/data/mix.py),
+so this command, run from a checkout the judge trusts, states it: it builds
 the data exactly as `pretrain` does (build_data), walks the loader to the requested steps and writes
 each step's whole global batch, every micro-batch of every data-parallel rank (the loss of a step is a
 mean over all of it, so how it was split does not matter).
@@ -33,7 +34,7 @@ from typing import Any, Sequence
 
 from engine.config import EngineConfig, resolve
 from engine.data.format import write_json_atomic
-from engine.data.loader import BatchLoader
+from engine.data.mix import make_loader
 from engine.data.sources import build_data
 from engine.errors import ConfigError
 
@@ -46,6 +47,9 @@ BATCHES_FORMAT = "temper-batches"
 # that with the world size gives the DP size (the model fields come along: resolve checks TP against them).
 DATA_GROUPS = ("run", "model", "batch", "data", "parallel")
 _MAX_STEPS = 10_000
+# Fields of DATA_GROUPS that decide when a run stops, never which tokens a step trains on (--max-wall-s is validated
+# against the schedule, which is reset: kept, it would refuse the flags of a budgeted run).
+_NOT_DATA = ("max_wall_s",)
 
 
 def parse_steps(text: str) -> list[int]:
@@ -73,11 +77,11 @@ def step_batches(cfg: EngineConfig, steps: Sequence[int], *, world_size: int, ca
                           "is out of range")
     defaults = EngineConfig()
     cfg = dataclasses.replace(cfg, **{f.name: getattr(defaults, f.name) for f in dataclasses.fields(EngineConfig)
-                                      if f.metadata["group"] not in DATA_GROUPS})
+                                      if f.metadata["group"] not in DATA_GROUPS or f.name in _NOT_DATA})
     cfg = resolve(dataclasses.replace(cfg, eval_samples=0), world_size)
     dp = world_size // cfg.tp
     data = build_data(cfg, cache_dir=cache_dir, dp_rank=0, dp_size=1)
-    loader = BatchLoader(data.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps,
+    loader = make_loader(data.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps,
                          dp_rank=0, dp_size=dp, seed=cfg.seed)
     wanted = set(steps)
     out: dict[str, Any] = {}

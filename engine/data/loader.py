@@ -26,7 +26,8 @@ import torch
 
 from engine.errors import ConfigError
 
-__all__ = ["TokenSource", "PackedSamples", "BatchLoader", "eval_batches", "check_eval_samples", "LOADER_STATE_VERSION"]
+__all__ = ["TokenSource", "PackedSamples", "BatchLoader", "deal", "check_order_identity", "eval_batches", "check_eval_samples",
+           "LOADER_STATE_VERSION"]
 
 LOADER_STATE_VERSION = 1
 
@@ -138,8 +139,8 @@ class BatchLoader:
     def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The grad_accum_steps micro-batches (inputs, labels), each [mbs, seq], of this rank's next step."""
         rows = self.next_global_rows()
-        mbs, dp, r = self.micro_batch_size, self.dp_size, self.dp_rank
-        return [self.samples.batch(rows[(m * dp + r) * mbs:(m * dp + r + 1) * mbs]) for m in range(self.grad_accum_steps)]
+        return [self.samples.batch(part) for part in deal(rows, self.micro_batch_size, self.grad_accum_steps,
+                                                          self.dp_rank, self.dp_size)]
 
     def state_dict(self) -> dict[str, Any]:
         """Rank-independent position: every rank holds the same dict, so one copy resumes all."""
@@ -158,19 +159,31 @@ class BatchLoader:
                               "resume with the same dataset, tokenizer and --seq-length as the checkpoint, or start a "
                               "fresh run", f"does not match this run's data ({self.samples.fingerprint}, "
                               f"{len(self.samples)} samples of --seq-length {self.samples.seq_length})")
-        if state["seed"] != self.seed:
-            raise ConfigError("--seed", self.seed, f"resume with --seed {state['seed']} (the data order depends on it)",
-                              "differs from the checkpoint's")
-        if state["global_batch_size"] != self.global_batch_size:
-            raise ConfigError("--global-batch-size", self.global_batch_size,
-                              f"resume with --global-batch-size {state['global_batch_size']} (any mbs x GAS x DP layout "
-                              "giving it resumes exactly)", "differs from the checkpoint's")
+        check_order_identity(state, seed=self.seed, global_batch_size=self.global_batch_size)
         epoch, step = int(state["epoch"]), int(state["step_in_epoch"])
         if not (epoch >= 0 and 0 <= step <= self.steps_per_epoch):
             raise ConfigError("--resume", f"loader position epoch {epoch} step {step}", "resume from an intact checkpoint",
                               "is out of range")
         self.epoch, self.step_in_epoch = epoch, step
         assert self.consumed_samples == state["consumed_samples"], "inconsistent loader state"
+
+
+def check_order_identity(state: dict[str, Any], *, seed: int, global_batch_size: int) -> None:
+    """A loader position means the same rows only for the seed and global batch size it was taken with."""
+    if state["seed"] != seed:
+        raise ConfigError("--seed", seed, f"resume with --seed {state['seed']} (the data order depends on it)",
+                          "differs from the checkpoint's")
+    if state["global_batch_size"] != global_batch_size:
+        raise ConfigError("--global-batch-size", global_batch_size,
+                          f"resume with --global-batch-size {state['global_batch_size']} (any mbs x GAS x DP layout "
+                          "giving it resumes exactly)", "differs from the checkpoint's")
+
+
+def deal(rows: list[int], micro_batch_size: int, grad_accum_steps: int, dp_rank: int, dp_size: int) -> list[list[int]]:
+    """DP rank `dp_rank`'s micro-batches of a step's global rows: micro-batch m takes rows
+    [(m * dp + r) * mbs, (m * dp + r + 1) * mbs) (module doc), so the ranks' rows are disjoint and cover the batch."""
+    mbs, dp, r = micro_batch_size, dp_size, dp_rank
+    return [rows[(m * dp + r) * mbs:(m * dp + r + 1) * mbs] for m in range(grad_accum_steps)]
 
 
 def check_eval_samples(samples: PackedSamples, num_samples: int) -> None:

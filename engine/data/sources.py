@@ -1,6 +1,7 @@
 """`build_data`: the training and validation samples of a run, from wherever the config says.
 
 Resolution order:
+0. --data-mix: several folders of `engine prepare`, sampled by weight (engine/data/mix.py).
 1. --data-path: a folder written by `python -m engine prepare` (train/ and validation/).
 2. --hf-dataset: prepared on the fly into <cache_dir>/<key>/, key = hash of (source, config, splits,
    text field / template, tokenizer name, local files' sizes and mtimes), and reused when present.
@@ -26,16 +27,17 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, parse_mix
 from engine.data.embedded import embedded_file, read_embedded
 from engine.data.format import COMPLETE_FILE, FAILED_FILE, INDEX_FILE, write_json_atomic
 from engine.data.loader import PackedSamples, check_eval_samples
+from engine.data.mix import MixedSamples
 from engine.data.prepare import TextRenderer, check_vocab, is_local_source, prepare_from_config, resolve_local_splits
 from engine.data.shards import InMemoryTokens, TokenShards, read_index
 from engine.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from engine.errors import ConfigError
 
-__all__ = ["DataBundle", "build_data", "cache_key", "embedded_tokens", "PREPARE_WAIT_TIMEOUT_S"]
+__all__ = ["DataBundle", "build_data", "cache_key", "default_cache_dir", "embedded_tokens", "PREPARE_WAIT_TIMEOUT_S"]
 
 # How long non-zero ranks wait for rank 0 to prepare --hf-dataset. Preparing ~10B tokens on one
 # host takes hours; beyond that, `prepare` ahead of time is the right tool anyway.
@@ -53,11 +55,13 @@ class DataBundle:
     description: str
 
 
-def _describe(kind: str, train: PackedSamples, val: PackedSamples | None, tokenizer: Tokenizer) -> str:
+def _describe(kind: str, train: PackedSamples | MixedSamples, val: PackedSamples | None, tokenizer: Tokenizer) -> str:
     def part(name: str, s: PackedSamples) -> str:
         return f"{name} {s.shards.num_tokens:,} tokens / {s.shards.num_bytes:,} bytes = {len(s):,} samples of {s.seq_length}"
 
-    parts = [part("train", train)] + ([part("validation", val)] if val is not None else ["no validation"])
+    trains = ([part(f"train {name}", p) for name, p in zip(train.names, train.parts)]
+              if isinstance(train, MixedSamples) else [part("train", train)])
+    parts = trains + ([part("validation", val)] if val is not None else ["no validation"])
     return f"{kind}; {'; '.join(parts)}; tokenizer {tokenizer.name} (vocab {tokenizer.vocab_size}, eos {tokenizer.eos_id})"
 
 
@@ -191,6 +195,33 @@ def _prepare_shared(cfg: EngineConfig, folder: Path, is_preparer: bool, timeout_
 # --- entry point ----------------------------------------------------------------------------------
 
 
+def default_cache_dir(cfg: EngineConfig) -> Path:
+    """Where a run caches the --hf-dataset it prepares: --data-cache-dir, else <run_dir>/data (run_dir: --run-dir,
+    else outputs/<preset>), so a later command with the run's config (export-int8's evaluation) finds it."""
+    return Path(cfg.data_cache_dir) if cfg.data_cache_dir else Path(cfg.run_dir or f"outputs/{cfg.preset}") / "data"
+
+
+
+def _mixed_folders(cfg: EngineConfig) -> tuple[Tokenizer, MixedSamples, PackedSamples | None]:
+    """--data-mix: every source a folder of `engine prepare`, all of one tokenizer; validation is the first's."""
+    tokenizer = None
+    sources, val = [], None
+    for i, (path, _) in enumerate(parse_mix(cfg.data_mix, "--data-mix")):
+        folder = Path(path).expanduser()
+        if not (folder / "train" / INDEX_FILE).is_file():
+            raise ConfigError("--data-mix", cfg.data_mix, f"prepare it first (`python -m engine prepare --out {path}`), "
+                              "or fix the path", f"names {path!r}, which has no prepared train/ split")
+        tok, train, source_val = _from_folder(folder, cfg, "--data-mix", tokenizer)
+        first = sources[0][1].shards if sources else train.shards
+        if (train.shards.tokenizer_name, train.shards.eos_id) != (first.tokenizer_name, first.eos_id):
+            raise ConfigError("--data-mix", cfg.data_mix, "prepare every source with one tokenizer", f"mixes "
+                              f"{path!r} ({train.shards.tokenizer_name}) with {sources[0][0]!r} ({first.tokenizer_name})")
+        tokenizer = tokenizer or tok
+        val = source_val if i == 0 else val
+        sources.append((path, train))
+    return tokenizer, MixedSamples(sources, cfg), val
+
+
 def build_data(cfg: EngineConfig, *, cache_dir: Path, dp_rank: int, dp_size: int, global_rank: int | None = None,
                world_size: int | None = None, wait_timeout_s: float = PREPARE_WAIT_TIMEOUT_S) -> DataBundle:
     """Tokenizer plus packed train / validation samples for `cfg` (see the module doc for the order).
@@ -202,7 +233,13 @@ def build_data(cfg: EngineConfig, *, cache_dir: Path, dp_rank: int, dp_size: int
     """
     assert 0 <= dp_rank < dp_size, f"dp_rank {dp_rank} outside dp_size {dp_size}"
     rank = dp_rank if global_rank is None else global_rank
-    if cfg.data_path:
+    if cfg.data_mix:
+        tokenizer, train, val = _mixed_folders(cfg)
+        kind = f"data mix {cfg.data_mix}" + (f", anneal {cfg.data_mix_anneal} after step {train.switch_step}"
+                                               if cfg.data_mix_anneal else "") + " (validation: the first source's)"
+        missing = ("--data-mix", cfg.data_mix, "list first a source prepared with a validation split, or pass "
+                   "--eval-samples 0")
+    elif cfg.data_path:
         folder = Path(cfg.data_path).expanduser()
         tokenizer, train, val = _from_folder(folder, cfg, "--data-path")
         kind = f"prepared shards {folder}"

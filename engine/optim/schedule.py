@@ -6,32 +6,52 @@ All share a linear warmup from lr / warmup to lr over `warmup_steps`, then:
 - constant: lr;
 - wsd (warmup-stable-decay, MiniCPM): lr until the last `decay_steps` (default 10% of the run),
   then linearly down to min_lr. A run can branch off the stable phase at any step and decay.
-Being a function of the step alone, the schedule needs no state in a checkpoint beyond the step.
+  With `warmdown_frac` the decay is the last fraction of the run's *progress* instead: progress is
+  max((step + 1) / num_steps, elapsed / max_wall_s), so under a wall-clock budget (--max-wall-s) the
+  decay is planned against the time as it unfolds (modded-nanogpt's warmdown, parameter-golf's
+  time-based one) and reaches min_lr when either the steps or the time run out. Without a budget it
+  is exactly wsd with decay_steps = warmdown_frac x num_steps.
+The schedule is a function of the step (and of the agreed elapsed training time, which the trainer
+keeps in its checkpoints: engine/train.py), so it needs no state of its own.
 """
 
 import math
 
 from engine.config import EngineConfig
 
-__all__ = ["lr_at", "schedule_fields"]
+__all__ = ["lr_at", "schedule_fields", "run_progress"]
 
 
-def schedule_fields(lr_schedule: str) -> tuple[str, ...]:
-    """The EngineConfig fields `lr_at` reads under `lr_schedule` (besides the name itself): a resume
-    that changes one of them changes the learning rate of the steps still to come."""
+def schedule_fields(lr_schedule: str, warmdown: bool = False) -> tuple[str, ...]:
+    """The EngineConfig fields `lr_at` reads under `lr_schedule` (besides the name itself; `warmdown`: with
+    --warmdown-frac on): a resume that changes one of them changes the learning rate of the steps still to come."""
     if lr_schedule == "constant":
         return ("lr", "warmup_steps")
+    if lr_schedule == "wsd" and warmdown:
+        return ("lr", "min_lr_ratio", "warmup_steps", "warmdown_frac", "num_steps", "max_wall_s")
     if lr_schedule == "wsd":
-        return ("lr", "min_lr_ratio", "warmup_steps", "decay_steps", "num_steps")
+        return ("lr", "min_lr_ratio", "warmup_steps", "decay_steps", "num_steps", "warmdown_frac")
     return ("lr", "min_lr_ratio", "warmup_steps", "num_steps")
 
 
-def lr_at(cfg: EngineConfig, step: int) -> float:
+def run_progress(cfg: EngineConfig, step: int, elapsed_s: float) -> float:
+    """How far through the run step `step` (0-based) ends, in [0, 1]: by steps, or by the wall-clock budget
+    as spent when the step starts (`elapsed_s`, the same on every rank), whichever is further."""
+    progress = (step + 1) / cfg.num_steps
+    if cfg.max_wall_s > 0:
+        progress = max(progress, elapsed_s / cfg.max_wall_s)
+    return min(1.0, progress)
+
+
+def lr_at(cfg: EngineConfig, step: int, elapsed_s: float = 0.0) -> float:
     peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
     if step < cfg.warmup_steps:
         return peak * (step + 1) / cfg.warmup_steps
     if cfg.lr_schedule == "constant":
         return peak
+    if cfg.lr_schedule == "wsd" and cfg.warmdown_frac > 0:
+        into = (run_progress(cfg, step, elapsed_s) - (1.0 - cfg.warmdown_frac)) / cfg.warmdown_frac
+        return peak + (floor - peak) * min(1.0, max(0.0, into))
     if cfg.lr_schedule == "wsd":
         decay = cfg.decay_steps or max(1, round(0.1 * cfg.num_steps))
         start = cfg.num_steps - decay

@@ -87,6 +87,16 @@ def test_flags_of_a_newer_engine_get_the_same_batches(tmp_path):
     assert pretrain.returncode == 2 and "unrecognized arguments: --brand-new-flag" in pretrain.stderr
 
 
+def test_a_wall_clock_budget_does_not_change_the_batches(tmp_path):
+    """--max-wall-s decides when a run stops, not what a step reads; with its schedule (reset here as every
+    schedule is) it would otherwise be refused as a budget whose decay goes by steps."""
+    batches(tmp_path / "a", *ARGS, "--micro-batch-size", "2", "--steps", "3")
+    batches(tmp_path / "b", *ARGS, "--micro-batch-size", "2", "--steps", "3", "--max-wall-s", "600", "--lr-schedule",
+            "wsd", "--warmdown-frac", "0.3")
+    a, b = (json.loads((tmp_path / p / "batches.json").read_text())["steps"]["3"] for p in "ab")
+    assert a == b
+
+
 @pytest.mark.parametrize("steps", ["0", "3-1", "x"])
 def test_bad_steps_exit_2_naming_the_flag(tmp_path, steps):
     proc = batches(tmp_path, *ARGS, "--steps", steps, check=False)

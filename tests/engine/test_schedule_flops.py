@@ -53,22 +53,30 @@ def test_minicpm4_8b_flops_by_hand():
     assert mfu(cfg, 8 * 4096, 2.5, 8, 989e12) == pytest.approx(flops_per_token(cfg) * 8 * 4096 / (2.5 * 8 * 989e12))
 
 
-@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant", "wsd"])
+def _elapsed(step: int) -> float:
+    return 0.3 * step + (5.0 * (step - 80) if step >= 80 else 0.0)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant", "wsd", "wsd-warmdown"])
 def test_schedule_fields_are_exactly_what_lr_at_reads(schedule):
     """engine/checkpoint.py refuses a resume that changes one of schedule_fields(): each of them must change
-    some step's lr, and every other field of EngineConfig must change none (checked by perturbing it)."""
+    some step's lr, and every other field of EngineConfig must change none (checked by perturbing it).
+    wsd-warmdown: wsd with --warmdown-frac under a --max-wall-s budget of 40 s, read with 0.3 s per step that
+    become 5.3 s from step 80 on (the steps decide the decay at first, the time at the end)."""
     from dataclasses import fields, replace
 
     from engine.config import EngineConfig
     from engine.optim.schedule import schedule_fields
 
-    base = cfg_for(schedule, decay_steps=20)
-    curve = [lr_at(base, s) for s in range(150)]
-    listed = set(schedule_fields(schedule))
+    warmdown = schedule == "wsd-warmdown"
+    schedule = schedule.removesuffix("-warmdown")
+    base = cfg_for(schedule, warmdown_frac=0.3, max_wall_s=40.0) if warmdown else cfg_for(schedule, decay_steps=20)
+    curve = [lr_at(base, s, _elapsed(s)) for s in range(150)]
+    listed = set(schedule_fields(schedule, warmdown=warmdown))
     for f in fields(EngineConfig):
         value = getattr(base, f.name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or f.name == "lr_schedule":
             continue
         other = replace(base, **{f.name: value + (5 if isinstance(value, int) else 0.05)})
-        changed = [lr_at(other, s) for s in range(150)] != curve
+        changed = [lr_at(other, s, _elapsed(s)) for s in range(150)] != curve
         assert changed == (f.name in listed), f"{f.name}: changes the schedule {changed}, listed {f.name in listed}"

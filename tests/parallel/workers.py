@@ -22,7 +22,7 @@ from engine.evaluate import evaluate
 from engine.model import batch_documents
 from engine.train import Trainer
 
-__all__ = ["BASE", "make_config", "single_run", "spawn", "run_trainer", "fixed_tokens"]
+__all__ = ["BASE", "make_config", "single_run", "spawn", "run_trainer", "fixed_tokens", "TickClock", "spawn_runs"]
 
 # tiny preset, fp32 on CPU, short sequences: a 20-step trajectory takes about a second per process.
 BASE: dict[str, Any] = dict(preset="tiny", device="cpu", compute_dtype="fp32", seq_length=64, micro_batch_size=4,
@@ -125,4 +125,44 @@ def spawn(world: int, scenarios: list[tuple[str, dict, int]], tmp: Path) -> dict
     """Run `scenarios` (name, config overrides, steps) on `world` gloo processes; rank 0's results."""
     out_file = tmp / "results.pt"
     mp.spawn(_rank_main, args=(world, str(tmp / "init"), str(out_file), scenarios), nprocs=world)
+    return torch.load(out_file)
+
+
+class TickClock:
+    """A fake monotonic clock for --max-wall-s: every read advances it by `tick` seconds (the Trainer reads it once
+    when its loop starts and once after each step, so after step k of a run the clock says k x tick)."""
+
+    def __init__(self, tick: float):
+        self.tick = tick
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def _run_main(rank: int, world: int, init_file: str, out_file: str, overrides: dict, run_dir: str,
+              ticks: list[float]) -> None:
+    """Trainer.run() on every rank, rank r reading TickClock(ticks[r]); rank 0 saves every rank's final step."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    env = LaunchEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world, launcher="spawn",
+                    slurm_job_id="")
+    try:
+        cfg = make_config(overrides, world, run_dir)
+        par = init_parallel(env, cfg.tp, "cpu")
+        trainer = Trainer(cfg, par, torch.float32, launcher="spawn", clock=TickClock(ticks[rank]))
+        code = trainer.run()
+        everyone: list[Any] = [None] * world
+        dist.all_gather_object(everyone, {"rank": rank, "code": code, "step": trainer.step, "elapsed_s": trainer.elapsed_s})
+        if rank == 0:
+            torch.save(everyone, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_runs(world: int, overrides: dict, run_dir: Path, ticks: list[float], tmp: Path) -> list[dict[str, Any]]:
+    """Trainer.run() of `overrides` on `world` gloo processes with per-rank fake clocks; each rank's outcome."""
+    out_file = tmp / "ranks.pt"
+    mp.spawn(_run_main, args=(world, str(tmp / "init"), str(out_file), overrides, str(run_dir), ticks), nprocs=world)
     return torch.load(out_file)
