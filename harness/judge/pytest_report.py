@@ -4,7 +4,7 @@ The pytest a gate runs imports candidate code (the engine, its new test files), 
 is within the candidate's reach: a junit file it can rewrite at exit (then `os._exit(0)`), an exit code it can
 choose. What the judge reads instead is this plugin's lines on the job's stdout, the pipe the judge owns:
 
-    -p harness.judge.pytest_report --judge-token-file=PATH
+    -p harness.judge.pytest_report --judge-token-file=PATH --judge-canaries=CANARY_FILE
 
 At import, before pytest loads any conftest or test module (so before any candidate code), the plugin reads the
 token from PATH and deletes the file, and takes its own copy of stdout. Each test phase's report then goes out as
@@ -15,7 +15,8 @@ a phase reported twice, and a session without its end.
 
 What the plugin cannot see: a report object altered before it is made (a patched pytest, inside the process).
 The judge adds canary tests of its own for that (harness/judge/runner.py) and the guard forbids the engine to
-import or reach pytest.
+import or reach pytest. The canaries run whatever a milestone's pytest arguments select (`-k gemm_fc1`,
+`-m "not slow"`): the plugin puts back any canary that a selection took out of the collected items.
 """
 
 import json
@@ -25,10 +26,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-__all__ = ["OPTION", "PREFIX", "TestOutcome", "Reports", "parse_reports", "signed_prefix", "outcome_of", "pytest_addoption",
-           "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_collectreport", "pytest_sessionfinish"]
+__all__ = ["OPTION", "CANARIES", "PREFIX", "TestOutcome", "Reports", "parse_reports", "signed_prefix", "outcome_of", "pytest_addoption",
+           "pytest_collection_modifyitems", "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_collectreport",
+           "pytest_sessionfinish"]
 
 OPTION = "--judge-token-file"
+CANARIES = "--judge-canaries"
 PREFIX = "[PYTEST"
 _STATE: dict[str, object] = {}
 _RAISED: dict[tuple[str, str], list[tuple[str, int]]] = {}  # (node id, phase) -> frames a skip was raised through
@@ -43,6 +46,9 @@ def _take_token() -> None:
         _STATE["token"] = fh.read().strip()
     os.unlink(path)
     _STATE["fd"] = os.dup(1)
+    canaries = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith(CANARIES + "=")), None)
+    if canaries is not None:
+        _STATE["canaries"] = os.path.realpath(canaries)
 
 
 def _emit(payload: dict[str, object]) -> None:
@@ -54,6 +60,17 @@ def _emit(payload: dict[str, object]) -> None:
 
 def pytest_addoption(parser) -> None:  # noqa: ANN001 -- pytest's Parser
     parser.addoption(OPTION, default="", help="the judge's token file (read and deleted at start)")
+    parser.addoption(CANARIES, default="", help="the judge's canary test file: its tests run whatever -k / -m select")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):  # noqa: ANN001, ANN201 -- pytest's Session, Config, items
+    """Outermost around every selection (-k, -m, a conftest's own): the canaries that were collected stay."""
+    path = _STATE.get("canaries")
+    canaries = [item for item in items if path and os.path.realpath(str(item.path)) == path]
+    yield
+    kept = {id(item) for item in items}
+    items.extend(item for item in canaries if id(item) not in kept)
 
 
 def _where_and_message(report) -> tuple[str, int, str]:  # noqa: ANN001 -- pytest's TestReport

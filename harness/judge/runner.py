@@ -405,7 +405,7 @@ class GateRunner:
         token only that plugin holds (harness/judge/pytest_report.py), never from a file the process wrote; the
         judge's canary tests run in the same process and must come out as written (harness/judge/canary.py)."""
         from harness.judge.canary import canary_problems, write_canaries
-        from harness.judge.pytest_report import OPTION, parse_reports
+        from harness.judge.pytest_report import CANARIES, OPTION, parse_reports
 
         scratch = _neutral(judging.holder)
         token = secrets.token_hex(16)
@@ -414,7 +414,7 @@ class GateRunner:
         canaries = write_canaries(_neutral(judging.holder))
         log = judging.log_dir / f"{name}.log"
         argv = [*self._pytest_argv(judging.tree, judging.holder), "-p", "harness.judge.pytest_report",
-                f"{OPTION}={token_file}", *targets, str(canaries.path), *args, "-q", "-rfE",
+                f"{OPTION}={token_file}", f"{CANARIES}={canaries.path}", *targets, str(canaries.path), *args, "-q", "-rfE",
                 *(f"--ignore={judging.tree / p}" for p in ignore)]
         # The checkout's code first; then the judge's own, for its plugin (a checkout need not hold harness/).
         path = judging.env_overrides["PYTHONPATH"] + os.pathsep + str(_JUDGE_ROOT)

@@ -117,3 +117,20 @@ def test_a_test_process_that_alters_its_outcomes_is_not_believed(home: Path, tmp
     verdict = _judge(home, tmp_path, {"engine/config.py": [GOOD, SKIP_FROM_ENGINE]})
     assert not verdict["accepted"] and "skipped from the candidate's code (engine/config.py" in _pytest_gate(verdict), \
         _pytest_gate(verdict)
+
+
+def test_the_canaries_run_whatever_the_gate_selects(home: Path, tmp_path: Path) -> None:
+    """A gate that selects its tests (`-k`, `-m`, as the op milestones do with `-k gemm_fc1`) deselected the judge's
+    canaries too, and then rejected every patch, the honest one included, as a run that "cannot be trusted". Found
+    judging op-gemm_fc1 on main on an H200. The canaries must run under any selection, and still catch a process
+    that alters its outcomes."""
+    milestone = home / "milestones" / "loop-tiny.toml"
+    spec = milestone.read_text().replace('[[gates]]\nkind = "guards"\npaths = ["engine"]\n\n', "")  # the runtime layer
+    milestone.write_text(spec.replace(
+        'selectors = ["tests/test_names.py"]\nmin_collected = 2\n',
+        'selectors = ["tests/test_names.py"]\nargs = ["-k", "schedule", "-m", "not slow"]\nmin_collected = 2\n'))
+    git(home, "commit", "-qam", "the pytest gate selects by name and marker")
+    verdict = _judge(home, tmp_path, {"engine/config.py": GOOD})
+    assert verdict["accepted"], _pytest_gate(verdict)
+    verdict = _judge(home, tmp_path, {"engine/config.py": BROKEN, "engine/__init__.py": ALTER_REPORTS})
+    assert not verdict["accepted"] and "came out passed" in _pytest_gate(verdict), _pytest_gate(verdict)
