@@ -314,8 +314,24 @@ class PytestGate(_GateBase):
     kind: Literal["pytest"]
     selectors: list[_Selector] = Field(min_length=1)
     min_collected: int = Field(gt=0)
-    args: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list)  # only selections: "-k EXPR", "-m EXPR"
     timeout_s: float = Field(default=600, gt=0)
+
+    @field_validator("args")
+    @classmethod
+    def _only_selections(cls, value: list[str]) -> list[str]:
+        """The judge owns how pytest runs, stops and reports (its ini, plugins, canaries that must all run): an
+        option like `-x`, `--maxfail`, `-p` or `--deselect` would stop or hide the canaries and make every
+        verdict "untrusted", or change what a pass means. A gate's arguments may only select tests."""
+        rest = iter(enumerate(value))
+        for i, arg in rest:
+            if arg in ("-k", "-m"):
+                if next(rest, None) is None:
+                    raise ValueError(f"args[{i}]: {arg} needs an expression after it")
+            elif not arg.startswith(("-k=", "-m=")):
+                raise ValueError(f"args[{i}]: {arg!r} is not a selection; a pytest gate's args may only be "
+                                 "\"-k EXPR\" and \"-m EXPR\" (the judge sets how pytest runs and reports)")
+        return value
 
 
 class OpBench(_Strict):

@@ -195,6 +195,9 @@ def test_loader_names_gates_and_binds_rules_to_the_only_job(tmp_path):
         (lambda t: t.replace('name = "train"', 'name = "protected"'), "gates[2].name: duplicate gate name 'protected' (also gates[0])"),
         (lambda t: t + "\n[[gates]]\nkind = \"metrics\"\nrules = []\n", "gates[4].rules: List should have at least 1 item"),
         (lambda t: t.replace("title = ", "title =="), "ex.toml: not valid TOML"),
+        (lambda t: t.replace("min_collected = 2", 'min_collected = 2\nargs = ["-k", "x", "-x"]'),
+         "gates[1].args: args[2]: '-x' is not a selection"),
+        (lambda t: t.replace("min_collected = 2", 'min_collected = 2\nargs = ["-m"]'), "gates[1].args: args[0]: -m needs an expression"),
     ],
 )
 def test_errors_name_file_and_field_path(tmp_path, edit, expected):
