@@ -169,7 +169,6 @@ def _milestones(args: argparse.Namespace) -> int:
     from harness.spec import JobGate
 
     home = temper_home()
-    machine = probe_machine()  # once: the judge's own view (nvidia-smi, sinfo), as `temper gate` will see it
     data = data_dir(home)
 
     def why_not_here(m) -> str:  # noqa: ANN001 -- harness.spec.Milestone
@@ -183,6 +182,8 @@ def _milestones(args: argparse.Namespace) -> int:
         return ""
 
     rows = [load_spec(p.stem, home) for p in sorted((home / "milestones").glob("*.toml"))]
+    # once: the judge's own view (nvidia-smi; sinfo where a milestone needs SLURM), as `temper gate` will see it
+    machine = probe_machine(slurm=any(m.requires.slurm for m in rows))
     here = {m.id: why_not_here(m) for m in rows}
     if args.json:
         print(json.dumps([{"id": m.id, "title": m.title, "requires": m.requires.model_dump(), "needs": m.requires.describe(),

@@ -27,7 +27,9 @@ class Machine:
     slurm: bool
 
 
-def probe_machine() -> Machine:
+def probe_machine(slurm: bool = True) -> Machine:
+    """The GPUs nvidia-smi lists and, when `slurm`, whether a SLURM controller answers. Asked only when needed:
+    where the SLURM client is installed but no controller runs, `sinfo` takes seconds to give up."""
     names: tuple[str, ...] = ()
     smi = shutil.which("nvidia-smi")
     if smi:
@@ -35,10 +37,10 @@ def probe_machine() -> Machine:
                               timeout=60)
         if proc.returncode == 0:
             names = tuple(line.strip() for line in proc.stdout.splitlines() if line.strip())
-    slurm = False
-    if shutil.which("sbatch") and shutil.which("sinfo"):
-        slurm = subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
-    return Machine(gpus=names, slurm=slurm)
+    answers = False
+    if slurm and shutil.which("sbatch") and shutil.which("sinfo"):
+        answers = subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
+    return Machine(gpus=names, slurm=answers)
 
 
 def _matching(requires: Requires, machine: Machine) -> list[str]:
@@ -49,7 +51,7 @@ def _matching(requires: Requires, machine: Machine) -> list[str]:
 
 def check_requires(requires: Requires, machine: Machine | None = None) -> str:
     """The device jobs run on ("cuda" or "cpu"); NeedsHardware when this machine cannot judge."""
-    machine = machine or probe_machine()
+    machine = machine or probe_machine(slurm=requires.slurm)
     if requires.slurm and not machine.slurm:
         raise NeedsHardware(f"needs {requires.describe()}; no SLURM controller answers here (sinfo)")
     if requires.device == "cpu":

@@ -51,6 +51,21 @@ def test_the_machine_is_asked_through_nvidia_smi(tmp_path: Path, monkeypatch: py
     assert probe_machine().gpus == ("NVIDIA H200", "NVIDIA H200")
 
 
+def test_slurm_is_asked_only_when_a_milestone_needs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the SLURM client is installed but no controller runs, `sinfo` takes seconds to fail; every `temper
+    gate` of a CPU milestone paid that (9 s a judging on a CI-like machine) before it was asked only for SLURM."""
+    asked = tmp_path / "asked"
+    for tool in ("sinfo", "sbatch"):
+        (tmp_path / tool).write_text(f"#!/bin/sh\necho {tool} >> {asked}\nexit 1\n")
+        (tmp_path / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert check_requires(Requires()) == "cpu" and check_requires(Requires(device="any", gpus=1)) in ("cpu", "cuda")
+    assert not asked.exists()
+    with pytest.raises(NeedsHardware, match="SLURM"):
+        check_requires(Requires(slurm=True))
+    assert asked.read_text().split() == ["sinfo"]
+
+
 def test_the_judge_sees_which_gpus_a_jobs_processes_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     marker = f"gpu-watch-{os.getpid()}"
     fake_smi(tmp_path, ["NVIDIA H100"], marker=marker)
