@@ -112,6 +112,7 @@ def test_mfu_torch_compile_peer_on_cpu(tmp_path):
         assert r["flops_per_token"] == data["results"][0]["flops_per_token"]
 
 
+@pytest.mark.slow  # ~9 s: matplotlib and two engine runs
 def test_sweep_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "sweep.png"

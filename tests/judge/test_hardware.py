@@ -48,7 +48,7 @@ def test_requires_is_held_against_what_the_machine_has() -> None:
 def test_the_machine_is_asked_through_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_smi(tmp_path, ["NVIDIA H200", "NVIDIA H200"])
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    assert probe_machine().gpus == ("NVIDIA H200", "NVIDIA H200")
+    assert probe_machine(slurm=False).gpus == ("NVIDIA H200", "NVIDIA H200")
 
 
 def test_slurm_is_asked_only_when_a_milestone_needs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -172,6 +172,7 @@ def _version(source: str) -> dict[str, str]:
     return {"engine/ops/rmsnorm/mine.py": source, "engine/ops/rmsnorm/register.toml": REGISTER}
 
 
+@pytest.mark.slow  # ~60 s on 2 cores (two op-milestone gates); the GPU adversarial cases judge the same on the device
 def test_an_honest_version_is_accepted_and_a_cached_one_rejected(op_home: Path, tmp_path: Path) -> None:
     rc, verdict = _judge(op_home, _patch(op_home, tmp_path, _version(HONEST)))
     assert rc == 0 and verdict["accepted"], json.dumps(verdict, indent=1)[-4000:]

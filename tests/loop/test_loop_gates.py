@@ -185,6 +185,7 @@ _peek_at_other_runs()
 '''
 
 
+@pytest.mark.slow  # ~28 s on 2 cores; the sandbox's job-folder isolation is also checked by test_a_candidate_job_cannot_write_outside_its_own_folder
 def test_a_job_sees_only_the_earlier_job_folders_it_names(home: Path, tmp_path: Path) -> None:
     """Two runs of one seed must not be able to replay each other's files: the second job sees the first's
     folder only when its argv names it ({job_dir:first})."""
