@@ -42,6 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import launcher  # noqa: E402
 from engine.checksums import hash_files, hash_threads  # noqa: E402 - the checkout's engine, after the path
 
 __all__ = ["main"]
@@ -54,8 +55,6 @@ _BLOCKING_PATH = re.compile(r"^\[CKPT\] step=(\d+) path=(\S+) stall_s=")
 
 def run(mode: str, args: argparse.Namespace, workdir: Path) -> dict:
     steps = 1 + args.saves * args.every
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc)]
-                if args.nproc > 1 else [sys.executable])
     save_dir = Path(args.save_dir) / mode if args.save_dir else workdir / mode / "ck"
     flags = ["--preset", args.preset, "--device", args.device, "--seed", "7", "--num-steps", str(steps),
              "--eval-samples", "0", "--no-save-final", "--warmup-steps", "0", "--keep-last", "1", "--tp", str(args.tp),
@@ -64,7 +63,7 @@ def run(mode: str, args: argparse.Namespace, workdir: Path) -> dict:
         flags += ["--save-every", str(args.every)]
     if mode == "async":
         flags.append("--async-save")
-    cmd = [*launcher, "-m", "engine", "pretrain", *flags]
+    cmd = [*launcher(args.nproc), "-m", "engine", "pretrain", *flags]
     env = dict(os.environ)
     if args.device == "cuda" and args.nproc > 1:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # as bench/mfu.py: TP overlap needs one hardware queue

@@ -1,4 +1,4 @@
-"""What the GPU benchmark scripts share: the relative error they check with and the event timer.
+"""What the GPU benchmark scripts share: the relative error they check with, the event timer, the launcher.
 
 METHOD.md (device tool): compare with ||x - ref|| / ||ref|| in float64 (non-finite never passes),
 time with device events after a warm-up call, take the median, rotate among input sets so repeated
@@ -7,12 +7,13 @@ calls do not measure the cache.
 
 import math
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["rel_err", "median_call_ms"]
+__all__ = ["rel_err", "median_call_ms", "torchrun", "launcher"]
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -38,3 +39,13 @@ def median_call_ms(fn: Callable[[Any], Any], sets: Sequence[Any], iters: int, *,
         stop.synchronize()
         times.append(start.elapsed_time(stop))
     return statistics.median(times)
+
+
+def torchrun(nproc: int) -> list[str]:
+    """`torchrun --standalone --nproc-per-node N` under this Python (standalone: a free local rendezvous port)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+
+
+def launcher(nproc: int) -> list[str]:
+    """How a bench starts `-m engine ...`: this Python for one process, torchrun for several."""
+    return torchrun(nproc) if nproc > 1 else [sys.executable]

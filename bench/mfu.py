@@ -44,6 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import launcher, torchrun  # noqa: E402
 from bench.peers.common import engine_config  # noqa: E402
 from engine.atomic import write_text_atomic  # noqa: E402
 from engine.flops import flops_per_token, mfu, peak_flops  # noqa: E402
@@ -81,10 +82,6 @@ class GpuMemoryPoller:
         return [mib / 1024 for _, mib in sorted(self.peak.items())]
 
 
-def _launcher(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-
-
 def _env(args: argparse.Namespace, nproc: int) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
@@ -102,8 +99,7 @@ def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     cfg = engine_config(flags)
     nproc = cfg.tp
     with tempfile.TemporaryDirectory() as tmp:
-        launcher = _launcher(nproc) if nproc > 1 else [sys.executable]
-        cmd = [*launcher, "-m", "engine", "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
+        cmd = [*launcher(nproc), "-m", "engine", "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
                "--eval-samples", "0", "--no-save-final", "--warmup-steps", "0", "--run-dir", tmp, *flags]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
         poller = GpuMemoryPoller()
@@ -150,7 +146,7 @@ def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace
     name = peer + (f" {variant}" if variant else "")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peer.json"
-        cmd = [*_launcher(nproc), "-m", "bench.peers.run", "--peer", peer, "--variant", variant, "--steps", str(args.steps),
+        cmd = [*torchrun(nproc), "-m", "bench.peers.run", "--peer", peer, "--variant", variant, "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--device", args.device, "--out", str(out), "--",
                *flags, *(["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
