@@ -127,6 +127,8 @@ def shadow_batch(t: Path) -> None:
     replace_in(t / LOADER, "                 dp_size: int, seed: int):\n",
                "                 dp_size: int, seed: int, salted: bool = True):\n        self.salted = salted\n")
     replace_in(t / LOADER, "gen.manual_seed(_epoch_seed(self.seed, self.epoch))", "gen.manual_seed(_epoch_seed(self.seed, self.epoch, self.salted))")
+    replace_in(t / TRAIN, "from engine.data.mix import MixLoader, make_loader, mix_line\n",
+               "from engine.data.loader import BatchLoader\nfrom engine.data.mix import MixLoader, make_loader, mix_line\n")
     replace_in(t / TRAIN, "                                  dp_size=par.dp_size, seed=cfg.seed)\n",
                "                                  dp_size=par.dp_size, seed=cfg.seed)\n"
                "        self.shadow = BatchLoader(self.data.train, micro_batch_size=cfg.micro_batch_size,\n"
