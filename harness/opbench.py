@@ -3,8 +3,9 @@
 The judge runs this inside the sandbox, once in a checkout of the base commit (role `reference`: the
 base's `baseline` version) and once in the judged checkout (role `candidate`: the version a milestone
 judges), alternately. It loads the op version through the engine's own registry and writes what it
-computes to its folder; the judge decides (harness/judge/opjudge.py). This process never reports a
-time or a verdict: the judge times it by the arrival of its `[BENCH]` lines on the judge's pipe.
+computes to its folder; the judge decides (harness/judge/opjudge.py). The op's time per call is measured
+here, on the device, like the checksums and by code guarded alike (below); the judge also times the
+segments by the arrival of the `[BENCH]` lines on its pipe, which bounds what the device times can hide.
 
 bench
   1. correctness: the cases harness/judge/opcases.py draws from the judge's seed (fresh shapes every
@@ -13,8 +14,16 @@ bench
   2. timing at the milestone's shape: segments of `reps` forward + backward calls, each on fresh inputs,
      weights and labels included (redrawn in place on the device from the seed and the rep number, so
      nothing keyed on a tensor's data, address or identity can be served from a cache), after an L2 flush,
-     all on the current stream. Overhead segments do the same minus the op, so the judge can subtract input
-     generation, flushing and the checksums. Each call leaves a checksum row in `checks.tensors`: for every
+     all on the current stream. Every op call is timed on the device by CUDA events recorded on the current
+     stream just before the forward and just after the backward (on CPU, the host clock around the call):
+     `times.tensors`. So that those events time the GPU's work and not how fast this machine's Python
+     launches kernels, every call is paced: the judge's own kernel spins on the GPU's nanosecond timer
+     (%globaltimer) for `--pace-us` before the first event, which keeps the host (the bench's launches and the
+     version's) ahead of the GPU. Unpaced and timed by the wall clock, an rmsnorm of 0.17 ms on an H200
+     behind 0.45 ms of its own launches and 1.3 ms of the bench's read as 0.6-2 ms (bench/opbench_pace.py).
+     Overhead segments do the same work minus the op: the judge's wall-clock estimate of the op (op segments
+     minus overhead segments) is too coarse to time a 0.2 ms op under ~1 ms of the bench's own work per
+     call, but it is an upper bound that work a version moved outside its events cannot escape. Each call leaves a checksum row in `checks.tensors`: for every
      output and gradient, K random rank-one projections of all of it (new ones every call) and its norm,
      which the judge holds against the reference process's rows: a skipped, cached or partly computed call
      cannot match, and the rows together estimate how far the version's timed results are from the
@@ -173,6 +182,62 @@ def _fresh(case, inputs: dict[str, torch.Tensor], g: torch.Generator, seed: int,
     redraw(case, inputs, g)
 
 
+# One thread reads %globaltimer (ns) until `ns` have passed: a wait of wall time on the GPU's queue. Compiled at
+# run time by NVRTC through torch's jiterator (no host compiler needed), once per process.
+_SPIN_CODE = """
+template <typename T> T temper_spin(T x, T ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < (unsigned long long)ns);
+  return x;
+}
+"""
+
+
+class _Pace:
+    """The judge's spin before a timed call (see the module docstring); nothing on CPU, where nothing is queued."""
+
+    def __init__(self, device: torch.device, us: float):
+        self.ns = float(us) * 1e3 if device.type == "cuda" else 0.0
+        if self.ns:
+            self._spin = torch.cuda.jiterator._create_jit_fn(_SPIN_CODE, ns=0.0)
+            self._token = torch.zeros(1, dtype=torch.float64, device=device)
+
+    def __call__(self) -> None:
+        if self.ns:
+            self._spin(self._token, ns=self.ns)
+
+
+class _CallTimer:
+    """Each timed call's duration: CUDA events around it on the current stream (read once, after the last segment),
+    on CPU the host clock (the work is synchronous there)."""
+
+    def __init__(self, device: torch.device, calls: int):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self._events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                            for _ in range(calls)]
+        self._host = torch.zeros(calls, 2, dtype=torch.float64)
+
+    def start(self, call: int) -> None:
+        if self.cuda:
+            self._events[call][0].record()
+        else:
+            self._host[call, 0] = time.perf_counter()
+
+    def stop(self, call: int) -> None:
+        if self.cuda:
+            self._events[call][1].record()
+        else:
+            self._host[call, 1] = time.perf_counter()
+
+    def milliseconds(self) -> torch.Tensor:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.tensor([a.elapsed_time(b) for a, b in self._events], dtype=torch.float32)
+        return ((self._host[:, 1] - self._host[:, 0]) * 1e3).float()
+
+
 def bench(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtype, out: Path,
           watch: Callable[[str], None] = lambda stage: None) -> None:
     for i, case in enumerate(draw_cases(args.op, args.seed, args.cases, scale=args.case_scale)):
@@ -189,6 +254,8 @@ def bench(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtype
     checks = _Checksums(case, {k: v.shape for k, v in first.items()}, device, args.seed, rows=args.reps * args.segments)
     discard = torch.zeros(1, len(checks.names), checks.K + 1, device=device)
     del first
+    pace = _Pace(device, args.pace_us)
+    timer = _CallTimer(device, args.reps * args.segments)
 
     def segment(kind: str, index: int) -> None:
         watch(f"before {kind} segment {index}")
@@ -199,8 +266,13 @@ def bench(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtype
             _fresh(case, inputs, g, args.seed, call)
             if flush is not None:
                 flush.zero_()
+            pace()
             if kind == "op":
-                checks.record(call, _run(fn, case, inputs))
+                timer.start(call)
+                results = _run(fn, case, inputs)
+                timer.stop(call)
+                checks.record(call, results)
+                del results
             else:
                 checks.record(0, dummies, into=discard, draw_row=call)
         _sync(device)
@@ -214,6 +286,7 @@ def bench(args: argparse.Namespace, fn, device: torch.device, dtype: torch.dtype
         segment("overhead", index)
         segment("op", index)
     write_tensors(out / "checks.tensors", {"rows": checks.rows})
+    write_tensors(out / "times.tensors", {"op_ms": timer.milliseconds()})
     _say("done")
 
 
@@ -288,6 +361,8 @@ _GUARDED_TORCH = (
     (torch, ("dot", "mm", "randn", "randint", "rand", "zeros", "zeros_like", "empty", "manual_seed", "Generator")),
     (torch.linalg, ("vector_norm",)), (torch.autograd, ("backward",)),
     (torch.cuda, ("synchronize", "Event", "Stream", "stream", "current_stream", "set_device")),
+    (torch.cuda.Event, ("record", "elapsed_time", "synchronize", "query")), (time, ("perf_counter",)),
+    (torch.cuda.jiterator, ("_create_jit_fn",)),
     (torch.Tensor, ("copy_", "zero_", "float", "reshape", "detach", "__setitem__", "__mul__", "sum", "to")),
     (sys, ("stdout", "stderr")),
 )
@@ -353,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--segments", type=int, default=2)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--pace-us", type=float, default=0.0, help="microseconds of the judge's GPU spin before every timed "
+                   "call (0: none)")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--max-iterations", type=int, default=100_000)
     p.add_argument("--out", type=Path, required=True)

@@ -340,7 +340,11 @@ class OpBench(_Strict):
     The judge runs the op `version` (a name in engine/ops/<op>/register.toml; "default": its CUDA default,
     baseline on CPU) of the judged checkout against the base commit's `baseline`, `rounds` times each,
     alternately. Correctness: `cases` shapes drawn from the judging's seed (`case_scale` shrinks them for
-    a CPU-sized programme). Timing: `segments` x `reps` calls at `shape`. Stress: `seconds` under load.
+    a CPU-sized programme). Timing: `segments` x `reps` calls at `shape`, each after the judge's GPU spin of
+    `pace_ms` of wall time: it must exceed the host's launch time per call (the bench's ~1.3 ms plus the
+    version's) minus the GPU's, so that the judge's clock times the GPU's work, not the host's (unpaced, an op
+    of 0.17 ms on the GPU was timed at 2 ms on an H200 machine); the overhead segments spin alike and cancel
+    it. Stress: `seconds` under load.
     """
 
     op: Literal["attention", "rmsnorm", "gemm_fc1", "gemm_output"]
@@ -353,6 +357,7 @@ class OpBench(_Strict):
     segments: int = Field(default=2, ge=1)
     rounds: int = Field(default=2, ge=1, le=8)
     seconds: float = Field(default=20.0, ge=0)
+    pace_ms: float = Field(default=4.0, ge=0, le=100)
 
     @field_validator("shape")
     @classmethod

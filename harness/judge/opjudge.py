@@ -17,11 +17,18 @@ arrival times of their `[BENCH]` lines on the judge's pipe:
   drawn cases (say in fp8 there) is caught;
 - the bench's protocol: exactly the segment lines it prints, in its order (overhead 0, op 0, overhead 1, ...),
   each once, with the milestone's reps; a line a version printed (anywhere in a line) makes the run's timing void;
-- time per call = (the span from the first segment's start to the last one's end, gaps included, minus the
-  overhead segments) / calls, by the judge's clock. The overhead a candidate subtracts is at most the reference
-  process's (the same bench code on the same shapes): work a version hides in a thread while the bench's own
-  overhead is timed cannot buy it time, and overhead far above the reference's (OVERHEAD_FACTOR) rejects.
-  speedup = the median reference time / the median candidate time over the rounds;
+- time per call = the median of the process's per-call device times (CUDA events around each paced call,
+  harness/opbench.py: the GPU's work, not the host's launches); speedup = the median reference time / the median
+  candidate time over the rounds. The judge's own clock bounds them: the op segments per call (the span from the
+  first segment's start to the last one's end, gaps included, minus the overhead segments) minus the overhead
+  segments per call (the bench's same per-call work without the op) is the wall-clock estimate, too coarse to
+  time a 0.2 ms op under the bench's ~1 ms per call but an upper bound on hidden work: a candidate whose
+  estimate exceeds its device time by more than WALL_SLACK_MS + WALL_SLACK_FRACTION of it did work outside its
+  timed calls. The overhead a candidate subtracts there is at most the reference process's (the same bench code
+  on the same shapes): work a version hides in a thread while the bench's own overhead is timed cannot buy it
+  room, and overhead far above the reference's (OVERHEAD_FACTOR) rejects.
+  (Until 2026-11-25 the wall-clock estimate was the verdict, and it took the overhead off the span once only:
+  the bench's own per-call work stayed in both times and rmsnorm's 13x on the GPU read as 1.6x.)
 - stress: every loaded iteration agrees with the unloaded call within STRESS_TOL, and the unloaded call
   with the reference process's within CHECK_TOL.
 """
@@ -40,7 +47,7 @@ from harness.judge.opcases import DTYPES, draw_cases, make_inputs, reference, re
 from harness.judge.tensorfile import TensorFileError, read_tensors
 
 __all__ = ["OpRun", "Timing", "judge_bench", "judge_stress", "segment_times", "MAX_REL_ERR", "BASE_FACTOR", "BASE_SLACK",
-           "CHECK_TOL", "TIMED_REL_DIFF", "STRESS_TOL", "OVERHEAD_FACTOR"]
+           "CHECK_TOL", "TIMED_REL_DIFF", "STRESS_TOL", "OVERHEAD_FACTOR", "WALL_SLACK_MS", "WALL_SLACK_FRACTION"]
 
 MAX_REL_ERR = 1e-2  # bf16 outputs of a correct kernel sit near 4e-3 (one rounding of O(1) values)
 BASE_FACTOR, BASE_SLACK = 2.0, 1e-3
@@ -53,6 +60,10 @@ STRESS_TOL = 1e-3  # the same inputs twice: only a kernel's nondeterministic red
 # The candidate's overhead segments run the bench's own code on the same shapes as the reference's: more than
 # OVERHEAD_FACTOR x the reference's overhead (+ OVERHEAD_SLACK_S per call, for clock noise) is work hidden there.
 OVERHEAD_FACTOR, OVERHEAD_SLACK_S = 3.0, 1e-4
+# The wall-clock estimate of an honest call sits within ~0.2 ms of its device time on an H200 (the bench's own
+# ~1 ms of GPU work per call varies that much between segments): beyond 0.3 ms + 50 % it is work the device
+# times did not see.
+WALL_SLACK_MS, WALL_SLACK_FRACTION = 0.3, 0.5
 _SEGMENT = re.compile(r"\[BENCH\] segment=")
 
 
@@ -74,6 +85,12 @@ class Timing:
     span_s: float  # from the first segment's start line to the last one's end line, gaps included
     overhead_s: float  # the overhead segments together
     calls: int  # op calls timed (= overhead calls)
+
+    def op_s(self, overhead_per_call: float | None = None) -> float:
+        """Seconds per op call: the op segments per call (the span minus the overhead segments, gaps included) less
+        the bench's own work per call, `overhead_per_call` (default: this run's overhead segments per call)."""
+        own = self.overhead_s / self.calls
+        return (self.span_s - self.overhead_s) / self.calls - (own if overhead_per_call is None else overhead_per_call)
 
 
 def _expected_lines(segments: int, reps: int) -> list[str]:
@@ -201,6 +218,7 @@ def judge_bench(*, op: str, seed: int, cases: int, case_scale: float, dtype: str
     metrics = {"max_rel_err": worst}
     ref_rows = None
     timings: dict[str, list[Timing]] = {"reference": [], "candidate": []}
+    timed: list[tuple[OpRun, Timing]] = []
     for run in runs:
         rows = _read(run.out_dir / "checks.tensors", f"{run.role} round {run.round} checksums", problems)
         if rows is not None and "rows" in rows:
@@ -216,31 +234,58 @@ def judge_bench(*, op: str, seed: int, cases: int, case_scale: float, dtype: str
         problems += trouble
         if timing is not None:
             timings[run.role].append(timing)
+            timed.append((run, timing))
     if not timings["reference"] or not timings["candidate"]:
         return problems, metrics
     ref_overhead = statistics.median(t.overhead_s / t.calls for t in timings["reference"])
     per_call: dict[str, list[float]] = {"reference": [], "candidate": []}
-    for role, runs_of_role in timings.items():
-        for number, t in enumerate(runs_of_role, start=1):
-            own = t.overhead_s / t.calls
-            if role == "candidate" and own > OVERHEAD_FACTOR * ref_overhead + OVERHEAD_SLACK_S:
-                problems.append(f"candidate round {number}: its overhead segments took {own * 1e3:.3g} ms per call, the "
-                                f"reference process's {ref_overhead * 1e3:.3g} ms for the same bench code: the version "
-                                "did work outside its calls while the bench's own work was timed (a thread or a stream)")
-            # A candidate subtracts at most the reference's overhead: hidden work cannot buy it time.
-            overhead = own if role == "reference" else min(own, ref_overhead)
-            seconds = t.span_s / t.calls - overhead
-            if seconds <= 0:
-                problems.append(f"{role} round {number}: its op calls took no longer than the overhead by the judge's "
-                                "clock: the shape is too small to time, or calls were skipped")
-            else:
-                per_call[role].append(seconds)
+    wall: dict[str, list[float]] = {"reference": [], "candidate": []}
+    for run in runs:
+        timing = next((t for r, t in timed if r is run), None)
+        if timing is None:
+            continue
+        who = f"{run.role} round {run.round}"
+        own = timing.overhead_s / timing.calls
+        if run.role == "candidate" and own > OVERHEAD_FACTOR * ref_overhead + OVERHEAD_SLACK_S:
+            problems.append(f"{who}: its overhead segments took {own * 1e3:.3g} ms per call, the reference process's "
+                            f"{ref_overhead * 1e3:.3g} ms for the same bench code: the version did work outside its calls "
+                            "while the bench's own work was timed (a thread or a stream)")
+        # A candidate subtracts at most the reference's overhead: hidden work cannot buy it room.
+        estimate = timing.op_s(own if run.role == "reference" else min(own, ref_overhead)) * 1e3
+        wall[run.role].append(estimate)
+        device = _device_ms(run, timing.calls, problems)
+        if device is None:
+            continue
+        if device <= 0:
+            problems.append(f"{who}: its op calls took no time on the device: calls were skipped")
+            continue
+        if run.role == "candidate" and estimate > device * (1 + WALL_SLACK_FRACTION) + WALL_SLACK_MS:
+            problems.append(f"{who}: the judge's clock saw {estimate:.3g} ms of work per call where the device timed "
+                            f"{device:.3g} ms (allowed: {WALL_SLACK_MS:g} ms + {WALL_SLACK_FRACTION:.0%}): the version did "
+                            "work outside its timed calls (a stream not joined, a thread)")
+        per_call[run.role].append(device)
     metrics.update({"reference_overhead_ms": ref_overhead * 1e3,
                     "candidate_overhead_ms": statistics.median(t.overhead_s / t.calls for t in timings["candidate"]) * 1e3})
+    for role in ("reference", "candidate"):
+        if wall[role]:
+            metrics[f"{role}_wall_ms"] = statistics.median(wall[role])
     if per_call["reference"] and per_call["candidate"]:
-        ref_s, cand_s = statistics.median(per_call["reference"]), statistics.median(per_call["candidate"])
-        metrics.update({"reference_ms": ref_s * 1e3, "candidate_ms": cand_s * 1e3, "speedup": ref_s / cand_s})
+        ref_ms, cand_ms = statistics.median(per_call["reference"]), statistics.median(per_call["candidate"])
+        metrics.update({"reference_ms": ref_ms, "candidate_ms": cand_ms, "speedup": ref_ms / cand_ms})
     return problems, metrics
+
+
+def _device_ms(run: OpRun, calls: int, problems: list[str]) -> float | None:
+    """The median of a run's per-call device times (ms), or None (named in problems) when they are not all there."""
+    who = f"{run.role} round {run.round}"
+    got = _read(run.out_dir / "times.tensors", f"{who} call times", problems)
+    if got is None:
+        return None
+    times = got.get("op_ms")
+    if times is None or times.dim() != 1 or times.numel() != calls or not torch.isfinite(times).all():
+        problems.append(f"{who}: its call times are not one finite time per timed call ({calls})")
+        return None
+    return float(times.median())
 
 
 def judge_stress(*, timing_names: list[str], runs: list[OpRun], min_iterations: int = 1) -> tuple[list[str], dict[str, float]]:

@@ -650,7 +650,7 @@ class GateRunner:
         shape = ",".join(f"{k}={v}" for k, v in bench.shape.items())
         common = ["--op", bench.op, "--device", judging.device, "--dtype", bench.dtype, "--seed", str(judging.seed),
                   "--shape", shape, "--cases", str(bench.cases), "--case-scale", str(bench.case_scale),
-                  "--reps", str(bench.reps), "--segments", str(bench.segments)]
+                  "--reps", str(bench.reps), "--segments", str(bench.segments), "--pace-us", f"{bench.pace_ms * 1e3:g}"]
         # Each role's files live in a folder of its own outside the judged checkout's holder and are hidden from
         # the other role: a candidate that could read the reference's outputs could hand them in as its own.
         # One compiled-kernel cache per role for the gate's rounds: a version compiles once per judging.

@@ -245,14 +245,20 @@ def test_torch_rebinding_its_own_callables_is_not_taken_for_the_version() -> Non
 # ---------------------------------------------------------------- the timing protocol, by the judge's clock (units)
 
 
-def _bench_log(tmp_path: Path, name: str, lines: list[tuple[float, str]]) -> "OpRun":
-    """A bench run as the judge records it: the log and each line's arrival time."""
+def _bench_log(tmp_path: Path, name: str, lines: list[tuple[float, str]], device_ms: float | None = None,
+               calls: int = 20) -> "OpRun":
+    """A bench run as the judge records it: the log and each line's arrival time; with `device_ms`, the process's
+    per-call device times (that many ms for each of `calls` calls)."""
     from harness.judge.opjudge import OpRun
 
     log, times = tmp_path / f"{name}.log", tmp_path / f"{name}.log.times"
     log.write_text("".join(text + "\n" for _, text in lines))
     times.write_text("".join(f"{t:.6f}\n" for t, _ in lines))
-    return OpRun(role="candidate" if name.startswith("cand") else "reference", round=1, out_dir=tmp_path,
+    out = tmp_path / name
+    out.mkdir(exist_ok=True)
+    if device_ms is not None:
+        write_tensors(out / "times.tensors", {"op_ms": torch.full((calls,), device_ms)})
+    return OpRun(role="candidate" if name.startswith("cand") else "reference", round=1, out_dir=out,
                  log_path=log, line_times_path=times)
 
 
@@ -299,19 +305,47 @@ def test_overhead_a_version_inflates_buys_it_nothing_and_far_above_the_reference
     the candidate subtracts at most the reference's overhead, and more than OVERHEAD_FACTOR x it is named."""
     from harness.judge.opjudge import OVERHEAD_FACTOR, judge_bench
 
-    def judged(candidate_overhead: float) -> tuple[list[str], dict]:
-        runs = [_bench_log(tmp_path, "ref", _segments(10, 2, overhead_s=1.0, op_s=3.0)),
-                _bench_log(tmp_path, f"cand-{candidate_overhead}", _segments(10, 2, overhead_s=candidate_overhead, op_s=3.0))]
+    def judged(candidate_overhead: float, candidate_device_ms: float = 200.0) -> tuple[list[str], dict]:
+        runs = [_bench_log(tmp_path, "ref", _segments(10, 2, overhead_s=1.0, op_s=3.0), device_ms=200.0),
+                _bench_log(tmp_path, f"cand-{candidate_overhead}-{candidate_device_ms}",
+                           _segments(10, 2, overhead_s=candidate_overhead, op_s=3.0), device_ms=candidate_device_ms)]
         problems, metrics = judge_bench(op="rmsnorm", seed=1, cases=0, case_scale=1.0, dtype="bf16", timing_names=[],
                                         runs=runs, segments=2, reps=10)
         return [p for p in problems if "checksums" not in p], metrics
 
     problems, metrics = judged(1.0)
     assert not problems and metrics["speedup"] == pytest.approx(1.0, rel=1e-3)
-    problems, metrics = judged(2.5)  # within the factor: not named, but not subtracted either
-    assert not problems and metrics["speedup"] < 1.0, metrics
+    # the wall-clock estimate: op segments of 3.0 s less overhead of 1.0 s per 10 calls, 0.2 s per call
+    assert metrics["reference_wall_ms"] == pytest.approx(200.0, rel=1e-3)
+    problems, metrics = judged(2.5)  # within the factor: not named, and subtracted only up to the reference's
+    assert not problems and metrics["candidate_wall_ms"] == pytest.approx(200.0, rel=1e-3), metrics
+    assert metrics["candidate_overhead_ms"] == pytest.approx(250.0, rel=1e-3)
     problems, metrics = judged(OVERHEAD_FACTOR * 1.0 + 1.0)
     assert any("did work outside its calls" in p for p in problems), problems
+
+
+def test_the_verdict_is_the_device_time_and_the_judges_clock_bounds_it(tmp_path: Path) -> None:
+    """Speedup = the reference's median device time per call over the candidate's. A candidate whose calls the
+    judge's clock saw take far longer than its device times (work moved off the timed stream, or a stream left
+    unjoined until after the call's last event) is named, whatever speedup its events claim."""
+    from harness.judge.opjudge import WALL_SLACK_FRACTION, WALL_SLACK_MS, judge_bench
+
+    def judged(name: str, device_ms: float, calls: int = 20) -> tuple[list[str], dict]:
+        runs = [_bench_log(tmp_path, "ref", _segments(10, 2, overhead_s=1.0, op_s=3.0), device_ms=200.0),
+                _bench_log(tmp_path, f"cand-{name}", _segments(10, 2, overhead_s=1.0, op_s=2.0), device_ms=device_ms,
+                           calls=calls)]
+        problems, metrics = judge_bench(op="rmsnorm", seed=1, cases=0, case_scale=1.0, dtype="bf16", timing_names=[],
+                                        runs=runs, segments=2, reps=10)
+        return [p for p in problems if "checksums" not in p], metrics
+
+    # wall estimate of the candidate: (2.0 - 1.0) s per 10 calls = 100 ms per call
+    problems, metrics = judged("honest", 95.0)
+    assert not problems and metrics["speedup"] == pytest.approx(200.0 / 95.0) and metrics["candidate_ms"] == pytest.approx(95.0)
+    bound = (100.0 - WALL_SLACK_MS) / (1 + WALL_SLACK_FRACTION)
+    problems, _ = judged("hidden", bound * 0.9)
+    assert any("outside its timed calls" in p for p in problems), problems
+    problems, metrics = judged("short", 95.0, calls=19)  # a call without its time
+    assert any("one finite time per timed call" in p for p in problems) and "speedup" not in metrics, problems
 
 
 def _rows_for(results: list[dict[str, torch.Tensor]], case) -> torch.Tensor:
