@@ -146,7 +146,8 @@ class Trainer:
         # 3. model and optimizer; a damaged checkpoint is rejected here, still before any write
         self.model: Transformer = build_model(cfg, par, self.ops, dtype)
         grad_sums = apply_tensor_parallel(self.model, cfg, par)
-        self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4)
+        self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4,
+                                   fuse_wgrad=cfg.grad_accum_fusion)
         self.lr_multipliers = lr_multipliers(self.model, cfg)
         # --optimizer muon: Muon steps the hidden matrices, AdamW the rest (and takes the grad norm and clips for both)
         parts = muon_parts(self.model, cfg, par) if cfg.optimizer == "muon" else {}

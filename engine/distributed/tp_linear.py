@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from engine.distributed.collectives import all_gather_new, reduce_scatter_new
 from engine.distributed.comm import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+from engine.distributed.wgrad import fused_linear, main_grad_of, placeholder
 
 __all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "mlp_region", "linear_deferred_wgrad",
            "WgradHandOver"]
@@ -77,7 +78,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, tp):  # type: ignore[override]
-        ctx.tp, ctx.in_shape = tp, x.shape
+        ctx.tp, ctx.in_shape, ctx.main = tp, x.shape, main_grad_of(w)
         x2 = x.reshape(-1, x.shape[-1])
         full = all_gather_new(x2, tp.group, tp.size)[0] if tp.sequence_parallel else x2
         ctx.save_for_backward(x2, w)
@@ -98,7 +99,11 @@ class _ColumnParallelLinear(torch.autograd.Function):
         grad_x, comm = _start_input_grad_comm(grad_x, tp)
         if gather is not None:
             gather.wait()
-        grad_w = g.t().mm(full)
+        if ctx.main is not None:  # gradient-accumulation fusion (engine/distributed/wgrad.py)
+            ctx.main.add_mm(g.t(), full)
+            grad_w = placeholder(w)
+        else:
+            grad_w = g.t().mm(full)
         comm.wait()
         if not tp.sequence_parallel:
             grad_x = grad_x.view(ctx.in_shape)
@@ -109,7 +114,7 @@ def column_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm) -> torc
     """Column-parallel linear for TP > 1: [.., h] (SP: [n / tp, h]) -> [.., rows] (SP: [n, rows])."""
     if tp.overlap:
         return _ColumnParallelLinear.apply(x, w, tp)
-    return F.linear(column_input(x, tp), w)
+    return fused_linear(column_input(x, tp), w)
 
 
 class WgradHandOver:
@@ -126,7 +131,8 @@ class _MLPRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_next, hand_over, tp):  # type: ignore[override]
-        ctx.tp, ctx.hand_over, ctx.in_shape = tp, hand_over, x.shape
+        ctx.tp, ctx.hand_over, ctx.in_shape, ctx.main = tp, hand_over, x.shape, main_grad_of(w_next)
+        ctx.save_for_backward(w_next)
         ctx.set_materialize_grads(False)
         if tp.sequence_parallel:
             x_out = all_gather_new(x.reshape(-1, x.shape[-1]), tp.group, tp.size)[0]
@@ -146,8 +152,15 @@ class _MLPRegion(torch.autograd.Function):
             grad_x, comm = _start_input_grad_comm(g, tp)
         if hand.grad_out is not None:
             go = hand.grad_out.reshape(-1, hand.grad_out.shape[-1])
-            gw = go.t().mm(hand.inp.reshape(-1, hand.inp.shape[-1]))
-            grad_w_next = gw if grad_w_next is None else grad_w_next + gw
+            inp = hand.inp.reshape(-1, hand.inp.shape[-1])
+            if ctx.main is not None:  # gradient-accumulation fusion (engine/distributed/wgrad.py)
+                ctx.main.add_mm(go.t(), inp)
+                if grad_w_next is not None:  # the alias had another use: its gradient is unfused
+                    ctx.main.grad.add_(grad_w_next)
+                grad_w_next = placeholder(ctx.saved_tensors[0])
+            else:
+                gw = go.t().mm(inp)
+                grad_w_next = gw if grad_w_next is None else grad_w_next + gw
             hand.grad_out = hand.inp = None
         if comm is not None:
             comm.wait()

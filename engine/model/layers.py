@@ -21,12 +21,12 @@ Every parameter also knows how to initialise its shard from the full, layout-ind
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config import EngineConfig
 from engine.distributed import (ParallelState, TPComm, column_input, column_parallel_linear, copy_to_tp,
-                                linear_deferred_wgrad, mlp_region, reduce_from_tp, row_output)
+                                fused_embedding, fused_linear, linear_deferred_wgrad, mlp_region, reduce_from_tp,
+                                row_output)
 from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
 from engine.ops import OpSet
@@ -134,7 +134,7 @@ class Attention(nn.Module):
         if self.tp.size == 1:
             b, s, _ = x.shape
             x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
-            qkv = F.linear(x, self.qkv)
+            qkv = fused_linear(x, self.qkv)
         else:
             qkv = column_parallel_linear(x, self.qkv, self.tp)
             qkv = qkv.view(-1, seq_len, qkv.shape[-1])  # SP: [n, rows] -> [b, s, rows]
@@ -150,7 +150,7 @@ class Attention(nn.Module):
         else:
             out = self.ops.attention(q, k, v, softmax_scale=self.softmax_scale, cu_seqlens=documents.cu_seqlens,
                                      max_seqlen=documents.max_seqlen)
-        out = F.linear(out.reshape(b, s, self.q_heads * d), self.o)
+        out = fused_linear(out.reshape(b, s, self.q_heads * d), self.o)
         if self.tp.size == 1:
             return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
         return row_output(out, self.tp)
@@ -178,13 +178,13 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
-            out = F.linear(self.ops.gemm_fc1(x, self.fc1), self.fc2)
+            out = fused_linear(self.ops.gemm_fc1(x, self.fc1), self.fc2)
             return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
         if self.tp.overlap:  # FC1's input-gradient collective overlaps FC2's weight-gradient GEMM
             x, fc2, hand_over = mlp_region(x, self.fc2, self.tp)
             out = linear_deferred_wgrad(self.ops.gemm_fc1(x, self.fc1), fc2, hand_over)
         else:
-            out = F.linear(self.ops.gemm_fc1(column_input(x, self.tp), self.fc1), self.fc2)
+            out = fused_linear(self.ops.gemm_fc1(column_input(x, self.tp), self.fc1), self.fc2)
         return row_output(out, self.tp)
 
 
@@ -208,10 +208,10 @@ class VocabEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.par.tp_size == 1:
-            return F.embedding(tokens, self.weight)
+            return fused_embedding(tokens, self.weight)
         local = tokens - self.start
         outside = (local < 0) | (local >= self.local)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = fused_embedding(local.masked_fill(outside, 0), self.weight)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         return row_output(out, self.tp)
 

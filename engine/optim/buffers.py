@@ -5,6 +5,9 @@ accumulated into a view of one contiguous fp32 buffer (`main_grad`) by a post-ac
 - gradient accumulation over micro-batches happens in fp32, whatever the compute dtype;
 - data parallelism can reduce-scatter whole buckets, launched as soon as backward fills one;
 - the distributed optimizer owns one contiguous slice of every bucket (`shard_ranges`).
+With `fuse_wgrad` (--grad-accum-fusion) each parameter also gets a `MainGrad` over its view, so the
+layers that can add their weight gradient into it directly do (engine/distributed/wgrad.py); the
+hook then only drops the placeholder gradient autograd was handed.
 
 Parameters are laid out in reverse order of `named_parameters()`, roughly the order in which
 backward produces their gradients, so the first bucket is ready first. Each bucket is padded to a
@@ -15,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from engine.distributed import MainGrad, attach_main_grad
 
 __all__ = ["Entry", "Bucket", "FlatBuffers"]
 
@@ -46,7 +51,7 @@ class Bucket:
 
 
 class FlatBuffers:
-    def __init__(self, model: nn.Module, *, dp_size: int = 1, bucket_numel: int = 40_000_000):
+    def __init__(self, model: nn.Module, *, dp_size: int = 1, bucket_numel: int = 40_000_000, fuse_wgrad: bool = False):
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         assert named, "model has no trainable parameters"
         dtype, device = named[0][1].dtype, named[0][1].device
@@ -78,13 +83,17 @@ class FlatBuffers:
             view = self.params[e.start:e.end].view_as(e.param)
             view.copy_(e.param.detach())
             e.param.data = view
-        self._hooks = [e.param.register_post_accumulate_grad_hook(self._make_hook(e)) for e in self.entries]
+        self._hooks = [e.param.register_post_accumulate_grad_hook(self._make_hook(e, fuse_wgrad)) for e in self.entries]
 
-    def _make_hook(self, entry: Entry):
+    def _make_hook(self, entry: Entry, fuse_wgrad: bool):
         main = self.grads[entry.start:entry.end].view_as(entry.param)
+        fused = MainGrad(main) if fuse_wgrad else None
+        if fused is not None:
+            attach_main_grad(entry.param, fused)
 
         def hook(param: torch.Tensor) -> None:
-            main.add_(param.grad)
+            if fused is None or not fused.take():  # a fused backward already added it: the grad is a placeholder
+                main.add_(param.grad)
             param.grad = None
 
         return hook

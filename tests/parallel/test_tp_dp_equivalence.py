@@ -11,6 +11,8 @@ to float32 rounding, which Adam can amplify a little over 20 steps:
   same two numbers added in either order; observed: losses equal bit for bit, grad norms 1e-7,
   whose squares are summed per rank first);
 - overlap on / off: the same collectives on the same numbers, bit for bit.
+- gradient-accumulation fusion on / off (TP 2, 5 steps): 1e-5, as a layout change (fp32 sums of the same
+  products in another kernel).
 - validation loss (12 fixed samples, whatever the layout): at step 0 (the same weights bit for bit) mbs 4,
   mbs 2 x GAS 2, DP 2 and TP 2 agree to rel. 1e-6 (fp32 sums inside each micro-batch's loss, grouped
   differently); after 20 steps to 1e-5, as the losses.
@@ -34,6 +36,7 @@ SCENARIOS = [
     ("tp2_sp", {"tp": 2, "sequence_parallel": True}, 20),
     ("tp2_no_overlap", {"tp": 2, "tp_comm_overlap": False}, 5),
     ("tp2_kv1", {"tp": 2, "num_kv_heads": 1}, 10),  # one KV head replicated on both TP ranks
+    ("tp2_unfused", {"tp": 2, "grad_accum_fusion": False}, 5),  # weight gradients through param.grad + add
     ("dp2", {"micro_batch_size": 2, "ddp_bucket_mb": 0.3}, 20),  # ~6 buckets
     ("dp2_no_overlap", {"micro_batch_size": 2, "ddp_bucket_mb": 0.3, "overlap_grad_reduce": False,
                         "overlap_param_gather": False}, 5),
@@ -125,6 +128,14 @@ def test_replicated_kv_heads_match_single_process(world2, single):
 
 def test_tp_comm_overlap_is_the_same_math(world2):
     assert world2["tp2_no_overlap"]["steps"] == world2["tp2"]["steps"][:5]
+
+
+def test_gradient_accumulation_fusion_is_the_same_math(world2, single):
+    """Fused (the default: QKV, O, FC2 and embedding gradients added straight into the fp32 buffer by the column-
+    parallel linear, the MLP region and the vocab-parallel embedding) against unfused at TP 2, and unfused TP 2
+    against the fused single process: fp32 sums of the same products, 1e-5 as any layout change."""
+    assert_trajectories(world2["tp2_unfused"]["steps"], world2["tp2"]["steps"], 1e-5, "tp2 unfused vs fused")
+    assert_trajectories(world2["tp2_unfused"]["steps"], single["ref"]["steps"], 1e-5, "tp2 unfused vs one process")
 
 
 def test_dp2_equals_gas2(world2, single):

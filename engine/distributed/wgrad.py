@@ -1,0 +1,119 @@
+"""Gradient-accumulation fusion: weight gradients added straight into the fp32 gradient buffer.
+
+Unfused, a weight's gradient is a new tensor in the model dtype (bf16) from its weight-gradient GEMM,
+which FlatBuffers' post-accumulate hook then adds into the weight's fp32 `main_grad` view: per
+micro-batch and parameter a bf16 write, a mixed-dtype read-add-write of the fp32 buffer, and the
+product rounded to bf16 before it is summed. Fused (Megatron's --gradient-accumulation-fusion), the
+GEMM accumulates into the fp32 buffer itself: main += dY^T X in one cuBLAS call (bf16 operands,
+fp32 accumulation and output, beta = 1), and the embedding's backward adds its rows into the buffer
+with a deterministic sorted index_put_.
+
+FlatBuffers gives each parameter a `MainGrad` (`attach_main_grad`); the layers that can fuse (QKV, O, FC2, the
+embedding: `fused_linear`, `fused_embedding` and the TP linears) look it up with `main_grad_of`. The
+backward still hands autograd a gradient for the weight, an uninitialised placeholder (an allocation,
+no kernel), so that every post-accumulate hook runs as before (the DP and TP bucket counting of
+engine/parallel/grad_sync.py); FlatBuffers' hook sees `MainGrad.take()` and skips its add. A fused
+weight must therefore reach autograd through exactly one fused use per backward (no weight here is
+used twice; tied weights would need the zero placeholder Megatron uses).
+
+The ops' own weight gradients (gemm_fc1, gemm_output, rmsnorm) stay on the unfused path: their
+versions compute them inside one autograd node and the op contracts return them.
+"""
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["MainGrad", "attach_main_grad", "main_grad_of", "placeholder", "fused_linear", "fused_embedding"]
+
+class MainGrad:
+    """The fp32 gradient view of one parameter, which fused backward passes accumulate into."""
+
+    def __init__(self, grad: torch.Tensor):
+        self.grad = grad
+        self._filled = False
+
+    def add_mm(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        """grad += a @ b, accumulated in fp32 (a, b 2-D in the model dtype)."""
+        if a.dtype == self.grad.dtype:
+            self.grad.addmm_(a, b)
+        elif a.is_cuda:
+            torch.addmm(self.grad, a, b, out_dtype=self.grad.dtype, out=self.grad)
+        else:  # torch has no mixed-dtype addmm on CPU: the same products, accumulated in fp32
+            self.grad.addmm_(a.to(self.grad.dtype), b.to(self.grad.dtype))
+        self._filled = True
+
+    def add_rows(self, index: torch.Tensor, rows: torch.Tensor) -> None:
+        """grad[index[i]] += rows[i], in the same order every call, whatever torch's deterministic mode says:
+        CUDA's accumulating index_put_ sorts the indices and sums each run of equal ones in order (its
+        index_add_ uses atomics); CPU's index_add_ walks the indices serially (its index_put_ uses atomics)."""
+        index, rows = index.reshape(-1), rows.reshape(-1, rows.shape[-1]).to(self.grad.dtype)
+        if self.grad.is_cuda:
+            self.grad.index_put_((index,), rows, accumulate=True)
+        else:
+            self.grad.index_add_(0, index, rows)
+        self._filled = True
+
+    def take(self) -> bool:
+        """Whether a fused backward filled the buffer since the last call (and reset)."""
+        filled, self._filled = self._filled, False
+        return filled
+
+
+def attach_main_grad(param: torch.nn.Parameter, main: MainGrad) -> None:
+    """Give `param` the MainGrad its fused backward passes add into (FlatBuffers, when fusion is on)."""
+    param.temper_main_grad = main
+
+
+def main_grad_of(param: torch.Tensor) -> MainGrad | None:
+    """The parameter's MainGrad when gradient-accumulation fusion is on, else None."""
+    return getattr(param, "temper_main_grad", None)
+
+
+def placeholder(w: torch.Tensor) -> torch.Tensor:
+    """What a fused backward returns as the weight's gradient: memory only, never read."""
+    return torch.empty_like(w)
+
+
+class _FusedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, main):  # type: ignore[override]
+        ctx.main = main
+        ctx.save_for_backward(x, w)
+        return F.linear(x, w)
+
+    @staticmethod
+    def backward(ctx, grad_y):  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        grad_x = grad_y.matmul(w) if ctx.needs_input_grad[0] else None
+        ctx.main.add_mm(grad_y.reshape(-1, grad_y.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
+        return grad_x, placeholder(w), None
+
+
+def fused_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, w), whose weight gradient goes into w's MainGrad when it has one."""
+    main = main_grad_of(w)
+    if main is None or not w.requires_grad:
+        return F.linear(x, w)
+    return _FusedLinear.apply(x, w, main)
+
+
+class _FusedEmbedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids, w, main):  # type: ignore[override]
+        ctx.main = main
+        ctx.save_for_backward(ids, w)
+        return F.embedding(ids, w)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        ids, w = ctx.saved_tensors
+        ctx.main.add_rows(ids, grad_out)
+        return None, placeholder(w), None
+
+
+def fused_embedding(ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.embedding(ids, w), whose weight gradient goes into w's MainGrad when it has one."""
+    main = main_grad_of(w)
+    if main is None or not w.requires_grad:
+        return F.embedding(ids, w)
+    return _FusedEmbedding.apply(ids, w, main)

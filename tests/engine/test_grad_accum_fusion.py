@@ -1,0 +1,139 @@
+"""Gradient-accumulation fusion (engine/distributed/wgrad.py, --grad-accum-fusion): weight gradients added
+straight into the fp32 gradient buffer instead of a bf16 gradient plus an add.
+
+References are independent: fp64 matmuls and index sums of the same operands, and torch's own autograd
+through F.linear / F.embedding. Tolerances:
+- fp32 accumulation of bf16 products against fp64: 1e-6 relative (fp32 rounding of sums of exact products,
+  K = 96 terms per element); the unfused bf16 gradient is >= 2e-4 away (one bf16 rounding, 2^-9 = 2e-3 per
+  element, partly cancelling in the norm), so the test tells the two paths apart;
+- fp32 models, fused against unfused: 1e-6 (the same products summed by another kernel).
+The parallel paths (column-parallel QKV, the MLP region's FC2, the vocab-parallel embedding) are checked at
+TP 2 in tests/parallel/test_tp_dp_equivalence.py; the GPU kernels (cuBLAS bf16 x bf16 -> fp32 with beta 1,
+CUDA's sorted index_put_) by the gpu tests here.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.config import build_config, resolve
+from engine.distributed import MainGrad, ParallelState, attach_main_grad, fused_embedding, fused_linear
+from engine.model import build_model
+from engine.ops import resolve_ops
+from engine.optim import FlatBuffers
+
+CPU = torch.device("cpu")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _linear_case(device: torch.device, dtype: torch.dtype = torch.bfloat16):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 24, 48, generator=g).to(device, dtype)  # [b, s, in]: the model passes 3-D activations
+    w = torch.randn(32, 48, generator=g).to(device, dtype)
+    dys = [torch.randn(4, 24, 32, generator=g).to(device, dtype) for _ in range(3)]  # three micro-batches
+    return x, w, dys
+
+
+def _fused_wgrad(x, w, dys) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    w = w.clone().requires_grad_()
+    main = MainGrad(torch.zeros(w.shape, dtype=torch.float32, device=w.device))
+    attach_main_grad(w, main)
+    dxs = []
+    for dy in dys:
+        xi = x.clone().requires_grad_()
+        fused_linear(xi, w).backward(dy)
+        assert main.take(), "the fused backward did not fill the buffer"
+        w.grad = None  # what FlatBuffers' hook does with the placeholder
+        dxs.append(xi.grad)
+    return main.grad, dxs
+
+
+def _fp64_wgrad(x, dys) -> torch.Tensor:
+    return sum(dy.double().reshape(-1, dy.shape[-1]).t() @ x.double().reshape(-1, x.shape[-1]) for dy in dys)
+
+
+def test_fused_linear_accumulates_in_fp32_where_the_unfused_gradient_is_rounded() -> None:
+    x, w, dys = _linear_case(CPU)
+    fused, dxs = _fused_wgrad(x, w, dys)
+    want = _fp64_wgrad(x, dys)
+    assert rel(fused, want) < 1e-6
+    unfused = torch.zeros(w.shape)
+    wu = w.clone().requires_grad_()
+    for dy, dx in zip(dys, dxs):
+        xi = x.clone().requires_grad_()
+        F.linear(xi, wu).backward(dy)
+        unfused += wu.grad.float()  # the bf16 gradient FlatBuffers adds unfused
+        wu.grad = None
+        assert torch.equal(xi.grad, dx)  # the input gradient is autograd's own
+    assert rel(unfused, want) > 2e-4
+
+
+def test_fused_embedding_sums_repeated_rows_in_fp32() -> None:
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(50, 16, generator=g).to(torch.bfloat16).requires_grad_()
+    main = MainGrad(torch.zeros(50, 16))
+    attach_main_grad(w, main)
+    ids = torch.randint(0, 10, (6, 20), generator=g)  # many repeats of few rows
+    dy = torch.randn(6, 20, 16, generator=g).to(torch.bfloat16)
+    out = fused_embedding(ids, w)
+    assert torch.equal(out, F.embedding(ids, w.detach()))
+    out.backward(dy)
+    assert main.take()
+    want = torch.zeros(50, 16, dtype=torch.float64).index_add_(0, ids.reshape(-1), dy.double().reshape(-1, 16))
+    assert rel(main.grad, want) < 1e-6
+    assert main.grad[10:].abs().sum() == 0  # rows never looked up get nothing
+
+
+def test_without_a_main_grad_the_plain_ops_run() -> None:
+    x, w, dys = _linear_case(CPU, torch.float32)
+    w = w.requires_grad_()
+    fused_linear(x, w).backward(dys[0])
+    assert w.grad is not None and rel(w.grad, _fp64_wgrad(x, dys[:1])) < 1e-6
+
+
+def _model_grads(fuse: bool) -> dict[str, torch.Tensor]:
+    cfg = resolve(build_config({"preset": "tiny", "device": "cpu", "compute_dtype": "fp32", "seq_length": 32}))
+    torch.manual_seed(0)
+    model = build_model(cfg, ParallelState.single(CPU), resolve_ops(cfg, CPU), torch.float32)
+    buffers = FlatBuffers(model, fuse_wgrad=fuse)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):  # three micro-batches accumulate
+        tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_length + 1), generator=g)
+        model(tokens[:, :-1], tokens[:, 1:]).backward()
+    return {e.name: buffers.grad_view(e).clone() for e in buffers.entries}
+
+
+def test_a_model_trains_on_the_same_gradients_fused_or_not() -> None:
+    fused, unfused = _model_grads(True), _model_grads(False)
+    for name in ("embed.weight", "layers.0.attn.qkv", "layers.0.attn.o", "layers.1.mlp.fc2", "layers.1.mlp.fc1",
+                 "lm_head"):
+        assert fused[name].abs().sum() > 0, name
+        assert rel(fused[name], unfused[name]) < 1e-6, name
+
+
+@pytest.mark.gpu
+def test_cublas_fp32_accumulation_and_sorted_embedding_rows_on_the_gpu() -> None:
+    """bf16 x bf16 -> fp32 with beta 1 in place (torch.addmm out_dtype), three micro-batches, against fp64;
+    the embedding's rows summed in the same order twice (bitwise), against fp64."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the device machine)")
+    cuda = torch.device("cuda")
+    x, w, dys = _linear_case(cuda)
+    fused, _ = _fused_wgrad(x, w, dys)
+    assert fused.dtype == torch.float32 and rel(fused, _fp64_wgrad(x, dys)) < 1e-6
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 64, (8, 512), generator=g).to(cuda)
+    dy = torch.randn(8, 512, 256, generator=g).to(cuda, torch.bfloat16)
+    sums = []
+    for _ in range(2):
+        wt = torch.zeros(1000, 256, device=cuda, dtype=torch.bfloat16, requires_grad=True)
+        main = MainGrad(torch.zeros(1000, 256, device=cuda))
+        attach_main_grad(wt, main)
+        fused_embedding(ids, wt).backward(dy)
+        sums.append(main.grad)
+    assert torch.equal(sums[0], sums[1])
+    want = torch.zeros(1000, 256, dtype=torch.float64).index_add_(0, ids.cpu().reshape(-1), dy.cpu().double().reshape(-1, 256))
+    assert rel(sums[0].cpu(), want) < 1e-6
