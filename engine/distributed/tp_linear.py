@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from engine.distributed.collectives import all_gather_new, reduce_scatter_new
 from engine.distributed.comm import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
-from engine.distributed.wgrad import fused_linear, main_grad_of, placeholder
+from engine.distributed.wgrad import fused_linear, linear_wgrad_to, main_grad_of, placeholder
 
 __all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "mlp_region", "linear_deferred_wgrad",
            "WgradHandOver"]
@@ -124,6 +124,10 @@ class WgradHandOver:
         self.grad_out: torch.Tensor | None = None
         self.inp: torch.Tensor | None = None
 
+    def weight_grad(self, grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+        """FC2's backward: keep the operands; the region node computes the gradient (autograd gets None)."""
+        self.grad_out, self.inp = grad_y, x
+
 
 class _MLPRegion(torch.autograd.Function):
     """Forward: the region's input (SP: all-gathered) and an alias of FC2's weight.
@@ -177,22 +181,6 @@ def mlp_region(x: torch.Tensor, w_next: torch.Tensor, tp: TPComm) -> tuple[torch
     return x_out, w_alias, hand
 
 
-class _LinearDeferredWgrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, hand_over):  # type: ignore[override]
-        ctx.hand_over = hand_over
-        ctx.save_for_backward(x, w)
-        return F.linear(x, w)
-
-    @staticmethod
-    def backward(ctx, grad_y):  # type: ignore[override]
-        x, w = ctx.saved_tensors
-        grad_x = grad_y.matmul(w) if ctx.needs_input_grad[0] else None
-        if ctx.needs_input_grad[1]:
-            ctx.hand_over.grad_out, ctx.hand_over.inp = grad_y, x
-        return grad_x, None, None
-
-
 def linear_deferred_wgrad(x: torch.Tensor, w: torch.Tensor, hand_over: WgradHandOver) -> torch.Tensor:
     """F.linear(x, w) whose weight gradient is computed later by the `mlp_region` that produced w."""
-    return _LinearDeferredWgrad.apply(x, w, hand_over)
+    return linear_wgrad_to(x, w, hand_over)

@@ -23,7 +23,8 @@ versions compute them inside one autograd node and the op contracts return them.
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MainGrad", "attach_main_grad", "main_grad_of", "placeholder", "fused_linear", "fused_embedding"]
+__all__ = ["MainGrad", "attach_main_grad", "main_grad_of", "placeholder", "linear_wgrad_to", "fused_linear",
+           "fused_embedding"]
 
 class MainGrad:
     """The fp32 gradient view of one parameter, which fused backward passes accumulate into."""
@@ -53,6 +54,11 @@ class MainGrad:
             self.grad.index_add_(0, index, rows)
         self._filled = True
 
+    def weight_grad(self, grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """A linear's weight gradient grad_y^T x, added here; autograd gets a placeholder."""
+        self.add_mm(grad_y.reshape(-1, grad_y.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
+        return placeholder(w)
+
     def take(self) -> bool:
         """Whether a fused backward filled the buffer since the last call (and reset)."""
         filled, self._filled = self._filled, False
@@ -74,10 +80,14 @@ def placeholder(w: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(w)
 
 
-class _FusedLinear(torch.autograd.Function):
+class _LinearWgradTo(torch.autograd.Function):
+    """F.linear(x, w) whose weight gradient goes to `sink`: `sink.weight_grad(grad_y, x, w)` does what it does with
+    it and returns what autograd gets for w (a MainGrad adds it and returns a placeholder; the MLP region's
+    hand-over in tp_linear.py keeps the operands for later and returns None)."""
+
     @staticmethod
-    def forward(ctx, x, w, main):  # type: ignore[override]
-        ctx.main = main
+    def forward(ctx, x, w, sink):  # type: ignore[override]
+        ctx.sink = sink
         ctx.save_for_backward(x, w)
         return F.linear(x, w)
 
@@ -85,8 +95,13 @@ class _FusedLinear(torch.autograd.Function):
     def backward(ctx, grad_y):  # type: ignore[override]
         x, w = ctx.saved_tensors
         grad_x = grad_y.matmul(w) if ctx.needs_input_grad[0] else None
-        ctx.main.add_mm(grad_y.reshape(-1, grad_y.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
-        return grad_x, placeholder(w), None
+        grad_w = ctx.sink.weight_grad(grad_y, x, w) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, None
+
+
+def linear_wgrad_to(x: torch.Tensor, w: torch.Tensor, sink) -> torch.Tensor:
+    """F.linear(x, w) with its weight gradient handed to `sink` (see _LinearWgradTo)."""
+    return _LinearWgradTo.apply(x, w, sink)
 
 
 def fused_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -94,7 +109,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     main = main_grad_of(w)
     if main is None or not w.requires_grad:
         return F.linear(x, w)
-    return _FusedLinear.apply(x, w, main)
+    return _LinearWgradTo.apply(x, w, main)
 
 
 class _FusedEmbedding(torch.autograd.Function):
