@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from engine.distributed.collectives import all_gather_new, reduce_scatter_new
 from engine.distributed.comm import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
-from engine.distributed.wgrad import fused_linear, linear_wgrad_to, main_grad_of, placeholder
+from engine.distributed.wgrad import fused_linear, linear_wgrad_to, main_grad_of
 
 __all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "mlp_region", "linear_deferred_wgrad",
            "WgradHandOver"]
@@ -100,8 +100,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
         if gather is not None:
             gather.wait()
         if ctx.main is not None:  # gradient-accumulation fusion (engine/distributed/wgrad.py)
-            ctx.main.add_mm(g.t(), full)
-            grad_w = placeholder(w)
+            grad_w = ctx.main.weight_grad(g, full, w)
         else:
             grad_w = g.t().mm(full)
         comm.wait()
@@ -158,10 +157,10 @@ class _MLPRegion(torch.autograd.Function):
             go = hand.grad_out.reshape(-1, hand.grad_out.shape[-1])
             inp = hand.inp.reshape(-1, hand.inp.shape[-1])
             if ctx.main is not None:  # gradient-accumulation fusion (engine/distributed/wgrad.py)
-                ctx.main.add_mm(go.t(), inp)
-                if grad_w_next is not None:  # the alias had another use: its gradient is unfused
-                    ctx.main.grad.add_(grad_w_next)
-                grad_w_next = placeholder(ctx.saved_tensors[0])
+                unfused = grad_w_next  # the alias's gradient from any other use (none in the model)
+                grad_w_next = ctx.main.weight_grad(go, inp, ctx.saved_tensors[0])
+                if unfused is not None:
+                    ctx.main.grad.add_(unfused)
             else:
                 gw = go.t().mm(inp)
                 grad_w_next = gw if grad_w_next is None else grad_w_next + gw

@@ -217,7 +217,6 @@ def judge_bench(*, op: str, seed: int, cases: int, case_scale: float, dtype: str
     worst = _correctness(op, seed, cases, case_scale, DTYPES[dtype], runs, problems)
     metrics = {"max_rel_err": worst}
     ref_rows = None
-    timings: dict[str, list[Timing]] = {"reference": [], "candidate": []}
     timed: list[tuple[OpRun, Timing]] = []
     for run in runs:
         rows = _read(run.out_dir / "checks.tensors", f"{run.role} round {run.round} checksums", problems)
@@ -233,17 +232,14 @@ def judge_bench(*, op: str, seed: int, cases: int, case_scale: float, dtype: str
         timing, trouble = segment_times(run, segments=segments, reps=reps)
         problems += trouble
         if timing is not None:
-            timings[run.role].append(timing)
             timed.append((run, timing))
-    if not timings["reference"] or not timings["candidate"]:
+    overheads = {role: [t.overhead_s / t.calls for r, t in timed if r.role == role] for role in ("reference", "candidate")}
+    if not overheads["reference"] or not overheads["candidate"]:
         return problems, metrics
-    ref_overhead = statistics.median(t.overhead_s / t.calls for t in timings["reference"])
+    ref_overhead = statistics.median(overheads["reference"])
     per_call: dict[str, list[float]] = {"reference": [], "candidate": []}
     wall: dict[str, list[float]] = {"reference": [], "candidate": []}
-    for run in runs:
-        timing = next((t for r, t in timed if r is run), None)
-        if timing is None:
-            continue
+    for run, timing in timed:
         who = f"{run.role} round {run.round}"
         own = timing.overhead_s / timing.calls
         if run.role == "candidate" and own > OVERHEAD_FACTOR * ref_overhead + OVERHEAD_SLACK_S:
@@ -265,7 +261,7 @@ def judge_bench(*, op: str, seed: int, cases: int, case_scale: float, dtype: str
                             "work outside its timed calls (a stream not joined, a thread)")
         per_call[run.role].append(device)
     metrics.update({"reference_overhead_ms": ref_overhead * 1e3,
-                    "candidate_overhead_ms": statistics.median(t.overhead_s / t.calls for t in timings["candidate"]) * 1e3})
+                    "candidate_overhead_ms": statistics.median(overheads["candidate"]) * 1e3})
     for role in ("reference", "candidate"):
         if wall[role]:
             metrics[f"{role}_wall_ms"] = statistics.median(wall[role])
