@@ -23,11 +23,11 @@ bench
      behind 0.45 ms of its own launches and 1.3 ms of the bench's read as 0.6-2 ms (bench/opbench_pace.py).
      Overhead segments do the same work minus the op: the judge's wall-clock estimate of the op (op segments
      minus overhead segments) is too coarse to time a 0.2 ms op under ~1 ms of the bench's own work per
-     call, but it is an upper bound that work a version moved outside its events cannot escape. Each call leaves a checksum row in `checks.tensors`: for every
-     output and gradient, K random rank-one projections of all of it (new ones every call) and its norm,
-     which the judge holds against the reference process's rows: a skipped, cached or partly computed call
-     cannot match, and the rows together estimate how far the version's timed results are from the
-     baseline's.
+     call, but it is an upper bound that work a version moved outside its events cannot escape.
+     Each call leaves a checksum row in `checks.tensors`: for every output and gradient, K random rank-one
+     projections of all of it (new ones every call) and its norm, which the judge holds against the
+     reference process's rows: a skipped, cached or partly computed call cannot match, and the rows together
+     estimate how far the version's timed results are from the baseline's.
   Protocol lines (`[BENCH] segment=... start|end`) go out with one write(2) each, on a copy of stdout taken
   before the version was imported: a version's own output cannot split or replace them, and the judge
   refuses any segment line it did not expect (harness/judge/opjudge.py).
@@ -218,7 +218,8 @@ class _CallTimer:
         if self.cuda:
             self._events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                             for _ in range(calls)]
-        self._host = torch.zeros(calls, 2, dtype=torch.float64)
+        else:
+            self._host = torch.zeros(calls, 2, dtype=torch.float64)
 
     def start(self, call: int) -> None:
         if self.cuda:

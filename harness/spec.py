@@ -342,9 +342,9 @@ class OpBench(_Strict):
     alternately. Correctness: `cases` shapes drawn from the judging's seed (`case_scale` shrinks them for
     a CPU-sized programme). Timing: `segments` x `reps` calls at `shape`, each after the judge's GPU spin of
     `pace_ms` of wall time: it must exceed the host's launch time per call (the bench's ~1.3 ms plus the
-    version's) minus the GPU's, so that the judge's clock times the GPU's work, not the host's (unpaced, an op
-    of 0.17 ms on the GPU was timed at 2 ms on an H200 machine); the overhead segments spin alike and cancel
-    it. Stress: `seconds` under load.
+    version's) minus the GPU's, so that the per-call CUDA events time the GPU's work, not the host's (unpaced
+    and by the wall clock, an op of 0.17 ms on the GPU was timed at 2 ms on an H200 machine); the overhead
+    segments spin alike, so the judge's wall-clock bound cancels it. Stress: `seconds` under load.
     """
 
     op: Literal["attention", "rmsnorm", "gemm_fc1", "gemm_output"]
