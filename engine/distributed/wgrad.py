@@ -6,7 +6,7 @@ micro-batch and parameter a bf16 write, a mixed-dtype read-add-write of the fp32
 product rounded to bf16 before it is summed. Fused (Megatron's --gradient-accumulation-fusion), the
 GEMM accumulates into the fp32 buffer itself: main += dY^T X in one cuBLAS call (bf16 operands,
 fp32 accumulation and output, beta = 1), and the embedding's backward adds its rows into the buffer
-with a deterministic sorted index_put_.
+in a fixed order (a sorted index_put_ on CUDA, a serial index_add_ on CPU).
 
 FlatBuffers gives each parameter a `MainGrad` (`attach_main_grad`); the layers that can fuse (QKV, O, FC2, the
 embedding: `fused_linear`, `fused_embedding` and the TP linears) look it up with `main_grad_of`. The
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 __all__ = ["MainGrad", "attach_main_grad", "main_grad_of", "placeholder", "linear_wgrad_to", "fused_linear",
            "fused_embedding"]
+
 
 class MainGrad:
     """The fp32 gradient view of one parameter, which fused backward passes accumulate into."""
@@ -109,7 +110,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     main = main_grad_of(w)
     if main is None or not w.requires_grad:
         return F.linear(x, w)
-    return _LinearWgradTo.apply(x, w, main)
+    return linear_wgrad_to(x, w, main)
 
 
 class _FusedEmbedding(torch.autograd.Function):
