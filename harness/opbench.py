@@ -39,8 +39,10 @@ stress
   judge requires them to agree. On CPU, the load is a thread of matmuls.
 
 What the measurement stands on (this module's functions, the case and file modules, the torch callables
-that order, time and checksum the work, the output channel) is checked at every segment boundary; a
-version that rebinds any of it (or swaps a function's code) gets the bench's refusal, exit 3, no results.
+that order, time and checksum the work and the dispatcher's kernels below them, the output channel) is checked
+at every segment boundary, and after every call that the version left nothing behind that runs on the bench's
+own torch calls (a mode, a tensor subclass); a version that rebinds any of it (or swaps a function's code) gets
+the bench's refusal, exit 3, no results.
 """
 
 from __future__ import annotations
@@ -127,7 +129,27 @@ def _run(fn, case, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         inputs[name].grad = None
     outs = call_op(fn, case, inputs)
     torch.autograd.backward(outs, [inputs[f"dout.{i}"].to(o.dtype) for i, o in enumerate(outs)])
-    return _results(case, inputs, outs)
+    results = _results(case, inputs, outs)
+    _check_left_behind(results)
+    return results
+
+
+# Dispatch keys under which torch runs Python code on every op (a dispatch mode, the Python dispatcher).
+_PYTHON_KEYS = ("Python", "PythonDispatcher", "PythonTLSSnapshot")
+
+
+def _check_left_behind(results: dict[str, torch.Tensor]) -> None:
+    """What a call may not leave running in the bench: a mode that sees every torch call after it (the checksum's
+    first op would then run whatever work the version deferred, after the call's stop event, so its events time
+    less than it did) or results of a tensor subclass (whose methods would do the same). Checked after every call."""
+    keys = [k for k in _PYTHON_KEYS if torch._C._dispatch_tls_is_dispatch_key_included(getattr(torch._C.DispatchKey, k))]
+    modes = torch._C._len_torch_function_stack() + torch._C._len_torch_dispatch_stack()
+    odd = sorted(f"{name} ({type(t).__qualname__})" for name, t in results.items() if type(t) is not torch.Tensor)
+    if modes or keys or odd:
+        raise _Tampered("the op version left code behind its call that runs on the bench's own torch calls: "
+                        + "; ".join([f"{modes} torch function/dispatch mode(s) still active"] * bool(modes)
+                                    + [f"dispatch keys {', '.join(keys)} on"] * bool(keys)
+                                    + [f"results of a tensor subclass: {', '.join(odd)}"] * bool(odd)))
 
 
 def _matrix(shape: torch.Size) -> tuple[int, int]:
@@ -368,6 +390,13 @@ _GUARDED_TORCH = (
     (torch.Tensor, ("copy_", "zero_", "float", "reshape", "detach", "__setitem__", "__mul__", "sum", "to")),
     (sys, ("stdout", "stderr")),
 )
+# Below those callables, the dispatcher: a kernel registered over an aten op's (torch.library, any dispatch key)
+# changes what the same callable computes, say a zero_ that skips the L2 flush or a norm that returns what the
+# reference's would. The ops the bench draws, flushes, checksums and copies with keep the kernels they had.
+_GUARDED_ATEN = ("mm", "linalg_vector_norm", "sum", "mul", "add", "copy_", "zero_", "fill_", "detach", "view", "reshape",
+                 "_reshape_alias", "_to_copy", "normal_", "random_", "uniform_", "randn", "randint", "rand", "empty",
+                 "empty_like", "zeros", "zeros_like", "t", "transpose", "select", "slice", "as_strided", "index_put_",
+                 "lt", "clone", "expand")
 
 
 # torch rebinds some of its own callables when a lazily imported part of it first loads: torch._dynamo wraps
@@ -401,14 +430,23 @@ def _snapshot() -> dict[tuple[str, ...], tuple[object, ...]]:
                 snap.update({(module.__name__, name, attr): _held(v) for attr, v in vars(value).items()})
     for owner, names in _GUARDED_TORCH:
         snap.update({(getattr(owner, "__name__", str(owner)), name): _held(getattr(owner, name)) for name in names})
+    snap.update({("dispatcher", op): (torch._C._dispatch_dump(op),) for op in _aten_overloads()})
     return snap
 
 
+def _aten_overloads() -> list[str]:
+    """Every overload of the aten ops in _GUARDED_ATEN, as the dispatcher names them."""
+    return [f"aten::{name}" + ("" if overload == "default" else f".{overload}")
+            for name in _GUARDED_ATEN for overload in getattr(torch.ops.aten, name).overloads()]
+
+
 def _rebound(before: dict[tuple[str, ...], tuple[object, ...]]) -> list[str]:
-    """Names of `before` that no longer hold the same object (or run the same code)."""
+    """Names of `before` that no longer hold the same object (or run the same code, or, for an aten op, the same
+    kernels: its dispatcher table is text, compared by value)."""
     now = _snapshot()
+    same = lambda key, a, b: a == b if key[0] == "dispatcher" else a is b  # noqa: E731
     return sorted(".".join(key) for key, held in before.items()
-                  if len(now.get(key, ())) != len(held) or any(a is not b for a, b in zip(now[key], held)))
+                  if len(now.get(key, ())) != len(held) or not all(same(key, a, b) for a, b in zip(now[key], held)))
 
 
 def _shape(text: str) -> dict[str, int]:

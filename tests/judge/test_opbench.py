@@ -400,6 +400,60 @@ def test_a_swapped_function_body_counts_as_rebinding() -> None:
     assert opbench._rebound(before) == []
 
 
+def test_a_kernel_registered_over_a_bench_op_and_code_left_behind_a_call_are_refused() -> None:
+    """Below the callables the bench checks by identity is the dispatcher: a torch.library kernel over aten::zero_
+    (an L2 flush that does nothing) leaves torch.Tensor.zero_ the same object. And a call may return with a mode
+    still entered, or a tensor subclass as a result: either runs code on the bench's next torch call, its checksum,
+    after the call's timer stopped. Both were ACCEPTED by the judge before these checks (tests/adversarial). In a
+    process of its own: the registration is not undone reliably."""
+    code = """
+import torch
+from torch.overrides import TorchFunctionMode
+from harness import opbench
+
+opbench._load_self_patching_torch()
+before = opbench._snapshot()
+assert opbench._rebound(before) == []
+plain = {"out.0": torch.zeros(2), "grad.x": torch.ones(2)}
+opbench._check_left_behind(plain)
+
+
+class Passing(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class Lazy(torch.Tensor):
+    pass
+
+
+def refusal(results):
+    try:
+        opbench._check_left_behind(results)
+    except opbench._Tampered as err:
+        return str(err)
+    return None
+
+
+mode = Passing()
+mode.__enter__()
+print("mode:", refusal(plain))
+mode.__exit__(None, None, None)
+print("subclass:", refusal({**plain, "grad.x": torch.ones(2).as_subclass(Lazy)}))
+print("clean:", refusal(plain))
+lib = torch.library.Library("aten", "IMPL")
+lib.impl("zero_", lambda t: t.fill_(0), "CPU")
+print("rebound:", opbench._rebound(before))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(": ", 1) for line in proc.stdout.strip().splitlines())
+    assert "1 torch function/dispatch mode(s) still active" in lines["mode"], lines
+    assert "results of a tensor subclass: grad.x (Lazy)" in lines["subclass"], lines
+    assert lines["clean"] == "None", lines
+    assert lines["rebound"] == "['dispatcher.aten::zero_']", lines
+
+
 def test_timed_inputs_are_redrawn_in_place_weights_included() -> None:
     """Every timed call's inputs, weights and labels too, are new data at the same addresses: a cache keyed on
     a weight's address (a transposed copy kept between calls) serves stale values."""
