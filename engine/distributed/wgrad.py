@@ -16,8 +16,9 @@ engine/parallel/grad_sync.py); FlatBuffers' hook sees `MainGrad.take()` and skip
 weight must therefore reach autograd through exactly one fused use per backward (no weight here is
 used twice; tied weights would need the zero placeholder Megatron uses).
 
-The ops' own weight gradients (gemm_fc1, gemm_output, rmsnorm) stay on the unfused path: their
-versions compute them inside one autograd node and the op contracts return them.
+gemm_fc1 fuses through its op contract: the MLP passes FC1's MainGrad as `main_grad`, and the versions hand
+their dW GEMM to `weight_grad` (engine/ops/gemm_fc1/register.toml). The other ops' weight gradients (gemm_output,
+rmsnorm) stay on the unfused path: their versions compute them inside one autograd node and return them.
 """
 
 import torch

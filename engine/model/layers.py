@@ -25,8 +25,8 @@ from torch import nn
 
 from engine.config import EngineConfig
 from engine.distributed import (ParallelState, TPComm, column_input, column_parallel_linear, copy_to_tp,
-                                fused_embedding, fused_linear, linear_deferred_wgrad, mlp_region, reduce_from_tp,
-                                row_output)
+                                fused_embedding, fused_linear, linear_deferred_wgrad, main_grad_of, mlp_region,
+                                reduce_from_tp, row_output)
 from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
 from engine.ops import OpSet
@@ -175,16 +175,21 @@ class MLP(nn.Module):
             self.fc1.copy_(torch.cat([gate, up]))
             self.fc2.copy_(init.residual_out(f"{name}.w_down", (self.hidden, self.ffn))[:, rows])
 
+    def _fc1(self, x: torch.Tensor) -> torch.Tensor:
+        """The op, with fc1's fp32 gradient accumulator when gradient-accumulation fusion is on."""
+        return self.ops.gemm_fc1(x, self.fc1, main_grad=main_grad_of(self.fc1))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fc1 = self._fc1
         if self.tp.size == 1:
             x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
-            out = fused_linear(self.ops.gemm_fc1(x, self.fc1), self.fc2)
+            out = fused_linear(fc1(x), self.fc2)
             return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
         if self.tp.overlap:  # FC1's input-gradient collective overlaps FC2's weight-gradient GEMM
             x, fc2, hand_over = mlp_region(x, self.fc2, self.tp)
-            out = linear_deferred_wgrad(self.ops.gemm_fc1(x, self.fc1), fc2, hand_over)
+            out = linear_deferred_wgrad(fc1(x), fc2, hand_over)
         else:
-            out = fused_linear(self.ops.gemm_fc1(column_input(x, self.tp), self.fc1), self.fc2)
+            out = fused_linear(fc1(column_input(x, self.tp)), self.fc2)
         return row_output(out, self.tp)
 
 

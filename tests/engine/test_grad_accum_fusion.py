@@ -94,6 +94,51 @@ def test_without_a_main_grad_the_plain_ops_run() -> None:
     assert w.grad is not None and rel(w.grad, _fp64_wgrad(x, dys[:1])) < 1e-6
 
 
+def _fc1_grads(version: str, device: torch.device, dtype: torch.dtype, fused: bool):
+    """gemm_fc1's weight gradient over three micro-batches: from its MainGrad (fused) or autograd (summed in fp32)."""
+    from engine.ops.dispatch import load_op
+
+    fc1 = load_op("gemm_fc1", version)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 64, 128, generator=g).to(device, dtype)
+    w = (torch.randn(2 * 96, 128, generator=g) * 128 ** -0.5).to(device, dtype).requires_grad_()
+    main = MainGrad(torch.zeros(w.shape, dtype=torch.float32, device=device)) if fused else None
+    total = torch.zeros(w.shape, dtype=torch.float32, device=device)
+    for _ in range(3):
+        dy = torch.randn(2, 64, 96, generator=g).to(device, dtype)
+        fc1(x, w, main_grad=main).backward(dy)
+        if fused:
+            assert main.take(), f"gemm_fc1 ({version}) did not hand its weight gradient to the main_grad"
+        else:
+            total += w.grad.float()
+        w.grad = None
+    return main.grad if fused else total, (x, w)
+
+
+def _fc1_fp64(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    g = torch.Generator().manual_seed(4)
+    torch.randn(2, 64, 128, generator=g), torch.randn(2 * 96, 128, generator=g)  # the draws _fc1_grads made first
+    w64 = w.detach().double().cpu().requires_grad_()
+    for _ in range(3):
+        dy = torch.randn(2, 64, 96, generator=g).to(x.dtype).double()
+        gate, up = F.linear(x.double().cpu(), w64).chunk(2, dim=-1)
+        (F.silu(gate) * up).backward(dy)
+    return w64.grad
+
+
+def test_gemm_fc1_adds_its_weight_gradient_into_the_main_grad() -> None:
+    """The op contract's main_grad (engine/ops/gemm_fc1/register.toml): the baseline adds dW in fp32 and gives
+    autograd a placeholder. fp32: fused and unfused are the same products (1e-6); bf16 against fp64: 1e-2 (the
+    gate's backward runs in bf16 in both paths), and fused no less accurate than unfused."""
+    fused, _ = _fc1_grads("baseline", CPU, torch.float32, True)
+    unfused, _ = _fc1_grads("baseline", CPU, torch.float32, False)
+    assert rel(fused, unfused) < 1e-6
+    fused, (x, w) = _fc1_grads("baseline", CPU, torch.bfloat16, True)
+    unfused, _ = _fc1_grads("baseline", CPU, torch.bfloat16, False)
+    want = _fc1_fp64(x, w)
+    assert rel(fused, want) < 1e-2 and rel(fused, want) <= rel(unfused, want) * 1.05
+
+
 def _model_grads(fuse: bool) -> dict[str, torch.Tensor]:
     cfg = resolve(build_config({"preset": "tiny", "device": "cpu", "compute_dtype": "fp32", "seq_length": 32}))
     torch.manual_seed(0)
@@ -112,6 +157,20 @@ def test_a_model_trains_on_the_same_gradients_fused_or_not() -> None:
                  "lm_head"):
         assert fused[name].abs().sum() > 0, name
         assert rel(fused[name], unfused[name]) < 1e-6, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["baseline", "quack"])
+def test_gemm_fc1_versions_add_into_the_main_grad_on_the_gpu(version: str) -> None:
+    """The CUDA versions honour the main_grad contract: dW in fp32 against fp64 (1e-2, as the version tests: the
+    gate's backward is bf16) and no less accurate than their unfused dW summed over the micro-batches."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the device machine)")
+    cuda = torch.device("cuda")
+    fused, (x, w) = _fc1_grads(version, cuda, torch.bfloat16, True)
+    unfused, _ = _fc1_grads(version, cuda, torch.bfloat16, False)
+    want = _fc1_fp64(x, w)
+    assert rel(fused.cpu(), want) < 1e-2 and rel(fused.cpu(), want) <= rel(unfused.cpu(), want) * 1.05
 
 
 @pytest.mark.gpu

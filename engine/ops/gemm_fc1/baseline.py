@@ -1,18 +1,29 @@
 """fc1 + SwiGLU baseline: one GEMM against the stacked [W_gate; W_up], then silu(gate) * up.
 
 One GEMM of width 2f instead of two of width f: the same FLOPs in a single, larger launch, and the
-stacked weight is the layout the fused CuTeDSL versions read. Autograd gives the backward.
+stacked weight is the layout the fused CuTeDSL versions read. Autograd gives the backward; with a
+`main_grad` (the contract's gradient-accumulation fusion) the GEMM's weight gradient is added into it
+in fp32 by engine/distributed/wgrad.py's linear instead.
 """
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["gemm_fc1"]
+from engine.distributed.wgrad import linear_wgrad_to
+
+__all__ = ["gemm_fc1", "check_inputs"]
 
 
-def gemm_fc1(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f]."""
+def check_inputs(x: torch.Tensor, w: torch.Tensor) -> None:
+    """The contract's shape check, shared by every gemm_fc1 version."""
     if w.dim() != 2 or w.shape[0] % 2 or w.shape[1] != x.shape[-1]:
         raise ValueError(f"gemm_fc1 wants w [2f, h] with h = x.shape[-1]; got x {tuple(x.shape)}, w {tuple(w.shape)}")
-    gate, up = F.linear(x, w).chunk(2, dim=-1)
+
+
+def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None) -> torch.Tensor:
+    """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f].
+    main_grad: see engine/ops/gemm_fc1/register.toml."""
+    check_inputs(x, w)
+    pre = F.linear(x, w) if main_grad is None or not w.requires_grad else linear_wgrad_to(x, w, main_grad)
+    gate, up = pre.chunk(2, dim=-1)
     return F.silu(gate) * up

@@ -7,7 +7,8 @@ the stacked weight in the op's layout: no copy of the weight per step.
 
 Backward: `dswiglu_concat` (engine/ops/gemm_fc1/cute_dswiglu.py, our CuTeDSL kernel) turns dy and
 the preact into [dgate | dup] in one pass, then dx = dpre @ w and dw = dpre^T @ x are cuBLAS GEMMs
-on that concat layout. The dgated epilogue of quack (gemm_dgated) fuses this step into the GEMM
+on that concat layout; with a `main_grad` the dw GEMM adds into w's fp32 gradient instead (bf16 operands,
+fp32 output, beta 1: the contract's gradient-accumulation fusion). The dgated epilogue of quack (gemm_dgated) fuses this step into the GEMM
 *producing* dy, which is FC2's backward; the op boundary (the model calls F.linear for FC2) puts
 that GEMM outside this op, so the elementwise step runs as its own bandwidth-bound kernel.
 
@@ -18,6 +19,7 @@ compiled for about 300 s on our shapes (../shared/gpu/README.md) and gained litt
 import torch
 from quack.gemm_interface import gemm_gated
 
+from engine.ops.gemm_fc1.baseline import check_inputs
 from engine.ops.gemm_fc1.cute_dswiglu import dswiglu_concat
 from engine.ops.kernel_cache import configure_quack_cache
 
@@ -30,7 +32,7 @@ _DTYPES = (torch.bfloat16, torch.float16)
 
 class _GemmFc1(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, main_grad) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         if x2.stride(-1) != 1:
@@ -38,7 +40,7 @@ class _GemmFc1(torch.autograd.Function):
         preact, y = gemm_gated(x2, w.t(), activation="swiglu", concat_layout=("B",), tuned=False,
                                store_preact=True)
         ctx.save_for_backward(x2, w, preact)
-        ctx.lead = lead
+        ctx.lead, ctx.main_grad = lead, main_grad
         return y.view(*lead, y.shape[-1])
 
     @staticmethod
@@ -49,18 +51,20 @@ class _GemmFc1(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dx = torch.mm(dpre, w).view(*ctx.lead, w.shape[1])
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and ctx.main_grad is not None:
+            dw = ctx.main_grad.weight_grad(dpre, x2, w)
+        elif ctx.needs_input_grad[1]:
             dw = torch.mm(dpre.t(), x2)
-        return dx, dw
+        return dx, dw, None
 
 
-def gemm_fc1(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f]."""
-    if w.dim() != 2 or w.shape[0] % 2 or w.shape[1] != x.shape[-1]:
-        raise ValueError(f"gemm_fc1 wants w [2f, h] with h = x.shape[-1]; got x {tuple(x.shape)}, w {tuple(w.shape)}")
+def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None) -> torch.Tensor:
+    """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f].
+    main_grad: see engine/ops/gemm_fc1/register.toml."""
+    check_inputs(x, w)
     if x.dtype not in _DTYPES or w.dtype != x.dtype or not x.is_cuda:
         raise ValueError(f"gemm_fc1 (quack) runs bf16/fp16 CUDA tensors of one dtype; got x {x.dtype} {x.device}, "
                          f"w {w.dtype}: use --op-gemm-fc1 baseline for other dtypes")
     if (w.shape[0] // 2) % 8 or w.shape[1] % 8:
         raise ValueError(f"gemm_fc1 (quack) needs f and h multiples of 8 (16-byte aligned rows); got w {tuple(w.shape)}")
-    return _GemmFc1.apply(x, w)
+    return _GemmFc1.apply(x, w, main_grad)
