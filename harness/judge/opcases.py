@@ -9,7 +9,9 @@ here, independently of engine/). The contracts are engine/ops/README.md's:
                                                                    causal GQA, [b, s, h, d]; with
                                                                    cu_seqlens causal within each document
     rmsnorm      (x, weight, *, eps, residual=None, residual_scale=1.0) -> y | (y, s)
-    gemm_fc1     (x, w) -> silu(x W_gate^T) * (x W_up^T)           w = [W_gate; W_up]
+    gemm_fc1     (x, w, *, main_grad=None) -> silu(x W_gate^T) * (x W_up^T)
+                                                                   w = [W_gate; W_up]; main_grad: w's fp32
+                                                                   gradient accumulator (GradSink here)
     gemm_output  (h, w, labels, *, vocab_start, vocab_size) -> fp32 CE sum over valid labels
 
 Inputs are generated on the CPU with a seeded generator (the same bits in every process and on every
@@ -22,6 +24,11 @@ show (by case index, so any three cases cover them): the layouts the model passe
 fused QKV buffer, so non-contiguous; [batch, seq, hidden] activations), and activations large or small
 enough that a version without the numerically safe form fails (softmax and log-sum-exp past exp's fp32
 range unless the max is subtracted, rmsnorm's sum of squares past fp16's range or below eps).
+gemm_fc1 is called as the model calls it under gradient-accumulation fusion in a third of the cases (index 0,
+3, ...) and at the timed shape: with a `main_grad`, the judge's GradSink over an fp32 buffer already holding a
+drawn partial sum. `grad.w` is then that buffer after the call (dW added to it, by the version through
+`weight_grad` or, for a version that ignores the sink, by the bench as the engine's gradient hook would); the
+judge's reference is its own dW plus the drawn partial sum.
 """
 
 from __future__ import annotations
@@ -35,8 +42,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["OPS", "DTYPES", "SHAPE_KEYS", "MAGNITUDES", "Case", "draw_cases", "timing_case", "make_inputs", "redraw",
-           "call_op", "reference", "grad_names", "result_names"]
+__all__ = ["OPS", "DTYPES", "SHAPE_KEYS", "MAGNITUDES", "Case", "GradSink", "draw_cases", "timing_case", "make_inputs",
+           "redraw", "call_op", "reference", "grad_names", "result_names", "fused_grad"]
 
 OPS = ("attention", "rmsnorm", "gemm_fc1", "gemm_output")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # a bench's `dtype` names
@@ -53,6 +60,7 @@ SHAPE_KEYS: dict[str, tuple[str, ...]] = {
 MAGNITUDES: dict[str, tuple[float, ...]] = {"attention": (6.0,), "gemm_output": (30.0,), "rmsnorm": (1e3, 1e-3),
                                             "gemm_fc1": (8.0,)}
 _MODEL_LAYOUT = ("attention", "rmsnorm", "gemm_fc1")  # ops the model calls with other layouts than [n, h]
+_FUSED_WGRAD = {"gemm_fc1": "w"}  # ops the model hands a weight's fp32 gradient accumulator (`main_grad`): which weight
 
 
 @dataclass(frozen=True)
@@ -65,10 +73,12 @@ class Case:
     seed: int = 0
     layout: str = "flat"  # "flat": contiguous [n, h] / [b, s, h, d]; "model": as the model passes them
     magnitude: float = 1.0  # scale of the activations
+    main_grad: bool = False  # gemm_fc1: the weight's gradient goes to an fp32 accumulator (the module docstring)
 
     def label(self) -> str:
         extra = {"layout": self.layout} if self.layout != "flat" else {}
         extra.update({"magnitude": self.magnitude} if self.magnitude != 1.0 else {})
+        extra.update({"main_grad": True} if self.main_grad else {})
         return f"{self.op}(" + ", ".join(f"{k}={v}" for k, v in {**self.dims, **self.args, **extra}.items()) + ")"
 
 
@@ -111,7 +121,7 @@ def draw_cases(op: str, seed: int, count: int, *, scale: float = 1.0) -> list[Ca
         layout = "model" if i % 2 == 1 and op in _MODEL_LAYOUT else "flat"
         magnitude = rng.choice(MAGNITUDES[op]) if i % 3 == 2 else 1.0
         cases.append(Case(op=op, dims=dims, args=args, seed=rng.randrange(1, 2**31 - 1) ^ i, layout=layout,
-                          magnitude=magnitude))
+                          magnitude=magnitude, main_grad=op in _FUSED_WGRAD and i % 3 == 0))
     return cases
 
 
@@ -139,7 +149,7 @@ def timing_case(op: str, shape: dict[str, int], seed: int) -> Case:
         args = {"softmax_scale": 1.0 / math.sqrt(dims["head_dim"])}
     elif op == "rmsnorm":
         args = {"eps": 1e-6, "residual": True, "residual_scale": 0.2}
-    return Case(op=op, dims=dims, args=args, seed=seed)
+    return Case(op=op, dims=dims, args=args, seed=seed, main_grad=op in _FUSED_WGRAD)
 
 
 def _laws(case: Case) -> dict[str, tuple[tuple[int, ...], str, float]]:
@@ -158,7 +168,10 @@ def _laws(case: Case) -> dict[str, tuple[tuple[int, ...], str, float]]:
         return laws
     if case.op == "gemm_fc1":
         n, h, f = d["tokens"], d["hidden"], d["ffn"]
-        return {"x": ((n, h), "normal", m), "w": ((2 * f, h), "normal", h ** -0.5), "dout.0": ((n, f), "normal", 1.0)}
+        laws = {"x": ((n, h), "normal", m), "w": ((2 * f, h), "normal", h ** -0.5), "dout.0": ((n, f), "normal", 1.0)}
+        if case.main_grad:  # the partial sum already in the accumulator (fp32; drawn last: the others stay as they were)
+            laws["main_grad.w"] = ((2 * f, h), "normal", 1.0)
+        return laws
     if case.op == "gemm_output":
         n, h, v = d["tokens"], d["hidden"], d["vocab_local"]
         return {"h": ((n, h), "normal", m), "w": ((v, h), "normal", h ** -0.5), "labels": ((n,), "labels", 0.0),
@@ -186,9 +199,10 @@ def make_inputs(case: Case, *, dtype: torch.dtype, device: str | torch.device = 
     out = {}
     for name, (shape, law, scale) in _laws(case).items():
         t = _draw(case, shape, law, scale, g, generator_device)
-        # gemm_output's upstream gradient is the loss scale: kept in fp32 as the trainer passes it.
-        t = t.to(device) if law == "labels" else t.to(device=device, dtype=torch.float32 if law == "positive" else dtype)
-        if t.is_floating_point() and not name.startswith("dout."):
+        # gemm_output's upstream gradient is the loss scale and an accumulator's partial sum is fp32, as the trainer's.
+        fp32 = law == "positive" or name.startswith("main_grad.")
+        t = t.to(device) if law == "labels" else t.to(device=device, dtype=torch.float32 if fp32 else dtype)
+        if t.is_floating_point() and not name.startswith(("dout.", "main_grad.")):
             t.requires_grad_()
         out[name] = t
     if "documents" in case.args:  # not drawn: the boundaries of the case's documents
@@ -241,9 +255,38 @@ def _as_model_passes(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, t
     return shaped
 
 
-def call_op(fn: Callable[..., Any], case: Case, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+class GradSink:
+    """The judge's own fp32 gradient accumulator for a `main_grad` call (the engine's is
+    engine/distributed/wgrad.py's MainGrad, which the judge does not import): `weight_grad(dy, x, w)` adds dy^T x
+    (leading dimensions summed) to `grad` in fp32 and returns what autograd gets for w, memory never read."""
+
+    def __init__(self, grad: torch.Tensor):
+        self.grad = grad
+        self.filled = False
+
+    def weight_grad(self, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        a, b = dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1])
+        if a.is_cuda and a.dtype != self.grad.dtype:
+            torch.addmm(self.grad, a, b, out_dtype=self.grad.dtype, out=self.grad)
+        else:
+            self.grad.addmm_(a.to(self.grad.dtype), b.to(self.grad.dtype))
+        self.filled = True
+        return torch.empty_like(w)
+
+
+def fused_grad(sink: GradSink, grad: torch.Tensor | None) -> torch.Tensor:
+    """The accumulator after a call, as the engine ends up with it: a version that ignored the sink returned dW to
+    autograd, which the engine's gradient hook then adds (in place here, as there)."""
+    if not sink.filled and grad is not None:
+        sink.grad.add_(grad)
+    return sink.grad
+
+
+def call_op(fn: Callable[..., Any], case: Case, inputs: dict[str, torch.Tensor],
+            sinks: dict[str, GradSink] | None = None) -> list[torch.Tensor]:
     """One forward call of an op version as the model makes it (in the case's layout); its outputs as a list,
-    shaped as the flat contract's (what `reference` returns)."""
+    shaped as the flat contract's (what `reference` returns). A `main_grad` case puts its GradSink into `sinks`,
+    by the input's name."""
     a = case.args
     inputs = _as_model_passes(case, inputs)
     if case.op == "attention":
@@ -259,7 +302,13 @@ def call_op(fn: Callable[..., Any], case: Case, inputs: dict[str, torch.Tensor])
             outs = [fn(inputs["x"], inputs["weight"], eps=a["eps"])]
         return [o.reshape(-1, o.shape[-1]) if case.layout == "model" else o for o in outs]
     if case.op == "gemm_fc1":
-        out = fn(inputs["x"], inputs["w"])
+        extra = {}
+        if case.main_grad:
+            sink = GradSink(inputs["main_grad.w"])
+            extra["main_grad"] = sink
+            if sinks is not None:
+                sinks["w"] = sink
+        out = fn(inputs["x"], inputs["w"], **extra)
         return [out.reshape(-1, out.shape[-1]) if case.layout == "model" else out]
     if case.op == "gemm_output":
         return [fn(inputs["h"], inputs["w"], inputs["labels"], vocab_start=0, vocab_size=case.dims["vocab_size"])]
@@ -320,4 +369,7 @@ def reference(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Te
     torch.autograd.backward(outs, douts)
     results = {f"out.{i}": o.detach() for i, o in enumerate(outs)}
     results.update({f"grad.{n}": leaves[n].grad for n in grad_names(case)})
+    if case.main_grad:
+        name = _FUSED_WGRAD[case.op]
+        results[f"grad.{name}"] = results[f"grad.{name}"] + inputs[f"main_grad.{name}"].float()
     return results
