@@ -180,16 +180,15 @@ class MLP(nn.Module):
         return self.ops.gemm_fc1(x, self.fc1, main_grad=main_grad_of(self.fc1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fc1 = self._fc1
         if self.tp.size == 1:
             x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
-            out = fused_linear(fc1(x), self.fc2)
+            out = fused_linear(self._fc1(x), self.fc2)
             return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
         if self.tp.overlap:  # FC1's input-gradient collective overlaps FC2's weight-gradient GEMM
             x, fc2, hand_over = mlp_region(x, self.fc2, self.tp)
-            out = linear_deferred_wgrad(fc1(x), fc2, hand_over)
+            out = linear_deferred_wgrad(self._fc1(x), fc2, hand_over)
         else:
-            out = fused_linear(fc1(column_input(x, self.tp)), self.fc2)
+            out = fused_linear(self._fc1(column_input(x, self.tp)), self.fc2)
         return row_output(out, self.tp)
 
 
