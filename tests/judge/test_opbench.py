@@ -461,6 +461,23 @@ print("rebound:", opbench._rebound(before))
     assert lines["rebound"] == "['dispatcher.aten::zero_']", lines
 
 
+def test_the_error_limit_never_asks_a_version_to_beat_the_baseline() -> None:
+    """The correctness limit on one result, against the base baseline's own error b: 2b + 1e-3 capped at 1e-2 where the
+    baseline is accurate, and never below b + 1e-3, so a version that rounds as the baseline does always passes.
+    An H200 judging (seed 603736196) drew attention at magnitude 6 where SDPA's grad.q was 1.31e-2 from fp32 and
+    fa4's 1.29e-2: the old cap of 1e-2 rejected main's default, and would have rejected any version."""
+    from harness.judge.opjudge import BASE_SLACK, MAX_REL_ERR, error_limit
+
+    assert error_limit(4e-3) == pytest.approx(9e-3)  # 2b + slack, under the cap
+    assert error_limit(8e-3) == pytest.approx(MAX_REL_ERR)  # capped
+    assert error_limit(1.31e-2) == pytest.approx(1.41e-2)  # the baseline past the cap: b + slack
+    grid = [i * 1e-4 for i in range(400)]
+    limits = [error_limit(b) for b in grid]
+    assert all(lim >= b + BASE_SLACK - 1e-15 for lim, b in zip(limits, grid))
+    assert all(a <= b for a, b in zip(limits, limits[1:])), "a worse baseline never tightens the limit"
+    assert error_limit(1.29e-2) > 1.29e-2 and 1.29e-2 <= error_limit(1.31e-2)
+
+
 def test_timed_inputs_are_redrawn_in_place_weights_included() -> None:
     """Every timed call's inputs, weights and labels too, are new data at the same addresses: a cache keyed on
     a weight's address (a transposed copy kept between calls) serves stale values."""
