@@ -18,6 +18,7 @@ import torch
 
 from harness.judge.opcases import OPS, call_op, draw_cases, make_inputs, reference, result_names
 from harness.judge.tensorfile import TensorFileError, read_tensors, write_tensors
+from harness.opbench import _results
 from tests.judge.op_milestones import HONEST, REGISTER, write_milestones
 from tests.loop.loop_helpers import git, home, project_template, temper  # noqa: F401 -- fixtures
 
@@ -82,11 +83,9 @@ def test_the_judges_fp32_math_matches_the_engines_baseline(op: str) -> None:
         outs = call_op(fn, case, inputs, sinks)
         torch.autograd.backward(outs, [inputs[f"dout.{i}"] for i in range(len(outs))])
         assert all(sink.filled for sink in sinks.values()), "the baseline ignored its main_grad"
+        got = _results(case, inputs, outs, sinks)
         for name in result_names(case):
-            grad_of = name[len("grad."):]
-            value = (outs[int(name[4:])] if name.startswith("out.") else
-                     sinks[grad_of].grad if grad_of in sinks else inputs[grad_of].grad)
-            err = float((value.detach() - want[name]).norm() / want[name].norm().clamp_min(1e-30))
+            err = float((got[name].detach() - want[name]).norm() / want[name].norm().clamp_min(1e-30))
             assert err < 1e-5, f"{case.label()} {name}: {err:.2e}"
 
 
@@ -522,19 +521,15 @@ def test_drawn_cases_catch_versions_right_only_on_flat_well_conditioned_inputs(o
 
 
 def _worst_error(fn, case) -> float:
-    from harness.judge.opcases import fused_grad
-
     inputs = make_inputs(case, dtype=torch.bfloat16)
     want = reference(case, make_inputs(case, dtype=torch.bfloat16))
     sinks: dict = {}
     outs = call_op(fn, case, inputs, sinks)
     torch.autograd.backward(outs, [inputs[f"dout.{i}"].to(o.dtype) for i, o in enumerate(outs)])
+    got = _results(case, inputs, outs, sinks)
     worst = 0.0
     for name in result_names(case):
-        grad_of = name[len("grad."):]
-        got = (outs[int(name[4:])] if name.startswith("out.") else
-               fused_grad(sinks[grad_of], inputs[grad_of].grad) if grad_of in sinks else inputs[grad_of].grad)
-        err = float((got.detach().float() - want[name]).norm() / want[name].norm().clamp_min(1e-30))
+        err = float((got[name].detach().float() - want[name]).norm() / want[name].norm().clamp_min(1e-30))
         worst = max(worst, err if err == err else float("inf"))  # NaN counts as wrong
     return worst
 
