@@ -193,7 +193,7 @@ class GateRunner:
             judging = _Judging(attempt=attempt, label=label, tree=tree, holder=holder, live_tree=live_tree, diff=diff,
                                log_dir=log_dir, env_overrides=env, policy=policy, expected=tree_manifest(tree),
                                seed=seed, device=device, flags=list(sandbox_flags))
-            with _removed_after(*judging.scratch):
+            with _removed_after(judging.scratch):  # (the list the jobs append their folders to as they start)
                 results = self._run_all(judging)
         failed = next((g for g in results if not g.passed and not g.skipped), None)
         reason = f"gate {failed.name} failed: {failed.summary}" if failed else ""
@@ -658,7 +658,7 @@ class GateRunner:
         kernels = {role: _neutral(place) for role, place in places.items()}
         runs: list[OpRun] = []
         started = time.monotonic()
-        with _removed_after(*places.values()), Workspace.scratch(self.repo, self.base) as base_checkout:
+        with _removed_after(list(places.values())), Workspace.scratch(self.repo, self.base) as base_checkout:
             trees = {"reference": base_checkout.worktree, "candidate": judging.tree}
             for round_no in range(1, bench.rounds + 1):
                 for role in ("reference", "candidate"):
@@ -899,8 +899,9 @@ class GateRunner:
 
 
 @contextlib.contextmanager
-def _removed_after(*folders: Path) -> Iterator[None]:
-    """Remove `folders` when the block ends, however it ends."""
+def _removed_after(folders: list[Path]) -> Iterator[None]:
+    """Remove `folders` when the block ends, however it ends. The list is read at the end, so a folder the
+    block appends to it (a job's checkpoint keeper, made as the job starts) is removed too."""
     try:
         yield
     finally:
@@ -909,10 +910,11 @@ def _removed_after(*folders: Path) -> Iterator[None]:
 
 
 def _cache_env(folder: Path) -> dict[str, str]:
-    """Where a candidate process's caches go (compiled kernels, Triton, anything under XDG): its own writable
-    folder, so the sandbox's read-only home is never needed and nothing compiled reaches another judging."""
+    """Where a candidate process's caches go (compiled kernels, Triton, Inductor, anything under XDG): its own
+    writable folder, so the sandbox's read-only home is never needed and nothing compiled reaches another
+    judging. (Inductor's default is the shared $TMPDIR/torchinductor_$USER, made at `import torch._dynamo`.)"""
     return {"XDG_CACHE_HOME": str(folder / ".cache"), "TEMPER_KERNEL_CACHE": str(folder / ".kernels"),
-            "TRITON_CACHE_DIR": str(folder / ".triton")}
+            "TRITON_CACHE_DIR": str(folder / ".triton"), "TORCHINDUCTOR_CACHE_DIR": str(folder / ".inductor")}
 
 
 def _job_env(overrides: dict[str, str]) -> dict[str, str]:

@@ -56,6 +56,7 @@ class Judged:
     accepted: bool
     text: str  # reason, failed gate's summary, violations, log tail (or stdout + stderr when no JSON)
     raw: str
+    left_behind: tuple[str, ...] = ()  # what the judging left in its own TMPDIR (removed after the call)
 
 
 @pytest.fixture(scope="session")
@@ -108,18 +109,26 @@ class Judge:
         # site-packages, as on the device machine).
         env.update(TEMPER_HOME=str(self.home), PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
                    NO_COLOR="1", TEMPER_DATA=str(data_dir(REPO)))
+        # Each judging gets a TMPDIR of its own, emptied after it: a leak is seen, and never fills the disk.
+        tmp = self.workdir / "tmp" / digest[:16]
+        tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmp)
         argv = [sys.executable, "-m", "harness", "gate", milestone, "--patch", str(path), "--json"]
         if UNSANDBOXED:
             argv.append("--unsandboxed")
-        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
+        try:
+            proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL)
+            left_behind = tuple(sorted(p.name for p in tmp.iterdir()))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         raw = proc.stdout + "\n" + proc.stderr
         try:
             verdict = json.loads(proc.stdout)
         except ValueError:
             verdict = None
         if verdict is None:
-            judged = Judged(rc=proc.returncode, accepted=False, text=raw, raw=raw)
+            judged = Judged(rc=proc.returncode, accepted=False, text=raw, raw=raw, left_behind=left_behind)
         else:
             parts = [verdict.get("reason", "")]
             for gate in verdict.get("gates", []):
@@ -127,7 +136,7 @@ class Judge:
                     parts += [gate.get("summary", ""), *gate.get("violations", []), *gate.get("failing_tests", []),
                               gate.get("log_tail", "")]
             judged = Judged(rc=proc.returncode, accepted=bool(verdict.get("accepted")) and proc.returncode == 0,
-                            text="\n".join(parts), raw=raw)
+                            text="\n".join(parts), raw=raw, left_behind=left_behind)
         self.cache[digest] = judged
         return judged
 
@@ -189,6 +198,8 @@ def test_honest_twin_is_accepted(twin: str, milestone: str, judge: Judge) -> Non
     verdict = judge(patch, milestone)
     assert verdict.rc != 3, verdict.raw[-2000:]
     assert verdict.accepted and verdict.rc == 0, f"honest twin {twin!r} was REJECTED by {milestone}:\n{verdict.text[-4000:]}"
+    # The judge removes every temp folder it made (checkouts, the checkpoints it keeps to verify steps).
+    assert not verdict.left_behind, f"judging {twin!r} on {milestone} left temp folders behind: {verdict.left_behind}"
 
 
 def test_every_class_has_a_fast_case_or_needs_candidate_code() -> None:

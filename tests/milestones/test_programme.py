@@ -38,7 +38,9 @@ DEFENDING_GATE = {"alignment": "pytest", "bitwise-single": "first", "resume": "r
                   "bitwise-dptp": "dp2", "long-horizon": "train"}
 
 def temper(*args: str, tmp_path: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TEMPER_RUNS_DIR": str(tmp_path / "runs")}
+    """`python -m harness ARGS` with its runs and its temp folders (TMPDIR) under tmp_path."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TEMPER_RUNS_DIR": str(tmp_path / "runs"), "TMPDIR": str(tmp_path / "tmp")}
     env.pop("TEMPER_HOME", None)
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -52,6 +54,10 @@ def gate(milestone: str, patch: Path | None, tmp_path: Path) -> tuple[int, dict]
         patch.write_text("")
     proc = temper("gate", milestone, "--patch", str(patch), "--unsandboxed", "--json", tmp_path=tmp_path)
     assert proc.returncode in (0, 1), f"temper gate {milestone} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    # The judge removes every temp folder it made (checkouts, the checkpoints it keeps to verify steps), however
+    # the judging ended: a leak is gigabytes per judging of an 8B run.
+    left = sorted(p.name for p in (tmp_path / "tmp").iterdir())
+    assert not left, f"temper gate {milestone} left temp folders behind: {left}"
     return proc.returncode, json.loads(proc.stdout)
 
 
