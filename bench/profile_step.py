@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.peers.common import engine_config  # noqa: E402
 from engine.atomic import write_text_atomic  # noqa: E402
+from engine.ops.dispatch import OP_NAMES  # noqa: E402
 
 __all__ = ["main", "family", "exposed_ms", "summarize_kernels", "markdown", "insert_section"]
 
@@ -47,8 +48,15 @@ _RULES = [  # first match wins; kernel names (cuBLAS, CUTLASS/CuTeDSL, NCCL, tor
 ]
 
 
+# A CuTeDSL kernel's name is its module and class, then `_object_at_` and its arguments' layouts (TiledCopy, ...):
+# only the first part says what it is. The engine's own kernels' module is engine.ops.<op>.<module>: the op folder is
+# dropped, so the elementwise kernels living in gemm_fc1/ and gemm_output/ (the SwiGLU backward, the gradient scale)
+# do not count as GEMMs for their folder's name.
+_OWN_KERNEL_OP = re.compile("engineops(" + "|".join(OP_NAMES) + ")")
+
+
 def family(name: str) -> str:
-    low = name.lower()
+    low = _OWN_KERNEL_OP.sub("engineops", name.lower().split("_object_at_")[0])
     for fam, pattern in _RULES:
         if re.search(pattern, low):
             return fam

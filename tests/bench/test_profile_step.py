@@ -15,6 +15,12 @@ def test_families_of_real_kernel_names():
     assert family("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
     assert family("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>") == "copies/casts"
     assert family("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>") == "elementwise"
+    # the engine's own CuTeDSL kernels carry their op folder in their name: gemm_fc1's SwiGLU backward is no GEMM
+    own = "kernel_cutlass_kernel_engineops{}_object_at__tensorptrbf16gmemalign16o16384i64div81_TiledCopy_TilerMN"
+    assert family(own.format("gemm_fc1cute_dswigluDSwiGLUConcat")) == "elementwise"
+    assert family(own.format("gemm_outputcute_scaleScaleInPlace")) == "elementwise"
+    assert family(own.format("rmsnormcute_rmsnormRMSNormBwd")) == "elementwise"
+    assert family("kernel_cutlass_kernel_quackepiloguefrontendGemmMod_linear_act_epi_0f9ef10968") == "GEMM"
 
 
 def test_exposed_communication_is_comm_time_without_compute_beside_it():
