@@ -34,11 +34,14 @@ gemm_output also gets `torch_naive`: the unfused torch path (bf16 GEMM -> fp32 l
 cross-entropy, autograd), the reference of the issue's targets (>= 1.3x, <= 1/4 of its memory).
 At TP > 1 the versions run one rank's work without collectives (workloads.rank_callable).
 
+rope is benched on q and k sliced out of one QKV projection, as the model calls it, and again as
+`rope+docs` with positions restarting in each synthetic document (--reset-position-ids: quack's varlen
+path); its rate is GB/s of the fewest bytes it must move (q and k read and written, forward and backward).
+
 liger-kernel peers (bench/peers/liger.py), when liger imports (else the header line says why): `liger`
-rows for rmsnorm (its fused add + RMSNorm), gemm_fc1 (torch GEMM + its SwiGLU kernel) and gemm_output
-(its fused linear cross-entropy; TP 1 only), checked and timed like every version; and `rope` rows:
-the engine's RoPE in torch (engine.model.layers.Rotary) against liger_rotary_pos_emb on q and k,
-forward + backward, each call timed alone (median of --iters), error vs the fp32 torch result.
+rows for rmsnorm (its fused add + RMSNorm), gemm_fc1 (torch GEMM + its SwiGLU kernel), gemm_output
+(its fused linear cross-entropy; TP 1 only) and rope (liger_rotary_pos_emb; no documents), checked and
+timed like every version.
 
 JSON (every number) goes to --out; the table prints last.
 """
@@ -59,9 +62,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import median_call_ms, rel_err  # noqa: E402
-from bench.peers.liger import liger_candidates, liger_rope, liger_version  # noqa: E402
+from bench.peers.liger import liger_candidates, liger_version  # noqa: E402
 from engine.config import build_config  # noqa: E402
-from engine.model.layers import Rotary  # noqa: E402
 from engine.ops.dispatch import OP_NAMES, load_op, load_register  # noqa: E402
 from engine.ops.workloads import call_op, grad_leaves, make_inputs, op_bytes, op_flops, op_shapes, rank_callable  # noqa: E402
 
@@ -218,48 +220,6 @@ def bench_op(op, candidates, ref_fn, shapes, device, args, label: str = "") -> l
     return rows
 
 
-def bench_rope(shapes, device, args, use_liger: bool) -> list[dict]:
-    """RoPE on one rank's q and k, fwd + bwd: the engine's torch math vs liger (when importable)."""
-    rotary = Rotary(shapes.head_dim, 10000.0, shapes.seq, device)
-    rotary.init_shard(None, "rotary")
-    cos, sin = rotary.cos.to(torch.bfloat16), rotary.sin.to(torch.bfloat16)
-
-    def torch_rope(q, k):
-        return rotary(q), rotary(k)
-
-    versions = [("baseline", torch_rope)] + ([("liger", lambda q, k: liger_rope(q, k, cos, sin))] if use_liger else [])
-    gen = torch.Generator(device=device).manual_seed(5)
-    q = torch.randn(shapes.batch, shapes.seq, shapes.heads_q, shapes.head_dim, device=device, generator=gen)
-    k = torch.randn(shapes.batch, shapes.seq, shapes.heads_kv, shapes.head_dim, device=device, generator=gen)
-    gq, gk = torch.randn_like(q), torch.randn_like(k)
-    ref_q, ref_k = q.clone().requires_grad_(), k.clone().requires_grad_()
-    torch.autograd.backward(torch_rope(ref_q, ref_k), [gq, gk])
-    ref = [rotary(q), rotary(k), ref_q.grad, ref_k.grad]
-    nbytes = 4 * 2 * (q.numel() + k.numel())  # bf16 read + write of q and k, forward and backward
-    rows = []
-    for name, fn in versions:
-        row = {"op": "rope", "tp": shapes.tp, "version": name}
-        rows.append(row)
-        try:
-            qb, kb = q.bfloat16().requires_grad_(), k.bfloat16().requires_grad_()
-            outs = fn(qb, kb)
-            torch.autograd.backward(outs, [gq.bfloat16(), gk.bfloat16()])
-            got = [*outs, qb.grad, kb.grad]
-            row["errors"] = {key: rel_err(g, r) for key, g, r in zip(("out_q", "out_k", "dq", "dk"), got, ref)}
-            row["max_rel_err"] = max(row["errors"].values())
-            row["ok"] = row["max_rel_err"] <= TOL
-
-            def fwd_bwd(_, fn=fn, qb=qb, kb=kb):
-                torch.autograd.backward(fn(qb, kb), [gq.bfloat16(), gk.bfloat16()])
-
-            row["fwd_ms"] = median_call_ms(lambda _, fn=fn, qb=qb, kb=kb: fn(qb.detach(), kb.detach()), [None], args.iters)
-            row["fwd_bwd_ms"] = row["fwd_bwd_ms_sync"] = median_call_ms(fwd_bwd, [None], args.iters)
-            row.update(fwd_bwd_tflops=None, fwd_bwd_gbs=nbytes / (row["fwd_bwd_ms"] * 1e-3) / 1e9, peak_extra_gib=0.0)
-        except Exception as err:  # reported in the table and JSON; the other version still runs
-            row.update(error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-3000:])
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="minicpm4-8b")
@@ -270,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=7, help="pipelined batches of --iters calls (median)")
     parser.add_argument("--sets", type=int, default=3, help="input sets rotated through the timed calls")
     parser.add_argument("--documents", action=argparse.BooleanOptionalAction, default=True,
-                        help="also bench attention within packed documents (attention+docs rows)")
+                        help="also bench attention within packed documents and rope restarting in them (+docs rows)")
     parser.add_argument("--liger", action=argparse.BooleanOptionalAction, default=True,
-                        help="add liger-kernel's versions (rmsnorm, gemm_fc1, gemm_output) and the rope rows")
+                        help="add liger-kernel's versions (rmsnorm, gemm_fc1, gemm_output, rope)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "ops.json"))
     args = parser.parse_args(argv)
     device = torch.device("cuda")
@@ -314,13 +274,14 @@ def main(argv: list[str] | None = None) -> int:
             variants = [(shapes, "")]
             if op == "attention" and args.documents:
                 variants.append((dataclasses.replace(shapes, documents=True), "attention+docs"))
+            if op == "rope" and args.documents:
+                variants.append((dataclasses.replace(shapes, reset_positions=True), "rope+docs"))
             for variant, label in variants:
-                for row in bench_op(op, candidates, ref_fn, variant, device, args, label=label):
+                # liger's rope has no per-document positions
+                here = [c for c in candidates if not (label == "rope+docs" and c[0] == "liger")]
+                for row in bench_op(op, here, ref_fn, variant, device, args, label=label):
                     rows.append(row)
                     print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
-        for row in bench_rope(shapes, device, args, use_liger):
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
     for row in rows:
         if "error" in row:
             continue
@@ -338,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.replace(out)
     print(f"\n{meta['device']}  preset {args.preset}  bf16, {args.iters} back-to-back calls over {args.sets} input sets "
           f"(median of {args.reps}); f+b sync: each call alone, median of {args.iters}; "
-          f"err = max rel. error vs fp32 reference (tol {TOL}); x = baseline ms / version ms; rate TFLOP/s (rmsnorm GB/s)")
+          f"err = max rel. error vs fp32 reference (tol {TOL}); x = baseline ms / version ms; rate TFLOP/s (rmsnorm, rope GB/s)")
     head = (f"{'op':<15}{'tp':>3} {'version':<12}{'fwd ms':>8}{'f+b ms':>8}{'rate f+b':>9}{'x fwd':>7}{'x f+b':>7}"
             f"{'x naive':>8}{'peak GiB':>9}{'err':>9}{'f+b sync':>9} ok")
     print(head)

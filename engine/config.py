@@ -174,6 +174,7 @@ class EngineConfig:
     op_rmsnorm: str = _f("", "rmsnorm kernel version", "kernels")
     op_gemm_fc1: str = _f("", "fused fc1 + SwiGLU kernel version", "kernels")
     op_gemm_output: str = _f("", "fused LM head + cross-entropy kernel version", "kernels")
+    op_rope: str = _f("", "rotary position embedding kernel version", "kernels")
 
     # --- performance
     activation_checkpointing: bool = _f(False, "recompute each decoder layer in backward (saves memory, costs ~1/3 more compute)", "perf")

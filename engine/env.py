@@ -21,6 +21,7 @@ _OP_VARIABLES = MappingProxyType({
     "rmsnorm": "TEMPER_OP_RMSNORM",
     "gemm_fc1": "TEMPER_OP_GEMM_FC1",
     "gemm_output": "TEMPER_OP_GEMM_OUTPUT",
+    "rope": "TEMPER_OP_ROPE",
 })
 OVERRIDABLE_OPS = frozenset(_OP_VARIABLES)
 

@@ -1,6 +1,6 @@
 """`python -m engine warmup-kernels`: compile every configured op on the run's shapes, fill the cache.
 
-For each of the four ops this resolves the version the run would use (env > --op-* > register
+For each op this resolves the version the run would use (env > --op-* > register
 default, exactly as pretrain does), builds one rank's inputs at the preset's shapes (micro-batch x
 sequence, TP-sharded heads / FFN / vocabulary, attention within synthetic documents when
 --document-mask is on; see engine/ops/workloads.py) and runs forward +

@@ -120,7 +120,7 @@ def _kernels(engine: dict[str, Any] | None, project: dict[str, Any]) -> Check:
         parts.append(f"{name} {have}" + (f" (pinned {pin})" if pin and have not in ("absent", pin) else ""))
     return Check("kernels", not missing, ", ".join(parts),
                  f"pip install -e '.[gpu]' (the pinned CuTeDSL libraries: {', '.join(missing)} missing), or run plain "
-                 "torch with --op-attention baseline --op-rmsnorm baseline --op-gemm-fc1 baseline --op-gemm-output baseline",
+                 "torch with --op-attention baseline --op-rmsnorm baseline --op-gemm-fc1 baseline --op-gemm-output baseline --op-rope baseline",
                  ("gpu",))
 
 

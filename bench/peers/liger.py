@@ -7,13 +7,13 @@ checks and times it exactly like the engine's versions:
 - gemm_fc1: torch's FC1 GEMM, then LigerSiLUMulFunction (liger fuses SwiGLU's elementwise part only).
 - gemm_output: LigerFusedLinearCrossEntropyFunction over the true vocabulary rows, reduction sum (TP 1 only:
   liger has no vocab-parallel fused linear CE).
-- rope: liger_rotary_pos_emb (bench/ops.py's `rope` rows; the engine applies RoPE inside its model).
+- rope: liger_rotary_pos_emb on q and k (transposed to its [b, heads, s, d]; tables cast to q's dtype); no
+  per-document positions.
 """
 
-import torch
 import torch.nn.functional as F
 
-__all__ = ["liger_version", "liger_candidates", "liger_rope"]
+__all__ = ["liger_version", "liger_candidates"]
 
 
 def liger_version() -> str:
@@ -48,11 +48,14 @@ def gemm_output(h, w, labels, *, vocab_start, vocab_size, tp_group=None):
     return loss  # (loss, z_loss, token accuracy, predicted tokens)
 
 
-def liger_rope(q, k, cos, sin):
+def rope(q, k, cos, sin, *, cu_seqlens=None, max_seqlen=None):
     """q [b, s, h, d], k [b, s, kv, d] (the engine's layout) -> rotated, via liger's [b, heads, s, d] kernel."""
     from liger_kernel.transformers.rope import liger_rotary_pos_emb
 
-    q2, k2 = liger_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos[None], sin[None])
+    if cu_seqlens is not None:
+        raise ValueError("liger's rope takes no per-document positions (cu_seqlens)")
+    s = q.shape[1]
+    q2, k2 = liger_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos[None, :s].to(q.dtype), sin[None, :s].to(q.dtype))
     return q2.transpose(1, 2), k2.transpose(1, 2)
 
 
@@ -60,5 +63,5 @@ def liger_candidates(op: str) -> list:
     """[(version name, fn)] for `op`; raises ImportError (with liger's own message) when liger cannot load."""
     import liger_kernel  # noqa: F401 -- the reason liger is unavailable surfaces here
 
-    fn = {"rmsnorm": rmsnorm, "gemm_fc1": gemm_fc1, "gemm_output": gemm_output}.get(op)
+    fn = {"rmsnorm": rmsnorm, "gemm_fc1": gemm_fc1, "gemm_output": gemm_output, "rope": rope}.get(op)
     return [("liger", fn)] if fn is not None else []

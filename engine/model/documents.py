@@ -13,8 +13,9 @@ row order, `cu_seqlens` the offsets where documents start followed by b x s (int
 multiple of s is among them, so no document spans two rows) and `max_seqlen` the longest document as
 a host int. It is computed once per micro-batch from the loader's CPU tokens, before they are copied
 to the device, so no step waits on the GPU for it: kernels get `max_seqlen` without asking the
-device, and the baseline builds its mask from `cu_seqlens` on the device. With --reset-position-ids,
-`positions` [b, s] holds each token's index inside its document (RoPE restarts at 0 there).
+device, and the baseline builds its mask from `cu_seqlens` on the device. With --reset-position-ids
+(`reset_positions`), RoPE gives each token its index inside its document (ops.rope reads the same
+`cu_seqlens`).
 """
 
 from dataclasses import dataclass
@@ -32,13 +33,11 @@ class DocumentLayout:
 
     cu_seqlens: torch.Tensor  # int32 [n + 1]: 0, document starts in the flattened tokens, b * s
     max_seqlen: int  # the longest document, in tokens
-    positions: torch.Tensor | None  # int64 [b, s]: index of each token inside its document; None: 0..s-1
+    reset_positions: bool  # RoPE positions restart at 0 in each document (else 0..s-1 along each row)
 
     def to(self, device: torch.device | str) -> "DocumentLayout":
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=True)
-
-        return DocumentLayout(cu_seqlens=move(self.cu_seqlens), max_seqlen=self.max_seqlen, positions=move(self.positions))
+        return DocumentLayout(cu_seqlens=self.cu_seqlens.to(device, non_blocking=True), max_seqlen=self.max_seqlen,
+                              reset_positions=self.reset_positions)
 
 
 def document_layout(inputs: torch.Tensor, eos_id: int, *, reset_positions: bool) -> DocumentLayout:
@@ -53,13 +52,7 @@ def document_layout(inputs: torch.Tensor, eos_id: int, *, reset_positions: bool)
     offsets = starts.reshape(-1).nonzero().reshape(-1)
     cu_seqlens = torch.cat([offsets, torch.tensor([b * s])]).to(torch.int32)
     max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    positions = None
-    if reset_positions:
-        index = torch.arange(s).expand(b, s)
-        # the latest document start at or before each token (cummax carries it forward along the row)
-        start = torch.where(starts, index, 0).cummax(dim=1).values
-        positions = index - start
-    return DocumentLayout(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, positions=positions)
+    return DocumentLayout(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, reset_positions=reset_positions)
 
 
 def batch_documents(cfg: EngineConfig, inputs: torch.Tensor, eos_id: int,

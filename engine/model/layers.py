@@ -30,6 +30,7 @@ from engine.distributed import (ParallelState, TPComm, column_input, column_para
 from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
 from engine.ops import OpSet
+from engine.ops.rope.tables import rope_tables
 
 __all__ = ["RMSNormWeight", "Rotary", "Attention", "MLP", "VocabEmbedding", "DecoderLayer", "kv_head_range", "tp_comm"]
 
@@ -62,7 +63,8 @@ class RMSNormWeight(nn.Module):
 
 
 class Rotary(nn.Module):
-    """RoPE in the rotate-half convention of HF Llama (so exported weights need no permutation)."""
+    """RoPE's cos / sin tables (engine/ops/rope/tables.py: HF Llama's rotate-half convention, so exported
+    weights need no permutation); the rotation itself is ops.rope."""
 
     def __init__(self, head_dim: int, theta: float, max_seq: int, device: torch.device | str):
         super().__init__()
@@ -71,27 +73,10 @@ class Rotary(nn.Module):
         self.register_buffer("sin", torch.empty(max_seq, head_dim, device=device), persistent=False)
 
     def init_shard(self, init: Initializer, name: str) -> None:
-        # Same arithmetic as HF Llama's default rope (fp32 inverse frequencies, outer product).
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=self.cos.device).float() / self.head_dim))
-        t = torch.arange(self.max_seq, device=self.cos.device, dtype=torch.int64).float()
-        freqs = torch.outer(t, inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = rope_tables(self.head_dim, self.theta, self.max_seq, self.cos.device)
         with torch.no_grad():
-            self.cos.copy_(emb.cos())
-            self.sin.copy_(emb.sin())
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [b, s, h, d] -> rotated, in x's dtype. positions [b, s]: each token's position (default 0..s-1)."""
-        if positions is None:
-            s = x.shape[1]
-            cos = self.cos[:s].to(x.dtype)[None, :, None, :]
-            sin = self.sin[:s].to(x.dtype)[None, :, None, :]
-        else:
-            cos = self.cos[positions].to(x.dtype)[:, :, None, :]
-            sin = self.sin[positions].to(x.dtype)[:, :, None, :]
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+            self.cos.copy_(cos)
+            self.sin.copy_(sin)
 
 
 class Attention(nn.Module):
@@ -141,9 +126,11 @@ class Attention(nn.Module):
             b, s = qkv.shape[:2]
         d = self.head_dim
         q, k, v = qkv.split([self.q_heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        positions = documents.positions if documents is not None else None
-        q = rotary(q.view(b, s, self.q_heads, d), positions)
-        k = rotary(k.view(b, s, self.kv_heads, d), positions)
+        # Positions restart per document only with --reset-position-ids.
+        restart = {"cu_seqlens": documents.cu_seqlens, "max_seqlen": documents.max_seqlen} \
+            if documents is not None and documents.reset_positions else {}
+        q, k = self.ops.rope(q.view(b, s, self.q_heads, d), k.view(b, s, self.kv_heads, d), rotary.cos, rotary.sin,
+                             **restart)
         v = v.view(b, s, self.kv_heads, d)
         if documents is None:  # versions without document support keep working for plain causal runs
             out = self.ops.attention(q, k, v, softmax_scale=self.softmax_scale)

@@ -61,7 +61,7 @@ class Transformer(nn.Module):
             raise ValueError("--document-mask is on but the forward got no DocumentLayout: build one per micro-batch "
                              "with engine.model.documents.batch_documents")
         if documents is not None and (not self.cfg.document_mask
-                                      or (documents.positions is not None) != self.cfg.reset_position_ids):
+                                      or documents.reset_positions != self.cfg.reset_position_ids):
             raise ValueError(f"the DocumentLayout does not match the config (document_mask={self.cfg.document_mask}, "
                              f"reset_position_ids={self.cfg.reset_position_ids}): build it with batch_documents")
 

@@ -67,7 +67,7 @@ __all__ = [
     "check_documents",
 ]
 
-OP_NAMES = ("attention", "rmsnorm", "gemm_fc1", "gemm_output")
+OP_NAMES = ("attention", "rmsnorm", "gemm_fc1", "gemm_output", "rope")
 DEVICES = ("cpu", "cuda")
 OPS_ROOT = Path(__file__).resolve().parent
 
@@ -109,6 +109,7 @@ class OpSet:
     rmsnorm: Callable[..., Any]
     gemm_fc1: Callable[..., Any]
     gemm_output: Callable[..., Any]
+    rope: Callable[..., Any]
     versions: dict[str, str]
 
 

@@ -9,6 +9,9 @@ the model makes (engine/model/layers.py, transformer.py):
     rmsnorm      x, residual [b * s, hidden], residual_scale = scale_depth / sqrt(L) (muP) or 1
     gemm_fc1     x [b * s, hidden], w [2 * ffn / TP, hidden]
     gemm_output  h [b * s, hidden], w [padded vocab / TP, hidden], labels [b * s]
+    rope         q and k sliced out of one QKV projection [b, s, (hq + 2 hkv) / TP * d] (the `qkv` input,
+                 which gets the gradient), the model's fp32 tables; with --document-mask and
+                 --reset-position-ids also the documents' cu_seqlens / max_seqlen
 
 Inputs are scaled so the op's outputs are O(1), like a trained model's: x ~ N(0, 1) and matrices
 ~ N(0, 1 / fan_in), so GEMM outputs and logits are ~N(0, 1).
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
+from engine.ops.rope.tables import rope_tables
 
 __all__ = ["OpShapes", "op_shapes", "make_inputs", "grad_leaves", "call_op", "op_flops", "op_bytes",
            "rank_callable", "synthetic_documents"]
@@ -30,7 +34,7 @@ __all__ = ["OpShapes", "op_shapes", "make_inputs", "grad_leaves", "call_op", "op
 
 @dataclass(kw_only=True, frozen=True)
 class OpShapes:
-    """Per-rank shapes of the four hot ops for one micro-batch."""
+    """Per-rank shapes of the hot ops for one micro-batch."""
 
     batch: int
     seq: int
@@ -46,6 +50,8 @@ class OpShapes:
     eps: float
     residual_scale: float
     documents: bool = False  # attention within packed documents (--document-mask)
+    rope_theta: float = 10000.0
+    reset_positions: bool = False  # RoPE positions restart per document (--reset-position-ids)
 
     @property
     def tokens(self) -> int:
@@ -63,7 +69,8 @@ def op_shapes(cfg: EngineConfig, tp: int | None = None, tp_rank: int = 0) -> OpS
                     heads_q=cfg.num_heads // tp, heads_kv=max(1, cfg.num_kv_heads // tp), head_dim=cfg.head_dim,
                     ffn_local=cfg.ffn_hidden_size // tp, vocab_local=vocab_local, vocab_size=cfg.vocab_size,
                     vocab_start=tp_rank * vocab_local, tp=tp, eps=cfg.rms_norm_eps, residual_scale=residual_scale,
-                    documents=cfg.document_mask)
+                    documents=cfg.document_mask, rope_theta=cfg.rope_theta,
+                    reset_positions=cfg.document_mask and cfg.reset_position_ids)
 
 
 def synthetic_documents(batch: int, seq: int, *, seed: int, device: torch.device | str) -> tuple[torch.Tensor, int]:
@@ -105,6 +112,12 @@ def make_inputs(op: str, s: OpShapes, *, device: torch.device | str, dtype: torc
         return inputs
     if op == "gemm_fc1":
         return {"x": rand(s.tokens, s.hidden), "w": rand(2 * s.ffn_local, s.hidden, std=s.hidden ** -0.5)}
+    if op == "rope":
+        cos, sin = rope_tables(s.head_dim, s.rope_theta, s.seq, device)
+        inputs = {"qkv": rand(s.batch, s.seq, (s.heads_q + 2 * s.heads_kv) * s.head_dim), "cos": cos, "sin": sin}
+        if s.reset_positions:
+            inputs["cu_seqlens"], inputs["max_seqlen"] = synthetic_documents(s.batch, s.seq, seed=seed, device=device)
+        return inputs
     if op == "gemm_output":
         labels = torch.randint(0, s.vocab_size, (s.tokens,), generator=g, device=device)
         labels[torch.rand(s.tokens, generator=g, device=device) < 0.05] = -100  # some ignored positions
@@ -133,6 +146,12 @@ def call_op(op: str, fn: Callable[..., Any], inputs: dict[str, Any], s: OpShapes
         return [fn(inputs["x"], inputs["w"])]
     if op == "gemm_output":
         return [fn(inputs["h"], inputs["w"], inputs["labels"], vocab_start=s.vocab_start, vocab_size=s.vocab_size)]
+    if op == "rope":
+        d, qkv = s.head_dim, inputs["qkv"]
+        q = qkv[..., :s.heads_q * d].view(s.batch, s.seq, s.heads_q, d)
+        k = qkv[..., s.heads_q * d:(s.heads_q + s.heads_kv) * d].view(s.batch, s.seq, s.heads_kv, d)
+        documents = {key: inputs[key] for key in ("cu_seqlens", "max_seqlen") if key in inputs}
+        return list(fn(q, k, inputs["cos"], inputs["sin"], **documents))
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -151,7 +170,7 @@ def rank_callable(op: str, fn: Callable[..., Any], s: OpShapes) -> Callable[...,
 
 
 def op_flops(op: str, s: OpShapes, *, backward: bool) -> float:
-    """Model FLOPs of one call (forward, or forward + backward); rmsnorm counts 0 (bandwidth-bound).
+    """Model FLOPs of one call (forward, or forward + backward); rmsnorm and rope count 0 (bandwidth-bound).
 
     GEMMs: 2 m n k forward, twice that backward. Causal attention: 2 matmuls of b hq s^2 d / 2
     multiply-adds forward (4 b hq s^2 d / 2 FLOPs), backward 2.5x forward (FlashAttention's count).
@@ -171,7 +190,10 @@ def op_flops(op: str, s: OpShapes, *, backward: bool) -> float:
 
 
 def op_bytes(op: str, s: OpShapes, *, backward: bool, itemsize: int = 2) -> float:
-    """Fewest bytes rmsnorm must move (each input read once, each output written once)."""
+    """Fewest bytes rmsnorm and rope must move (each input read once, each output written once)."""
+    if op == "rope":  # read q and k, write them rotated; backward the same for their gradients
+        n = s.tokens * (s.heads_q + s.heads_kv) * s.head_dim * itemsize
+        return 2 * n * (2 if backward else 1)
     if op != "rmsnorm":
         return 0.0
     n = s.tokens * s.hidden * itemsize

@@ -1,6 +1,7 @@
 """--document-mask / --reset-position-ids (engine/model/documents.py) against independent references.
 
-- The layout of a hand-written packed window: offsets, longest document, positions written out here.
+- The layout of a hand-written packed window: offsets, longest document, and the positions ops.rope
+  derives from the offsets, written out here.
 - A window packing documents A | B | C (A and B end with EOS, C is cut by the window's end), fp32 on
   CPU, tiny preset (muP scalings, GQA 4/2): each document's logits in the packed forward equal the
   engine run on that document alone, with --reset-position-ids and without it, and so do the
@@ -26,6 +27,7 @@ from engine.distributed import ParallelState
 from engine.errors import ConfigError
 from engine.model import batch_documents, build_model, document_layout
 from engine.ops import resolve_ops
+from engine.ops.rope.baseline import document_positions
 from tests.engine.helpers import TINY_FAST, deterministic_fields, eval_lines, loss_lines, run_engine
 
 CPU = torch.device("cpu")
@@ -50,8 +52,9 @@ def test_layout_of_a_packed_window():
     assert lay.cu_seqlens.dtype == torch.int32
     assert lay.cu_seqlens.tolist() == [0, 2, 5, 6, 7, 12]  # row 1 starts a document at 6 whatever came before
     assert lay.max_seqlen == 5
-    assert lay.positions.tolist() == [[0, 1, 0, 1, 2, 0], [0, 0, 1, 2, 3, 4]]
-    assert document_layout(tokens, EOS, reset_positions=False).positions is None
+    assert lay.reset_positions and not document_layout(tokens, EOS, reset_positions=False).reset_positions
+    # the positions ops.rope derives from the offsets (written out here by hand)
+    assert document_positions(lay.cu_seqlens, 2, 6).tolist() == [[0, 1, 0, 1, 2, 0], [0, 0, 1, 2, 3, 4]]
     with pytest.raises(ValueError, match=r"\[b, s\]"):
         document_layout(tokens[0], EOS, reset_positions=False)
     cfg, _ = model_for()

@@ -1,7 +1,7 @@
 """--document-mask on CUDA (GPU): FA4's varlen path in whole runs and under --deterministic.
 
 1. Whole training runs with the mask, the CUDA defaults (fa4-tuned: FA4's varlen kernels) against all
-   four ops forced to baseline (SDPA with the block-diagonal mask), on a corpus of short documents:
+   ops forced to baseline (SDPA with the block-diagonal mask), on a corpus of short documents:
    per-step loss within 3e-2 relative over 8 steps, the tolerance and reasons of
    tests/engine/test_gpu_default_kernels.py (bf16 kernels rounding at different points, drift over
    steps at lr 1e-2). This catches a varlen path that fails, mis-scales or mis-shapes; it cannot tell a

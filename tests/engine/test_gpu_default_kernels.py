@@ -2,8 +2,8 @@
 
 On CUDA every op defaults to its CuTeDSL version (engine/ops/*/register.toml). The small presets
 have shapes the 8B benchmarks never compile (head dim 32, hidden 128, vocabulary shard 384), so
-this runs the real CLI on them twice, same seed and data: once with the defaults, once with all
-four ops forced to `baseline`, and compares the per-step loss and the validation losses (evaluation runs
+this runs the real CLI on them twice, same seed and data: once with the defaults, once with every
+op forced to `baseline`, and compares the per-step loss and the validation losses (evaluation runs
 the ops under torch.no_grad, where a version may take another kernel path). minicpm4-0.5b (short
 sequences) adds the real padded vocabulary, 73448 in 73472 columns, where quack's no-grad CE path once
 made every validation loss NaN.
@@ -16,12 +16,12 @@ scale, a transposed operand) moves the loss by far more than this from the secon
 
 import pytest
 
+from engine.ops import OP_NAMES
 from tests.engine.helpers import deterministic_fields, eval_lines, loss_lines, run_engine
 
 pytestmark = pytest.mark.gpu
 
-BASELINE = ["--op-attention", "baseline", "--op-rmsnorm", "baseline", "--op-gemm-fc1", "baseline",
-            "--op-gemm-output", "baseline"]
+BASELINE = [arg for op in OP_NAMES for arg in (f"--op-{op.replace('_', '-')}", "baseline")]
 
 
 SHAPES = {"tiny": [], "llama-tiny": [], "minicpm4-0.5b": ["--seq-length", "512", "--micro-batch-size", "2"]}

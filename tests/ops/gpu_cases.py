@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from engine.ops.rope.tables import rope_tables
 from engine.ops.workloads import synthetic_documents
 
 __all__ = ["Case", "CASES", "cases_for"]
@@ -98,6 +99,31 @@ def _output(n, d, v_local, vocab_start, vocab_size, std=1.0) -> Case:
     return Case(op="gemm_output", name=f"{n}x{d}x{v_local}_{kind}", make=make, call=call)
 
 
+def _rope(b, s, hq, hkv, d, documents: bool = False) -> Case:
+    """q and k sliced out of one packed QKV projection [b, s, (hq + 2 hkv) d], as the model calls it (strided,
+    only the last dim contiguous); the gradient reaches the projection (its V part zero). documents: positions
+    restart in each document (--reset-position-ids)."""
+    tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def make(seed, dtype):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x = {"qkv": _rand(g, b, s, (hq + 2 * hkv) * d, dtype=dtype)}
+        if documents:
+            x["cu_seqlens"], x["max_seqlen"] = synthetic_documents(b, s, seed=seed, device="cuda")
+        return x
+
+    def call(fn, x):
+        if "cos" not in tables:
+            tables["cos"] = rope_tables(d, 10000.0, s, "cuda")
+        cos, sin = tables["cos"]
+        q = x["qkv"][..., :hq * d].view(b, s, hq, d)
+        k = x["qkv"][..., hq * d:(hq + hkv) * d].view(b, s, hkv, d)
+        extra = {key: x[key] for key in ("cu_seqlens", "max_seqlen") if key in x}
+        return list(fn(q, k, cos, sin, **extra))
+
+    return Case(op="rope", name=f"qkv{hq}-{hkv}_d{d}_s{s}" + ("_documents" if documents else ""), make=make, call=call)
+
+
 CASES = [
     _attention(1, 2048, 16, 1, 128),  # MiniCPM4-8B at TP 2 (32/2 at TP 1 has the same 16:1 grouping)
     _attention(2, 1024, 16, 2, 64),  # MiniCPM4-0.5B
@@ -120,6 +146,10 @@ CASES = [
     # --document-mask: FA4's varlen kernels (the stress test takes each op's first case, above)
     _attention(2, 2048, 16, 1, 128, documents=True),
     _attention(2, 1024, 16, 2, 64, documents=True),
+    _rope(1, 4096, 32, 2, 128),  # MiniCPM4-8B at TP 1 (the table's whole length: positions up to 4095)
+    _rope(2, 2048, 16, 1, 128),  # TP 2
+    _rope(2, 1024, 16, 2, 64),  # MiniCPM4-0.5B
+    _rope(2, 2048, 32, 2, 128, documents=True),  # positions restart in each document (quack's varlen path)
 ]
 
 

@@ -95,7 +95,7 @@ def write_register(root: Path, text: str, op: str = "attention") -> Path:
 # --- the real registers -------------------------------------------------------------------------
 
 # The CUDA defaults: the fastest version bench/ops.py measured per op (docs/benchmarks.md).
-CUDA_DEFAULTS = {"attention": "fa4-tuned", "rmsnorm": "cute", "gemm_fc1": "quack", "gemm_output": "quack"}
+CUDA_DEFAULTS = {"attention": "fa4-tuned", "rmsnorm": "cute", "gemm_fc1": "quack", "gemm_output": "quack", "rope": "quack"}
 
 
 def test_real_registers_are_valid_and_default_to_the_measured_cutedsl_versions():

@@ -17,7 +17,7 @@ from engine.ops.kernel_cache import DEFAULT_KERNEL_CACHE, kernel_cache_root
 from engine.ops.workloads import make_inputs, op_flops, op_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
-CUTE_VERSIONS = {"attention": "fa4", "gemm_fc1": "quack", "gemm_output": "quack", "rmsnorm": "quack"}
+CUTE_VERSIONS = {"attention": "fa4", "gemm_fc1": "quack", "gemm_output": "quack", "rmsnorm": "quack", "rope": "quack"}
 KERNEL_LIBS = ("cutlass", "quack", "flash_attn")
 
 
