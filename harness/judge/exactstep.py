@@ -50,8 +50,13 @@ Tolerances (`tolerances_for`), relative:
   2^-8 = 3.9e-3) and accumulate in fp32. Measured with the engine in bf16 on CPU against this fp32
   reference: tiny, 8 steps: 2.4e-4 / 2.0e-3 / 4.2e-3 / 5.6e-3; llama-tiny, 30 steps (small late gradients,
   where rounding weighs most): 4.5e-4 / 1.1e-2 / 3.7e-2 / 3.6e-2. Bounds: 2e-2, 5e-2, 0.15, 0.2, 4x and
-  more above those. Larger models on a GPU must be measured on the device before the bounds are trusted
-  there (`python -m pytest -m gpu -s tests/judge/test_exactstep.py` prints them).
+  more above those. They did not hold on a GPU: MiniCPM4-0.5B at lr 1e-2, steps 26-30 of perf's run, printed
+  grad norms 3-12 % from the fp32 reference with every op version, the baseline ops included (a norm's gain,
+  a sum over 16k tokens of terms that cancel, carried most of it). So each bf16 step also gets a floor: the
+  judge runs its own pass again in bf16 autocast (GEMM inputs rounded to bf16, fp32 accumulation, the loss in
+  fp32) on the same weights and batch, and a bound is at least FLOOR_FACTOR = 3 x how far that lands from its
+  fp32 pass (the second moment: 2 x that for the squares), at most BF16_CAP (5e-2, 0.2, 0.5, 0.6), below what
+  the cheats move. The floors are in each check (`StepCheck.floor`) and the verdict's measured values.
 """
 
 import math
@@ -78,6 +83,10 @@ class Tolerances:
 
 FP32 = Tolerances(loss=1e-4, grad_norm=1e-4, grad=1e-3, second_moment=1e-3)
 BF16 = Tolerances(loss=2e-2, grad_norm=5e-2, grad=0.15, second_moment=0.2)
+# bf16 runs: a bound grows to FLOOR_FACTOR x the judge's own bf16 error on the step (module doc), never past these,
+# which stay below what the cheats move (another batch ~0.3-1 of the gradient, half the samples percents of the loss).
+BF16_CAP = Tolerances(loss=5e-2, grad_norm=0.2, grad=0.5, second_moment=0.6)
+FLOOR_FACTOR = 3.0
 
 
 def tolerances_for(config: Mapping[str, Any], device: str) -> Tolerances:
@@ -105,6 +114,7 @@ class StepCheck:
     printed_grad_norm: float | None = None
     grad_rel: float = math.nan
     second_moment_rel: float = math.nan
+    floor: dict[str, float] = field(default_factory=dict)  # bf16 runs: the judge's own bf16 error on this step
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -220,6 +230,32 @@ def _groups(names: Sequence[str], shapes: Mapping[str, torch.Size], max_elems: i
     return out
 
 
+def _bf16_floor(params: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], batch: StepBatch, device: str,
+                eos_id: int | None, loss: float, norm: float, grads: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """How far the judge's own pass in bf16 autocast (GEMM inputs rounded to bf16, fp32 accumulation; the loss in
+    fp32) lands from its fp32 pass on the same weights and batch: the rounding noise of an honest bf16 step here."""
+    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+        loss16, _, grads16 = reference.loss_and_grads(params, cfg, batch.inputs.to(device), batch.labels.to(device),
+                                                      eos_id=eos_id)
+    norm16 = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads16.values()))
+    err = sum(float((grads16[k].double() - g.double()).pow(2).sum()) for k, g in grads.items())
+    return {"loss": _rel(loss16, loss), "grad_norm": _rel(norm16, norm), "grad": math.sqrt(err) / max(norm, 1e-300)}
+
+
+def _widened(tol: Tolerances, floor: Mapping[str, float]) -> Tolerances:
+    """The bf16 bounds, each at least FLOOR_FACTOR x the step's own bf16 floor and at most BF16_CAP's."""
+    def bound(name: str, base: float, floor_value: float) -> float:
+        return min(max(base, FLOOR_FACTOR * floor_value), getattr(BF16_CAP, name))
+
+    return Tolerances(loss=bound("loss", tol.loss, floor["loss"]), grad_norm=bound("grad_norm", tol.grad_norm, floor["grad_norm"]),
+                      grad=bound("grad", tol.grad, floor["grad"]), second_moment=bound("second_moment", tol.second_moment,
+                                                                                         2 * floor["grad"]))
+
+
+def _floor_note(check: StepCheck, name: str) -> str:
+    return f"; the judge's own bf16 pass is {check.floor[name]:.3g} from its fp32 one" if check.floor else ""
+
+
 def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | None, expected: Mapping[str, Any],
                 tol: Tolerances, device: str, ev: ExactEvidence, group_elems: int, eos_id: int | None,
                 skipped: Sequence[tuple[Any, int, StepBatch]]) -> None:
@@ -243,20 +279,23 @@ def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | No
                                  f"it gives {judged:.9e} (relative difference {_rel(skip.loss, judged):.3g} > {tol.loss}): a "
                                  "skipped update must be a real loss spike")
     loss, _, grads = reference.loss_and_grads(params, cfg, batch.inputs.to(device), batch.labels.to(device), eos_id=eos_id)
-    del params
     norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
     check = StepCheck(step=step, judge_loss=loss, judge_grad_norm=norm)
+    if tol == BF16:
+        check.floor = _bf16_floor(params, cfg, batch, device, eos_id, loss, norm, grads)
+        tol = _widened(tol, check.floor)
+    del params
     ev.checked.append(check)
     if printed is not None:
         check.printed_loss, check.printed_grad_norm = printed.loss, printed.grad_norm
         if printed.loss is None or not _rel(printed.loss, loss) <= tol.loss:
             ev.violations.append(f"exact step: step {step} printed global_loss={printed.loss}; the judge's forward pass of "
                                  f"step {step - 1}'s weights on the exact batch of step {step} gives {loss:.9e} (relative "
-                                 f"difference {_rel(printed.loss or math.nan, loss):.3g} > {tol.loss})")
+                                 f"difference {_rel(printed.loss or math.nan, loss):.3g} > {tol.loss}{_floor_note(check, 'loss')})")
         if printed.grad_norm is None or not _rel(printed.grad_norm, norm) <= tol.grad_norm:
             ev.violations.append(f"exact step: step {step} printed grad_norm={printed.grad_norm}; the judge's backward pass "
                                  f"on the exact batch gives {norm:.9e} (relative difference "
-                                 f"{_rel(printed.grad_norm or math.nan, norm):.3g} > {tol.grad_norm})")
+                                 f"{_rel(printed.grad_norm or math.nan, norm):.3g} > {tol.grad_norm}{_floor_note(check, 'grad_norm')})")
     coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0
     sums = {"g_err": 0.0, "g_ref": 0.0, "v_err": 0.0, "v_ref": 0.0}
     worst = ("", 0.0)
@@ -284,7 +323,7 @@ def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | No
     if not check.grad_rel <= tol.grad:
         ev.violations.append(f"exact step: the gradient step {step} applied (from the Adam moments of {prev_path.name} and "
                              f"{path.name}) is {check.grad_rel:.3g} away (relative L2) from the judge's gradient of the "
-                             f"exact batch > {tol.grad}; worst tensor {worst[0]} ({worst[1]:.3g}): the step did not train "
+                             f"exact batch > {tol.grad}{_floor_note(check, 'grad')}; worst tensor {worst[0]} ({worst[1]:.3g}): the step did not train "
                              "on the batch it was given, or not on all of it")
     elif not check.second_moment_rel <= tol.second_moment:
         ev.violations.append(f"exact step: the second moment step {step} accumulated is {check.second_moment_rel:.3g} away "

@@ -48,7 +48,7 @@ from harness.judge.live import StepProgress, TestFileProgress, count_text
 from harness.judge.metrics import JobOutcome, judge_metrics
 from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch
 from harness.judge.protected import base_manifest, disk_manifest, manifest_changes, python_env, tree_manifest
-from harness.judge.saveplan import SavePlan, plan_saves
+from harness.judge.saveplan import SavePlan, plan_replay, plan_saves
 from harness.progress import Progress
 from harness.records import RunRecord, scrub_file, scrub_text, write_atomic
 from harness.settings import child_env, data_dir
@@ -797,7 +797,89 @@ class GateRunner:
             return list(evidence.violations), measured  # another model, or no weights to hold a step against
         eos_id = (training or validation).eos_id  # where --document-mask starts a document, by the judge's tokenization
         problems, exact = self._verify_exact(outcome, judging, expected, steps, plan, keeper, text, eos_id)
+        if not problems and not evidence.violations and plan.scope == "the final step":
+            problems, replayed = self._replay(outcome, judging, expected, steps, eos_id)
+            exact.update(replayed)
         return [*problems, *evidence.violations], {**measured, **exact}
+
+    def _replay(self, outcome: JobOutcome, judging: _Judging, expected: dict[str, Any], steps: list[Any],
+                eos_id: int) -> tuple[list[str], dict[str, float]]:
+        """A job verified on its final step alone, replayed untimed up to a secret step (saveplan.plan_replay): its
+        printed steps must equal the timed run's bit for bit, and the replay's steps from the secret one on must be
+        exact on their batches."""
+        from harness.judge.checkpoint import list_checkpoints
+        from harness.judge.exactstep import step_pairs
+        from harness.judge.logparse import LogParseError, parse_engine_log
+
+        gate = outcome.gate
+        job_id = f"{outcome.job_id}-replay"
+        # The timed run's checkpoints have been read; unless a later job resumes from them, their disk goes to the replay.
+        if not any(gate.name in referenced_jobs(g.argv) for g in self.milestone.gates if isinstance(g, JobGate)):
+            shutil.rmtree(judging.saves[gate.name][0].save_dir, ignore_errors=True)
+        replay_dir = _neutral(judging.holder)
+        argv = render_argv(gate.argv, job_dir=replay_dir, worktree=judging.tree, seed=judging.seed, device=judging.device,
+                           data=data_dir(self.home), job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
+        plan = plan_replay(argv, replay_dir, expected=expected, free_bytes=shutil.disk_usage(replay_dir).free)
+        if isinstance(plan, str):
+            judging.flags.append(f"job {outcome.job_id}: {plan}; only its final step is verified exactly")
+            return [], {}
+        named = referenced_jobs(gate.argv)
+        earlier = tuple(o.job_dir for name, o in judging.jobs.items() if name in named)
+        unnamed = tuple(o.job_dir for name, o in judging.jobs.items() if name not in named and o.job_dir.exists())
+        several = gate.nproc > 1 or gate.nodes > 1
+        log = self.record.job_dir(outcome.job_id) / "replay.log"
+        spec = JobSpec(
+            name=job_id, argv=["-m", "engine", *plan.argv] if several else [sys.executable, "-m", "engine", *plan.argv],
+            torchrun=several, launcher=gate.launcher, nproc=gate.nproc, nodes=gate.nodes, timeout_s=2 * gate.timeout_s,
+            env={**gate.env, **_cache_env(replay_dir), **_job_env(judging.env_overrides)}, cwd=judging.tree, log_path=log,
+            gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0,
+            kill_pattern=rf"\[LOSS\] step={plan.stop_at} ", kill_signal="SIGKILL",
+            **self._sandbox_kwargs(judging, readonly=earlier, launcher=gate.launcher, writable=(replay_dir,), hidden=unnamed),
+        )
+        self.logs[job_id] = log
+        self.progress("job", f"{job_id}: the job again, untimed, saving every step, stopped at a secret step")
+        job = launch(spec)
+        self.record.job_started(job_id, list(spec.argv), attempt=judging.attempt, launcher=gate.launcher,
+                                job_id=job.job_id, log=log)
+        result, _ = wait_watching_gpus(job) if gate.gpus > 0 and gate.launcher == "local" else (job.wait(poll_s=0.5), None)
+        scrub_file(log)
+        self.record.job_finished(job_id, attempt=judging.attempt, exit_code=result.exit_code,
+                                 duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout", summary=result.detail)
+        text = result.read_log()
+        if not result.signal_sent:
+            ended = "did not finish in time" if result.state == "timeout" else f"exited {result.exit_code}"
+            return [f"replay {job_id}: the job run again with the same argv and seed {ended} before printing step "
+                    f"{plan.stop_at}: {_tail(text, 3)}"], {}
+        try:
+            replayed = {r.step: r for r in parse_engine_log(text)}
+        except LogParseError as err:
+            return [f"replay {job_id}: {err}"], {}
+        timed = {r.step: r for r in steps}
+        problems = []
+        for step in range(1, plan.stop_at + 1):
+            a, b = timed.get(step), replayed.get(step)
+            if a is None or b is None:
+                continue
+            if (a.loss, a.grad_norm, a.lr) != (b.loss, b.grad_norm, b.lr):
+                problems.append(f"step {step}: the timed run printed loss={a.loss} grad_norm={a.grad_norm} lr={a.lr}, the "
+                                f"judge's replay of the same argv and seed (--deterministic, saving every step) printed "
+                                f"loss={b.loss} grad_norm={b.grad_norm} lr={b.lr}")
+        if plan.step not in timed or plan.step not in replayed:
+            problems.append(f"replay {job_id}: step {plan.step} is missing from the "
+                            f"{'timed run' if plan.step not in timed else 'replay'}'s printed lines")
+        if problems:
+            return problems[:8], {}
+        # Only steps from the secret one on count: a replay that kept early checkpoints alone verifies nothing secret.
+        late = [s for _, s in step_pairs(list_checkpoints(plan.save_dir)) if int(s.name.removeprefix("step_")) >= plan.step]
+        if not late:
+            return [f"replay {job_id}: it left no two consecutive checkpoints from step {plan.step - 1} on in "
+                    f"{plan.save_dir} (asked: --save-every 1 --keep-last 4, stopped at step {plan.stop_at})"], {}
+        save = SavePlan(argv=plan.argv, save_dir=plan.save_dir, num_steps=plan.num_steps,
+                        scope=f"a replay up to secret step {plan.step}")
+        replay = JobOutcome(gate=gate, job_id=job_id, job_dir=replay_dir, result=result, argv=tuple(plan.argv))
+        problems, exact = self._verify_exact(replay, judging, expected, list(replayed.values()), save, None, text, eos_id)
+        return [f"replay {job_id}: {p}" for p in problems], {"replay_step": float(plan.step),
+                                                             "replay_exact_steps": exact.get("exact_steps", 0.0)}
 
     def _verify_exact(self, outcome: JobOutcome, judging: _Judging, expected: dict[str, Any], steps: list[Any],
                       plan: SavePlan, keeper: CheckpointKeeper | None, text: str,
@@ -840,6 +922,8 @@ class GateRunner:
         measured = {"exact_steps": float(len(exact.checked))}
         if exact.checked:
             measured["exact_grad_rel_max"] = max(c.grad_rel for c in exact.checked)
+            if any(c.floor for c in exact.checked):  # bf16: the judge's own bf16 error, which widened the bounds
+                measured["exact_bf16_floor_grad_max"] = max(c.floor.get("grad", 0.0) for c in exact.checked)
         return exact.violations, measured
 
     def _base_batches(self, outcome: JobOutcome, judging: _Judging, steps: list[int], world: int,

@@ -18,20 +18,30 @@ N both exist, so the judge rewrites the job's argv (`plan_saves`):
   in docs/HARNESS.md's threat model.
 A base whose engine has no `--save-last` gets the judge's old request (the final weights only on GPU):
 `limits` says what is then not verified, and the runner puts it on the verdict.
+
+A run verified on its final step alone could do less work on the steps before it. So the judge then replays
+the job, untimed (`plan_replay`): the same argv and seed in a folder of its own, saving every step, stopped
+(SIGKILL) at the printed line of step k + 2 for a secret k in 2..N - 2. Under --deterministic (the engine's
+default) the replay must print steps 1..k + 2 bit for bit as the timed run did, and its steps from k on are
+verified exactly: a run that skips work on unchecked steps fails the second, one that skips it only when
+not saving every step (the timed run) fails the first.
 Checkpoints hold fp32 masters and two Adam moments: 12 bytes a parameter.
 """
 
-from dataclasses import dataclass, field
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from harness.judge.baseconfig import flag_values
 
-__all__ = ["SavePlan", "plan_saves", "checkpoint_bytes", "JOB_BUDGET", "KEEP_BUDGET"]
+__all__ = ["SavePlan", "ReplayPlan", "plan_saves", "plan_replay", "checkpoint_bytes", "JOB_BUDGET", "KEEP_BUDGET"]
 
 JOB_BUDGET = 256 * 2**20  # bytes of per-step checkpoints a CPU job keeps in its own folder
 KEEP_BUDGET = 3 * 2**30  # bytes of checkpoints the judge keeps for itself to verify sampled steps
 _SLACK = 4  # --keep-last of a sampled job: the judge links each checkpoint before the job prunes it
+_REPLAY_KEEP = 4  # --keep-last of a replay: k - 1 .. k + 2 whether or not step k + 2's save finished before the kill
 
 
 @dataclass(frozen=True)
@@ -81,3 +91,40 @@ def plan_saves(argv: Sequence[str], job_dir: Path, *, expected: Mapping[str, Any
                         limits=f"exact steps not verified: {keep + 1} checkpoints of {size / 2**30:.1f} GiB do not fit in "
                                f"the {free_bytes / 2**30:.1f} GiB free beside the job")
     return SavePlan(**where, argv=out + ["--save-last", "2", "--keep-last", str(keep), "--save-final"], scope="the final step")
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    argv: list[str]
+    save_dir: Path
+    num_steps: int
+    step: int  # the secret step k: checkpoints k - 1 and k are left when the replay is stopped
+    stop_at: int  # the step whose printed line stops the replay (SIGKILL): k + 2
+
+
+def plan_replay(argv: Sequence[str], job_dir: Path, *, expected: Mapping[str, Any], free_bytes: int,
+                draw: Callable[[int], int] = secrets.randbelow) -> ReplayPlan | str:
+    """The untimed replay of a job verified on its final step only (module doc); `argv` is the job's own, rendered
+    for the replay's folder. A str says why there is none (the runner flags the verdict with it)."""
+    out = list(argv)
+    flags = flag_values(out)
+    steps = int(expected.get("num_steps", 0))
+    if "resume" in flags:
+        return "not replayed: a run that resumes another's checkpoint would replay from a state the judge did not see made"
+    if not expected.get("deterministic", False):
+        return "not replayed: the job runs without --deterministic, so a replay need not print the same numbers"
+    if steps < 4:
+        return f"not replayed: {steps} step(s) leave no secret step between the second and the last two"
+    size = checkpoint_bytes(expected)
+    if not size or size * (_REPLAY_KEEP + 1) > free_bytes:
+        return (f"not replayed: {_REPLAY_KEEP + 1} checkpoints of {size / 2**30:.1f} GiB do not fit in the "
+                f"{free_bytes / 2**30:.1f} GiB free beside the job" if size else
+                "not replayed: the judge cannot size the job's checkpoints from its config")
+    if "save-dir" not in flags:
+        out += ["--save-dir", str(Path(job_dir) / "checkpoints")]
+    out += ["--save-every", "1", "--keep-last", str(_REPLAY_KEEP)]
+    if "async_save" in expected:  # a background save could still be in flight when the replay is stopped
+        out.append("--no-async-save")
+    step = 2 + draw(steps - 3)
+    return ReplayPlan(argv=out, save_dir=Path(str(flag_values(out)["save-dir"])), num_steps=steps, step=step,
+                      stop_at=step + 2)

@@ -20,10 +20,10 @@ import torch
 
 from harness.judge.batches import BatchesError, batches_argv, read_batches
 from harness.judge.checkpoint import list_checkpoints
-from harness.judge.exactstep import BF16, FP32, StepBatch, batch_order, step_pairs, tolerances_for, verify_exact_steps
+from harness.judge.exactstep import BF16, BF16_CAP, FP32, StepBatch, batch_order, step_pairs, tolerances_for, verify_exact_steps
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
 from harness.judge.logparse import parse_engine_log, parse_skip_lines
-from harness.judge.saveplan import JOB_BUDGET, plan_saves
+from harness.judge.saveplan import JOB_BUDGET, plan_replay, plan_saves
 from tests.judge.runs import REPO, edit_lines, expected_config, flag_argv, train
 
 
@@ -180,6 +180,21 @@ def test_tolerances_follow_the_compute_dtype():
     assert tolerances_for({"compute_dtype": "fp32"}, "cuda") is FP32
 
 
+def test_a_bf16_step_gets_the_judges_own_bf16_floor_and_another_batch_is_still_named(tmp_path):
+    """bf16 bounds widen to 3x the judge's own bf16-autocast error on the step (capped at BF16_CAP), and the floor is
+    recorded; training on another batch moves the gradient far past any of them."""
+    run = train(tmp_path / "bf16", compute_dtype="bf16")
+    pairs = step_pairs(list_checkpoints(run.save_dir))
+    batches = engine_batches(run, tmp_path / "b", [5, 6])
+    expected = {**expected_config(), "compute_dtype": "bf16"}
+    ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches)
+    [c] = ev.checked
+    assert not ev.violations, ev.violations
+    assert set(c.floor) == {"loss", "grad_norm", "grad"} and 0 < c.floor["grad"] < BF16_CAP.grad
+    other = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches={6: batches[5]})
+    assert any("exact step" in v and "bf16 pass" in v for v in other.violations), other.violations
+
+
 # ---------------------------------------------------------------- batches file
 
 
@@ -228,6 +243,22 @@ def test_a_large_cpu_run_is_sampled_in_secret_and_a_gpu_run_keeps_its_final_pair
     assert g.scope == "the final step" and "--save-last" in g.argv and not g.limits
     assert "no --save-last" in plan(device="cuda", defaults={}, **big).limits  # an older base
     assert "do not fit" in plan(device="cuda", free=10 * 2**20, **big).limits
+
+
+def test_a_gpu_run_is_replayed_to_a_secret_step_with_its_own_argv_saving_every_step():
+    expected = {**expected_config(num_steps=30), "deterministic": True}  # the engine's default, from the base
+    argv = ["pretrain", "--num-steps", "30", "--run-dir", "/replay", "--save-every", "10"]
+    draws = []
+    p = plan_replay(argv, Path("/replay"), expected=expected, free_bytes=2**40, draw=lambda n: draws.append(n) or n - 1)
+    assert draws == [27] and (p.step, p.stop_at) == (28, 30)  # k in 2..N - 2, stopped at the line of k + 2
+    assert plan_replay(argv, Path("/replay"), expected=expected, free_bytes=2**40, draw=lambda n: 0).step == 2
+    assert p.argv[:7] == argv and p.argv[7:11] == ["--save-dir", "/replay/checkpoints", "--save-every", "1"]
+    assert p.argv[11:13] == ["--keep-last", "4"] and p.save_dir == Path("/replay/checkpoints")  # the later flag wins
+    # why not: said on the verdict, never a silent pass
+    assert "--deterministic" in plan_replay(argv, Path("/r"), expected={**expected, "deterministic": False}, free_bytes=2**40)
+    assert "resumes" in plan_replay([*argv, "--resume", "/x"], Path("/r"), expected=expected, free_bytes=2**40)
+    assert "do not fit" in plan_replay(argv, Path("/r"), expected=expected, free_bytes=2**20)
+    assert "no secret step" in plan_replay(argv, Path("/r"), expected={**expected, "num_steps": 3}, free_bytes=2**40)
 
 
 # ---------------------------------------------------------------- the keeper

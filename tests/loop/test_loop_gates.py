@@ -389,6 +389,45 @@ def test_no_sandbox_no_judging_unless_asked_and_then_the_verdict_says_so(home: P
     assert verdict.accepted and any(f.startswith("unsandboxed") for f in verdict.flags)
 
 
+def test_a_run_verified_on_its_final_step_is_replayed_to_a_secret_step(home: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On GPU the judge keeps only the final pair of checkpoints (saveplan.plan_saves), so it replays the job untimed to
+    a secret step (saveplan.plan_replay). Here the GPU plan runs on CPU (plan_saves called with device="cuda"): an
+    honest engine passes; one that reuses the last gradient on every other step except the last two, which the final
+    pair verifies, is caught at the replay's secret step; one that does so only in the timed run (it has --save-last, the replay does
+    not) prints other numbers than its replay."""
+    from harness.judge import runner as runner_module
+    from harness.judge.saveplan import plan_saves
+    from tests.adversarial.training import stale_gradient_off_the_final_pair, stale_gradient_when_timed
+
+    monkeypatch.setattr(runner_module, "plan_saves", lambda *a, **kw: plan_saves(*a, **{**kw, "device": "cuda"}))
+    one_job_milestone(home, "replayed", "A run the judge verifies as on a GPU", timeout_s=300, argv=(
+        '"pretrain", "--preset", "tiny", "--device", "cpu", "--seed", "{seed}", "--num-steps", "6", "--warmup-steps", "1", '
+        '"--seq-length", "32", "--micro-batch-size", "2", "--eval-samples", "0", "--run-dir", "{job_dir}"'))
+    git(home, "add", "-A")
+    git(home, "commit", "-qm", "replayed milestone")
+    milestone = load_milestone(home / "milestones/replayed.toml", root=home)
+    base = git(home, "rev-parse", "HEAD").strip()
+
+    def judge(patch: str, attempt: int):  # noqa: ANN202
+        record = RunRecord.create(milestone_id="replayed", spec_hash=milestone.spec_hash, agent={"spec": "none"},
+                                  base_commit=base, branch="", worktree="", runs_root=tmp_path / "runs")
+        return GateRunner(milestone=milestone, repo=home, base=base, record=record).judge(patch, attempt=attempt).gates[1]
+
+    honest = judge("", 1)
+    assert honest.passed, honest.summary + str(honest.violations)
+    assert 2 <= honest.metrics["replay_step"] <= 4 and honest.metrics["replay_exact_steps"] >= 1
+
+    # Steps 2 and 4 of 6 reuse the last gradient: the secret step k (2..4) and k + 1, k + 2 are verified, so step 4 is.
+    skips = unified_diff(home, tmp_path, stale_gradient_off_the_final_pair)
+    caught = judge(skips.read_text(), 2)
+    assert not caught.passed and any("replay" in v and "exact step" in v for v in caught.violations), caught.violations
+
+    timed_only = unified_diff(home, tmp_path, stale_gradient_when_timed)
+    caught = judge(timed_only.read_text(), 3)
+    assert not caught.passed and any("the judge's replay of the same argv" in v for v in caught.violations), caught.violations
+
+
 def test_a_candidate_job_cannot_write_outside_its_own_folder(home: Path, tmp_path: Path) -> None:
     """Inside the sandbox a job writes its {job_dir} and nothing else: not the judged checkout, not the
     judge's records, not the home's milestones."""
