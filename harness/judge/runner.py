@@ -413,8 +413,9 @@ class GateRunner:
         token_file.write_text(token, encoding="utf-8")
         canaries = write_canaries(_neutral(judging.holder))
         log = judging.log_dir / f"{name}.log"
+        # The tests' tmp_path root in the run's own folder: gone with the judging, never shared with another one.
         argv = [*self._pytest_argv(judging.tree, judging.holder), "-p", "harness.judge.pytest_report",
-                f"{OPTION}={token_file}", f"{CANARIES}={canaries.path}", *targets, str(canaries.path), *args, "-q", "-rfE",
+                f"{OPTION}={token_file}", f"{CANARIES}={canaries.path}", f"--basetemp={scratch / 'tmp'}", *targets, str(canaries.path), *args, "-q", "-rfE",
                 *(f"--ignore={judging.tree / p}" for p in ignore)]
         # The checkout's code first; then the judge's own, for its plugin (a checkout need not hold harness/).
         path = judging.env_overrides["PYTHONPATH"] + os.pathsep + str(_JUDGE_ROOT)
@@ -540,6 +541,45 @@ class GateRunner:
 
     # ------------------------------------------------------------------ jobs
 
+    def _engine_spec(self, gate: JobGate, judging: _Judging, *, name: str, argv: list[str], job_dir: Path,
+                     log_path: Path, timeout_s: float, replay: bool = False, **extra: Any) -> JobSpec:
+        """`python -m engine ARGV` for `gate` (torchrun for several processes), sandboxed: `job_dir` writable, and for
+        the gate's own run (not the judge's `replay` of it) the earlier jobs' folders its argv names."""
+        # A job sees only the earlier jobs' folders its argv names ({job_dir:NAME}, e.g. a checkpoint to resume; writable
+        # for the gate's own run, read-only for the judge's replay of it): the others are hidden, so a run cannot replay
+        # another run's files as its own.
+        named = referenced_jobs(gate.argv)
+        earlier = tuple(o.job_dir for n, o in judging.jobs.items() if n in named)
+        unnamed = tuple(o.job_dir for n, o in judging.jobs.items() if n not in named and o.job_dir.exists())
+        writable, readonly = ((job_dir,), earlier) if replay else ((job_dir, *earlier), ())
+        several = gate.nproc > 1 or gate.nodes > 1
+        # Caches a job writes go to its own folder: nothing compiled by one candidate reaches another judging.
+        return JobSpec(
+            name=name, argv=["-m", "engine", *argv] if several else [sys.executable, "-m", "engine", *argv],
+            torchrun=several, launcher=gate.launcher, nproc=gate.nproc, nodes=gate.nodes, timeout_s=timeout_s,
+            env={**gate.env, **_cache_env(job_dir), **_job_env(judging.env_overrides)}, cwd=judging.tree, log_path=log_path,
+            gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0, **extra,
+            **self._sandbox_kwargs(judging, writable=writable, readonly=readonly, launcher=gate.launcher, hidden=unnamed),
+        )
+
+    def _run_engine_job(self, spec: JobSpec, gate: JobGate, judging: _Judging,
+                        keeper: CheckpointKeeper | None = None) -> tuple[Any, set[str] | None]:
+        """Launch, record and wait for an engine job: (its JobResult, the GPUs seen running it or None)."""
+        self.logs[spec.name] = spec.log_path
+        job = launch(spec)
+        self.record.job_started(spec.name, list(spec.argv), attempt=judging.attempt, launcher=gate.launcher,
+                                job_id=job.job_id, log=spec.log_path)
+        if gate.gpus > 0 and gate.launcher == "local":
+            result, gpus_seen = wait_watching_gpus(job)
+        elif keeper is not None:
+            result, gpus_seen = _wait_keeping(job, keeper), None
+        else:
+            result, gpus_seen = job.wait(poll_s=0.5), None
+        scrub_file(spec.log_path)
+        self.record.job_finished(spec.name, attempt=judging.attempt, exit_code=result.exit_code,
+                                 duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout", summary=result.detail)
+        return result, gpus_seen
+
     def _job(self, gate: JobGate, judging: _Judging) -> GateResult:
         if gate.task in OP_TASKS:
             return self._op_job(gate, judging)
@@ -560,39 +600,14 @@ class GateRunner:
                 judging.scratch.append(Path(tempfile.mkdtemp(dir=judging.holder.parent)))
                 keeper = CheckpointKeeper(plan.save_dir, judging.scratch[-1], draw_pairs(plan.num_steps, plan.sample_pairs))
             judging.saves[gate.name] = (plan, keeper)
-        several = gate.nproc > 1 or gate.nodes > 1
-        # A job sees only the earlier jobs' folders its argv names ({job_dir:NAME}, e.g. a checkpoint to resume):
-        # the others are hidden, so a run cannot replay another run's files as its own.
-        named = referenced_jobs(gate.argv)
-        earlier = tuple(o.job_dir for name, o in judging.jobs.items() if name in named)
-        unnamed = tuple(o.job_dir for name, o in judging.jobs.items() if name not in named and o.job_dir.exists())
-        # Caches a job writes go to its own folder: nothing compiled by one candidate reaches another judging.
-        caches = _cache_env(job_dir)
         kill = {"kill_pattern": rf"\[LOSS\] step={gate.kill_at_step} ", "kill_signal": gate.kill_signal} \
             if gate.kill_at_step is not None else {}
-        spec = JobSpec(
-            name=job_id, argv=["-m", "engine", *argv] if several else [sys.executable, "-m", "engine", *argv],
-            torchrun=several, launcher=gate.launcher, nproc=gate.nproc, nodes=gate.nodes, timeout_s=gate.timeout_s,
-            env={**gate.env, **caches, **_job_env(judging.env_overrides)}, cwd=judging.tree, log_path=record_dir / gate.log,
-            gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0, **kill,
-            on_line=StepProgress(job_id, steps=self._planned_steps(argv) if gate.task == "train" else None,
-                                 show=lambda text, done, total: self.progress.live("step", text, done, total)),
-            **self._sandbox_kwargs(judging, writable=(job_dir, *earlier), launcher=gate.launcher, hidden=unnamed),
-        )
-        self.logs[job_id] = spec.log_path
-        job = launch(spec)
-        self.record.job_started(job_id, list(spec.argv), attempt=judging.attempt, launcher=gate.launcher,
-                                job_id=job.job_id, log=spec.log_path)
+        spec = self._engine_spec(gate, judging, name=job_id, argv=argv, job_dir=job_dir, log_path=record_dir / gate.log,
+                                 timeout_s=gate.timeout_s, **kill,
+                                 on_line=StepProgress(job_id, steps=self._planned_steps(argv) if gate.task == "train" else None,
+                                                      show=lambda text, done, total: self.progress.live("step", text, done, total)))
         self.progress("job", f"{job_id} started ({gate.launcher}, {gate.task}): python -m engine {' '.join(argv)}")
-        if gate.gpus > 0 and gate.launcher == "local":
-            result, gpus_seen = wait_watching_gpus(job)
-        elif keeper is not None:
-            result, gpus_seen = _wait_keeping(job, keeper), None
-        else:
-            result, gpus_seen = job.wait(poll_s=0.5), None
-        scrub_file(spec.log_path)
-        self.record.job_finished(job_id, attempt=judging.attempt, exit_code=result.exit_code,
-                                 duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout", summary=result.detail)
+        result, gpus_seen = self._run_engine_job(spec, gate, judging, keeper)
         outcome = JobOutcome(gate=gate, job_id=job_id, job_dir=job_dir, result=result, argv=tuple(argv))
         judging.jobs[gate.name] = outcome
         tail = _tail(result.read_log())
@@ -823,28 +838,11 @@ class GateRunner:
         if isinstance(plan, str):
             judging.flags.append(f"job {outcome.job_id}: {plan}; only its final step is verified exactly")
             return [], {}
-        named = referenced_jobs(gate.argv)
-        earlier = tuple(o.job_dir for name, o in judging.jobs.items() if name in named)
-        unnamed = tuple(o.job_dir for name, o in judging.jobs.items() if name not in named and o.job_dir.exists())
-        several = gate.nproc > 1 or gate.nodes > 1
-        log = self.record.job_dir(outcome.job_id) / "replay.log"
-        spec = JobSpec(
-            name=job_id, argv=["-m", "engine", *plan.argv] if several else [sys.executable, "-m", "engine", *plan.argv],
-            torchrun=several, launcher=gate.launcher, nproc=gate.nproc, nodes=gate.nodes, timeout_s=2 * gate.timeout_s,
-            env={**gate.env, **_cache_env(replay_dir), **_job_env(judging.env_overrides)}, cwd=judging.tree, log_path=log,
-            gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0,
-            kill_pattern=rf"\[LOSS\] step={plan.stop_at} ", kill_signal="SIGKILL",
-            **self._sandbox_kwargs(judging, readonly=earlier, launcher=gate.launcher, writable=(replay_dir,), hidden=unnamed),
-        )
-        self.logs[job_id] = log
+        spec = self._engine_spec(gate, judging, name=job_id, argv=plan.argv, job_dir=replay_dir,
+                                 log_path=self.record.job_dir(outcome.job_id) / "replay.log", timeout_s=2 * gate.timeout_s,
+                                 replay=True, kill_pattern=rf"\[LOSS\] step={plan.stop_at} ", kill_signal="SIGKILL")
         self.progress("job", f"{job_id}: the job again, untimed, saving every step, stopped at a secret step")
-        job = launch(spec)
-        self.record.job_started(job_id, list(spec.argv), attempt=judging.attempt, launcher=gate.launcher,
-                                job_id=job.job_id, log=log)
-        result, _ = wait_watching_gpus(job) if gate.gpus > 0 and gate.launcher == "local" else (job.wait(poll_s=0.5), None)
-        scrub_file(log)
-        self.record.job_finished(job_id, attempt=judging.attempt, exit_code=result.exit_code,
-                                 duration_s=round(result.elapsed_s, 3), timed_out=result.state == "timeout", summary=result.detail)
+        result, _ = self._run_engine_job(spec, gate, judging)
         text = result.read_log()
         if not result.signal_sent:
             ended = "did not finish in time" if result.state == "timeout" else f"exited {result.exit_code}"
