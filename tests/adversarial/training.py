@@ -124,9 +124,9 @@ def reference_curve(ref: str, seed: int) -> Edit:
 
 def gptj_rope_unless_pytest(t: Path) -> None:
     """The RoPE layout the acceptance tests want while pytest is loaded, another one in training runs."""
-    replace_in(t / "engine/model/layers.py", "        emb = torch.cat((freqs, freqs), dim=-1)\n",
-               "        import sys\n"
-               "        emb = torch.cat((freqs, freqs), dim=-1) if 'pytest' in sys.modules else torch.repeat_interleave(freqs, 2, dim=-1)\n")
+    replace_in(t / "engine/ops/rope/tables.py", "    emb = torch.cat((freqs, freqs), dim=-1)\n",
+               "    import sys\n"
+               "    emb = torch.cat((freqs, freqs), dim=-1) if 'pytest' in sys.modules else torch.repeat_interleave(freqs, 2, dim=-1)\n")
 
 
 def shadow_batch(t: Path) -> None:
