@@ -29,7 +29,7 @@ from engine.config import EngineConfig
 from engine.ops.rope.tables import rope_tables
 
 __all__ = ["OpShapes", "op_shapes", "make_inputs", "grad_leaves", "call_op", "op_flops", "op_bytes",
-           "rank_callable", "synthetic_documents"]
+           "rank_callable", "synthetic_documents", "rope_qk"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -147,12 +147,19 @@ def call_op(op: str, fn: Callable[..., Any], inputs: dict[str, Any], s: OpShapes
     if op == "gemm_output":
         return [fn(inputs["h"], inputs["w"], inputs["labels"], vocab_start=s.vocab_start, vocab_size=s.vocab_size)]
     if op == "rope":
-        d, qkv = s.head_dim, inputs["qkv"]
-        q = qkv[..., :s.heads_q * d].view(s.batch, s.seq, s.heads_q, d)
-        k = qkv[..., s.heads_q * d:(s.heads_q + s.heads_kv) * d].view(s.batch, s.seq, s.heads_kv, d)
+        q, k = rope_qk(inputs["qkv"], s.heads_q, s.heads_kv, s.head_dim)
         documents = {key: inputs[key] for key in ("cu_seqlens", "max_seqlen") if key in inputs}
         return list(fn(q, k, inputs["cos"], inputs["sin"], **documents))
     raise ValueError(f"unknown op {op!r}")
+
+
+def rope_qk(qkv: torch.Tensor, heads_q: int, heads_kv: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [b, s, hq, d] and k [b, s, hkv, d] as strided views of a packed QKV projection [b, s, (hq + 2 hkv) d]: the
+    layout engine/model/layers.py hands ops.rope."""
+    b, s, d = qkv.shape[0], qkv.shape[1], head_dim
+    q = qkv[..., :heads_q * d].view(b, s, heads_q, d)
+    k = qkv[..., heads_q * d:(heads_q + heads_kv) * d].view(b, s, heads_kv, d)
+    return q, k
 
 
 def rank_callable(op: str, fn: Callable[..., Any], s: OpShapes) -> Callable[..., Any]:

@@ -230,6 +230,11 @@ def _groups(names: Sequence[str], shapes: Mapping[str, torch.Size], max_elems: i
     return out
 
 
+def _norm(grads: Mapping[str, torch.Tensor]) -> float:
+    """The L2 norm of every gradient together, summed in fp64."""
+    return math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
+
+
 def _bf16_floor(params: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], batch: StepBatch, device: str,
                 eos_id: int | None, loss: float, norm: float, grads: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """How far the judge's own pass in bf16 autocast (GEMM inputs rounded to bf16, fp32 accumulation; the loss in
@@ -237,7 +242,7 @@ def _bf16_floor(params: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], batc
     with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
         loss16, _, grads16 = reference.loss_and_grads(params, cfg, batch.inputs.to(device), batch.labels.to(device),
                                                       eos_id=eos_id)
-    norm16 = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads16.values()))
+    norm16 = _norm(grads16)
     err = sum(float((grads16[k].double() - g.double()).pow(2).sum()) for k, g in grads.items())
     return {"loss": _rel(loss16, loss), "grad_norm": _rel(norm16, norm), "grad": math.sqrt(err) / max(norm, 1e-300)}
 
@@ -279,7 +284,7 @@ def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | No
                                  f"it gives {judged:.9e} (relative difference {_rel(skip.loss, judged):.3g} > {tol.loss}): a "
                                  "skipped update must be a real loss spike")
     loss, _, grads = reference.loss_and_grads(params, cfg, batch.inputs.to(device), batch.labels.to(device), eos_id=eos_id)
-    norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
+    norm = _norm(grads)
     check = StepCheck(step=step, judge_loss=loss, judge_grad_norm=norm)
     if tol == BF16:
         check.floor = _bf16_floor(params, cfg, batch, device, eos_id, loss, norm, grads)

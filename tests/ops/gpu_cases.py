@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from engine.ops.rope.tables import rope_tables
-from engine.ops.workloads import synthetic_documents
+from engine.ops.workloads import rope_qk, synthetic_documents
 
 __all__ = ["Case", "CASES", "cases_for"]
 
@@ -116,8 +116,7 @@ def _rope(b, s, hq, hkv, d, documents: bool = False) -> Case:
         if "cos" not in tables:
             tables["cos"] = rope_tables(d, 10000.0, s, "cuda")
         cos, sin = tables["cos"]
-        q = x["qkv"][..., :hq * d].view(b, s, hq, d)
-        k = x["qkv"][..., hq * d:(hq + hkv) * d].view(b, s, hkv, d)
+        q, k = rope_qk(x["qkv"], hq, hkv, d)
         extra = {key: x[key] for key in ("cu_seqlens", "max_seqlen") if key in x}
         return list(fn(q, k, cos, sin, **extra))
 
