@@ -193,7 +193,8 @@ class GateRunner:
             judging = _Judging(attempt=attempt, label=label, tree=tree, holder=holder, live_tree=live_tree, diff=diff,
                                log_dir=log_dir, env_overrides=env, policy=policy, expected=tree_manifest(tree),
                                seed=seed, device=device, flags=list(sandbox_flags))
-            with _removed_after(judging.scratch):  # (the list the jobs append their folders to as they start)
+            judging.scratch.append(Path(tempfile.mkdtemp(dir=holder.parent)))
+            with _removed_after(judging.scratch), _judge_caches(judging.scratch[-1]):  # (the list is read at the end)
                 results = self._run_all(judging)
         failed = next((g for g in results if not g.passed and not g.skipped), None)
         reason = f"gate {failed.name} failed: {failed.summary}" if failed else ""
@@ -989,6 +990,24 @@ def _removed_after(folders: list[Path]) -> Iterator[None]:
     finally:
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _judge_caches(folder: Path) -> Iterator[None]:
+    """The judge's own process keeps torch's caches in `folder` while it judges. Its reference model's activation
+    recompute (torch.utils.checkpoint, on a large model) imports torch._dynamo, which makes Inductor's cache folder,
+    by default the shared $TMPDIR/torchinductor_$USER: a judging leaves nothing behind, its own process included."""
+    keys = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: v for k, v in _cache_env(folder).items() if k in keys})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _cache_env(folder: Path) -> dict[str, str]:

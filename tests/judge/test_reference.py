@@ -257,3 +257,47 @@ def test_masked_gradients_match_hf_llama_on_each_document_alone(rows_per_pass, m
         assert ((ours[name] - p.grad).norm() / p.grad.norm()).item() < 1e-5, name
     with pytest.raises(ValueError, match="EOS"):
         reference.loss_and_grads(params, cfg, inputs, labels)
+
+
+_RECOMPUTE_IN_A_FRESH_PROCESS = """
+import sys
+from pathlib import Path
+import torch
+from harness.judge import reference
+from harness.judge.runner import _judge_caches
+sys.path.insert(0, sys.argv[1])
+from test_reference import LLAMA, random_params
+reference._LARGE_MODEL = 0  # the large-model path: every layer recomputed in backward
+inputs = torch.randint(0, LLAMA["vocab_size"], (2, 8))
+run = lambda: reference.loss_and_grads(random_params(LLAMA), LLAMA, inputs, inputs.clone())
+if sys.argv[2] == "judge":
+    with _judge_caches(Path(sys.argv[3])):
+        run()
+else:
+    run()
+"""
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_the_judges_recompute_leaves_nothing_in_tmpdir(tmp_path, inside):
+    """The large-model path recomputes layers with torch.utils.checkpoint, which imports torch._dynamo, which makes
+    Inductor's cache folder in $TMPDIR. Inside the judge's `_judge_caches` that folder is the judging's own (removed
+    with it); outside, the control shows torch's default, so the check can fail."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tmp, own = tmp_path / "tmp", tmp_path / "own"
+    tmp.mkdir()
+    here = str(Path(__file__).parent)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        env.pop(key, None)
+    subprocess.run([sys.executable, "-c", _RECOMPUTE_IN_A_FRESH_PROCESS, here, "judge" if inside else "plain", str(own)],
+                   env=env, check=True, timeout=300)
+    left = sorted(p.name for p in tmp.iterdir())
+    if inside:
+        assert left == [] and (own / ".inductor").is_dir()
+    else:
+        assert [n for n in left if n.startswith("torchinductor_")]
