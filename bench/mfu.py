@@ -7,6 +7,7 @@
     python bench/mfu.py --common "--preset minicpm4-0.5b" --variant tp1= --variant tp2="--tp 2"   # TP 2 vs TP 1
     python bench/mfu.py --common "--preset minicpm4-8b --num-layers 4" --sweep --seqs 1024 2048 4096 8192 16384 \
         --mbs 1 2 --png docs/img/mfu_sweep.png                                                    # sweep
+    python bench/mfu.py --plot sweep_mbs1.json sweep_mbs2.json --png docs/img/mfu_sweep_h200.png    # re-draw
 
 Each engine variant is a real `python -m engine pretrain` (torchrun when the layout has more than one
 process: --tp N runs on N GPUs) of warmup + steps optimizer steps; the first --warmup steps (compile,
@@ -245,6 +246,22 @@ def plot_sweep(points: list[dict], png: Path) -> str:
     return f"wrote {png}"
 
 
+def replot(json_paths: list[Path], png: Path) -> int:
+    """Draw the PNG of one or more sweeps (e.g. one per --mbs, run as separate jobs) from their JSON files."""
+    points: list[dict] = []
+    for path in json_paths:
+        try:
+            results = json.loads(path.read_text())["results"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"--plot {path}: not a bench/mfu.py --out JSON ({err}); pass files a --sweep wrote")
+        if not results or any("seq" not in r or "series" not in r for r in results):
+            raise SystemExit(f"--plot {path}: its results are not sweep points (no seq/series): run with --sweep")
+        points += results
+    message = plot_sweep(points, png)
+    print(message)
+    return 0 if message.startswith("wrote") else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--common", default="--preset minicpm4-0.5b", help="engine flags of every run (shapes, cadence, layout)")
@@ -261,8 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--mbs", type=int, nargs="+", default=[1, 2])
     p.add_argument("--png", default="", help="sweep plot (default: next to --out, or mfu_sweep.png)")
+    p.add_argument("--plot", nargs="+", default=[], metavar="JSON",
+                   help="only draw --png from sweeps' --out JSON files, their points together (a GPU image lacks matplotlib)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
+    if args.plot:
+        return replot([Path(f) for f in args.plot], Path(args.png or Path(args.plot[0]).with_suffix(".png")))
     common = shlex.split(args.common) + ["--device", args.device]
     variants = [v.split("=", 1) for v in (args.variant or ["engine="])]
     results: list[dict] = []

@@ -120,3 +120,12 @@ def test_sweep_writes_a_png(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert [(p["seq"], p["mbs"]) for p in data["results"]] == [(16, 1), (32, 1)]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Re-drawn from the JSON alone (the GPU image has no matplotlib), and a JSON that is no sweep is refused.
+    again = tmp_path / "again.png"
+    redraw = subprocess.run([sys.executable, "bench/mfu.py", "--plot", str(tmp_path / "mfu.json"), "--png", str(again)],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert redraw.returncode == 0 and again.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", redraw.stderr
+    (tmp_path / "plain.json").write_text(json.dumps({"meta": {}, "results": [{"name": "engine", "mfu": 0.5}]}))
+    refused = subprocess.run([sys.executable, "bench/mfu.py", "--plot", str(tmp_path / "plain.json")], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "not sweep points" in refused.stderr
