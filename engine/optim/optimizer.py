@@ -132,16 +132,16 @@ class MixedPrecisionAdamW:
             return
         coef = self.cfg.grad_clip / (norm + 1e-6)
         if coef < 1.0:
-            torch._foreach_mul_([s.grad for s in self.grad_segments], coef)
+            for s in self.grad_segments:
+                s.grad.mul_(coef)
 
     @torch.no_grad()
     def step(self, lr: float) -> None:
         for group in self.adam.param_groups:
             group["lr"] = lr * group["lr_mult"]
         self.adam.step()
-        if self.segments:  # the masters, rounded to the model's dtype, back into the parameter buffer
-            torch._foreach_copy_([self.buffers.params[s.lo:s.hi] for s in self.segments],
-                                 [s.master for s in self.segments])
+        for s in self.segments:
+            self.buffers.params[s.lo:s.hi].copy_(s.master)
 
     # --- checkpoint state: masters and moments keyed by parameter name (flattened) ---------------
 
