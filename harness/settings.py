@@ -4,11 +4,13 @@ API keys are read here on demand and handed to SDK clients in memory; they are n
 record, a log or a config file.
 """
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-__all__ = ["temper_home", "runs_dir", "data_dir", "api_key", "base_url", "no_color", "child_env", "python_path"]
+__all__ = ["temper_home", "runs_dir", "data_dir", "api_key", "base_url", "no_color", "child_env", "python_path",
+           "torch_caches_while"]
 
 _KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 _URLS = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
@@ -75,3 +77,23 @@ def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if not _is_secret(name)}
     env.update(overrides or {})
     return env
+
+
+
+@contextlib.contextmanager
+def torch_caches_while(triton: str, inductor: str) -> Iterator[None]:
+    """This process's TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR while the block runs, restored after: torch reads
+    them lazily in this process (the judge's own, while it judges)."""
+    saved_triton, saved_inductor = os.environ.get("TRITON_CACHE_DIR"), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"], os.environ["TORCHINDUCTOR_CACHE_DIR"] = triton, inductor
+    try:
+        yield
+    finally:
+        if saved_triton is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved_triton
+        if saved_inductor is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved_inductor

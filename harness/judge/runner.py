@@ -51,7 +51,7 @@ from harness.judge.protected import base_manifest, disk_manifest, manifest_chang
 from harness.judge.saveplan import SavePlan, plan_replay, plan_saves
 from harness.progress import Progress
 from harness.records import RunRecord, scrub_file, scrub_text, write_atomic
-from harness.settings import child_env, data_dir
+from harness.settings import child_env, data_dir, torch_caches_while
 from harness.spec import OP_TASKS, GuardsGate, JobGate, glob_match, MetricsGate, Milestone, ProtectedGate, PytestGate, referenced_jobs, render_argv
 from harness.verdict import GateResult, Verdict
 from harness.workspace import Workspace, WorkspaceError
@@ -992,30 +992,25 @@ def _removed_after(folders: list[Path]) -> Iterator[None]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _judge_caches(folder: Path) -> Iterator[None]:
+def _judge_caches(folder: Path) -> contextlib.AbstractContextManager:
     """The judge's own process keeps torch's caches in `folder` while it judges. Its reference model's activation
     recompute (torch.utils.checkpoint, on a large model) imports torch._dynamo, which makes Inductor's cache folder,
     by default the shared $TMPDIR/torchinductor_$USER: a judging leaves nothing behind, its own process included."""
-    keys = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update({k: v for k, v in _cache_env(folder).items() if k in keys})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    env = _cache_env(folder)
+    return torch_caches_while(env["TRITON_CACHE_DIR"], env["TORCHINDUCTOR_CACHE_DIR"])
 
 
 def _cache_env(folder: Path) -> dict[str, str]:
-    """Where a candidate process's caches go (compiled kernels, Triton, Inductor, anything under XDG): its own
-    writable folder, so the sandbox's read-only home is never needed and nothing compiled reaches another
-    judging. (Inductor's default is the shared $TMPDIR/torchinductor_$USER, made at `import torch._dynamo`.)"""
+    """Where a candidate process's caches and temp files go (compiled kernels, Triton, Inductor, anything under
+    XDG, TMPDIR): its own writable folder, so the sandbox's read-only home is never needed, nothing compiled
+    reaches another judging, and nothing is left in the user's TMPDIR when the judge runs unsandboxed (torchrun's
+    torchelastic_* log folders stay behind; Inductor's default is $TMPDIR/torchinductor_$USER). The TMPDIR folder
+    is made here: tempfile falls back to /tmp when it does not exist."""
+    tmp = folder / ".tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
     return {"XDG_CACHE_HOME": str(folder / ".cache"), "TEMPER_KERNEL_CACHE": str(folder / ".kernels"),
-            "TRITON_CACHE_DIR": str(folder / ".triton"), "TORCHINDUCTOR_CACHE_DIR": str(folder / ".inductor")}
+            "TRITON_CACHE_DIR": str(folder / ".triton"), "TORCHINDUCTOR_CACHE_DIR": str(folder / ".inductor"),
+            "TMPDIR": str(tmp)}
 
 
 def _job_env(overrides: dict[str, str]) -> dict[str, str]:
