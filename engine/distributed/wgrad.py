@@ -6,7 +6,7 @@ micro-batch and parameter a bf16 write, a mixed-dtype read-add-write of the fp32
 product rounded to bf16 before it is summed. Fused (Megatron's --gradient-accumulation-fusion), the
 GEMM accumulates into the fp32 buffer itself: main += dY^T X in one cuBLAS call (bf16 operands,
 fp32 accumulation and output, beta = 1), and the embedding's backward adds its rows into the buffer
-in a fixed order (a sorted index_put_ on CUDA, a serial index_add_ on CPU).
+in a fixed order (`add_rows_by_id` on CUDA, a serial index_add_ on CPU).
 
 FlatBuffers gives each parameter a `MainGrad` (`attach_main_grad`); the layers that can fuse (QKV, O, FC2, the
 embedding: `fused_linear`, `fused_embedding` and the TP linears) look it up with `main_grad_of`. The
@@ -24,8 +24,8 @@ rmsnorm) stay on the unfused path: their versions compute them inside one autogr
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MainGrad", "attach_main_grad", "main_grad_of", "placeholder", "linear_wgrad_to", "fused_linear",
-           "fused_embedding"]
+__all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear_wgrad_to",
+           "fused_linear", "fused_embedding"]
 
 
 class MainGrad:
@@ -47,11 +47,11 @@ class MainGrad:
 
     def add_rows(self, index: torch.Tensor, rows: torch.Tensor) -> None:
         """grad[index[i]] += rows[i], in the same order every call, whatever torch's deterministic mode says:
-        CUDA's accumulating index_put_ sorts the indices and sums each run of equal ones in order (its
-        index_add_ uses atomics); CPU's index_add_ walks the indices serially (its index_put_ uses atomics)."""
+        on CUDA `add_rows_by_id` (its index_add_ uses atomics); CPU's index_add_ walks the indices serially (its
+        index_put_ uses atomics)."""
         index, rows = index.reshape(-1), rows.reshape(-1, rows.shape[-1]).to(self.grad.dtype)
         if self.grad.is_cuda:
-            self.grad.index_put_((index,), rows, accumulate=True)
+            add_rows_by_id(self.grad, index, rows)
         else:
             self.grad.index_add_(0, index, rows)
         self._filled = True
@@ -65,6 +65,30 @@ class MainGrad:
         """Whether a fused backward filled the buffer since the last call (and reset)."""
         filled, self._filled = self._filled, False
         return filled
+
+
+def add_rows_by_id(grad: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> None:
+    """grad[index[i]] += rows[i] (index 1-D, rows [n, h] in grad's dtype), deterministic and without a host sync.
+
+    An accumulating index_put_ alone sums each run of equal ids serially in one warp, so a frequent token (EOS,
+    a space: hundreds of rows in a micro-batch) holds up the whole kernel: 1.1 ms for 8192 rows of 4096 on an
+    H200. Here the rows of each id are first summed by torch's embedding backward over compact run numbers
+    (sorted partial segments of a few rows summed in parallel, then in a fixed order), and each sum is added
+    once. The run count U is never read on the host: the n - U unused (zero) sums go to the ids of runs
+    r mod U, so an id gets a handful of additions, all but one of exact zeros."""
+    n = index.numel()
+    if n == 0:
+        return
+    order = torch.argsort(index, stable=True)
+    ids = index[order]
+    starts = torch.ones(n, dtype=torch.long, device=index.device)
+    starts[1:] = (ids[1:] != ids[:-1]).long()
+    run_sorted = torch.cumsum(starts, 0) - 1  # the run number of each sorted position, 0 .. U - 1
+    run = run_sorted[torch.argsort(order)]  # ... of each row in its own place
+    sums = torch.ops.aten.embedding_dense_backward(rows, run, n, -1, False)  # [n, h]: run r's sum, zeros from U on
+    r = torch.arange(n, device=index.device)
+    r = torch.remainder(r, run_sorted[-1] + 1)  # U = the last run number + 1 (a device scalar)
+    grad.index_put_((ids[torch.searchsorted(run_sorted, r)],), sums, accumulate=True)
 
 
 def attach_main_grad(param: torch.nn.Parameter, main: MainGrad) -> None:

@@ -18,11 +18,22 @@ import torch.nn.functional as F
 
 from engine.config import build_config, resolve
 from engine.distributed import MainGrad, ParallelState, attach_main_grad, fused_embedding, fused_linear
+from engine.distributed.wgrad import add_rows_by_id
 from engine.model import build_model
 from engine.ops import resolve_ops
 from engine.optim import FlatBuffers
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def torch_deterministic():
+    """torch's deterministic mode on (as --deterministic sets it), as the test found it afterwards: an op
+    torch has no deterministic kernel for raises instead of running."""
+    saved = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(saved)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -85,6 +96,29 @@ def test_fused_embedding_sums_repeated_rows_in_fp32() -> None:
     want = torch.zeros(50, 16, dtype=torch.float64).index_add_(0, ids.reshape(-1), dy.double().reshape(-1, 16))
     assert rel(main.grad, want) < 1e-6
     assert main.grad[10:].abs().sum() == 0  # rows never looked up get nothing
+
+
+@pytest.mark.parametrize("n, ids, frequent", [(1, 5, 0), (9, 3, 0), (512, 40, 300), (2048, 2000, 0)],
+                         ids=["one-row", "few-ids", "a-frequent-token", "mostly-distinct"])
+def test_rows_summed_by_id_match_fp64_and_repeat_bitwise(n, ids, frequent, torch_deterministic) -> None:
+    """add_rows_by_id (the CUDA path of the embedding's backward, device-agnostic) against an fp64 index_add_:
+    1e-6 relative (fp32 sums of up to n rows). With one id repeated hundreds of times (EOS, a space), with
+    fewer runs than rows (the unused sums are exact zeros added to real ids), under torch's deterministic mode,
+    and twice bitwise."""
+    g = torch.Generator().manual_seed(n)
+    index = torch.randint(0, ids, (n,), generator=g)
+    index[torch.randperm(n, generator=g)[:frequent]] = ids - 1
+    rows = torch.randn(n, 16, generator=g)
+    start = torch.randn(ids + 3, 16, generator=g)
+    want = start.double().index_add(0, index, rows.double())
+    got = []
+    for _ in range(2):
+        grad = start.clone()
+        add_rows_by_id(grad, index, rows)
+        got.append(grad)
+    assert torch.equal(got[0], got[1])
+    assert rel(got[0], want) < 1e-6
+    assert torch.equal(got[0][ids:], start[ids:])  # rows never looked up are untouched
 
 
 def test_without_a_main_grad_the_plain_ops_run() -> None:
@@ -171,6 +205,28 @@ def test_gemm_fc1_versions_add_into_the_main_grad_on_the_gpu(version: str) -> No
     unfused, _ = _fc1_grads(version, cuda, torch.bfloat16, False)
     want = _fc1_fp64(x, w)
     assert rel(fused.cpu(), want) < 1e-2 and rel(fused.cpu(), want) <= rel(unfused.cpu(), want) * 1.05
+
+
+@pytest.mark.gpu
+def test_rows_summed_by_id_on_the_gpu_at_the_8b_shape(torch_deterministic) -> None:
+    """The embedding's backward at MiniCPM4-8B's shape (8192 token rows of 4096 into 73472), tokens drawn with a
+    heavy head (one id a tenth of the rows): bitwise twice under torch's deterministic mode, 1e-6 from fp64."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the device machine)")
+    cuda = torch.device("cuda")
+    g = torch.Generator().manual_seed(5)
+    index = (torch.rand(8192, generator=g) ** 4 * 73472).long()
+    index[:819] = 2
+    rows = torch.randn(8192, 4096, generator=g)
+    got = []
+    for _ in range(2):
+        grad = torch.zeros(73472, 4096, device=cuda)
+        add_rows_by_id(grad, index.to(cuda), rows.to(cuda))
+        got.append(grad)
+    assert torch.equal(got[0], got[1])
+    touched = index.unique()
+    want = torch.zeros(73472, 4096, dtype=torch.float64).index_add_(0, index, rows.double())[touched]
+    assert rel(got[0][touched.to(cuda)].cpu(), want) < 1e-6
 
 
 @pytest.mark.gpu
