@@ -79,7 +79,6 @@ def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-
 @contextlib.contextmanager
 def torch_caches_while(triton: str, inductor: str) -> Iterator[None]:
     """This process's TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR while the block runs, restored after: torch reads
