@@ -13,12 +13,18 @@ here, independently of engine/). The contracts are engine/ops/README.md's:
                                                                    w = [W_gate; W_up]; main_grad: w's fp32
                                                                    gradient accumulator (GradSink here)
     gemm_output  (h, w, labels, *, vocab_start, vocab_size) -> fp32 CE sum over valid labels
+    rope         (q, k, cos, sin, *, cu_seqlens=None, max_seqlen=None) -> (q_rotated, k_rotated)
+                                                                   rotate-half RoPE of [b, s, h, d] by each
+                                                                   token's position (inside its document with
+                                                                   cu_seqlens); cos, sin fp32 [max_seq, d]
 
 Inputs are generated on the CPU with a seeded generator (the same bits in every process and on every
 machine), scaled so outputs are O(1) like a trained model's. A third of the attention cases (index 1, 4,
 ...) pack documents into each row (`args["documents"]`: their lengths in the flattened b x s tokens,
 rows never shared): the version gets `cu_seqlens` and `max_seqlen` as --document-mask runs pass them,
-and must attend within each document only. A version that ignores them, or raises, fails those cases.
+and must attend within each document only. rope's cases do the same (as --reset-position-ids runs pass them:
+positions restart at each document). rope's tables are the judge's own (HF Llama's arithmetic), with more
+rows than the sequence, as the model's are. A version that ignores them, or raises, fails those cases.
 The drawn cases also come in the variants a version meets in the model and random data alone would never
 show (by case index, so any three cases cover them): the layouts the model passes (q, k, v split from one
 fused QKV buffer, so non-contiguous; [batch, seq, hidden] activations), and activations large or small
@@ -42,10 +48,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["OPS", "DTYPES", "SHAPE_KEYS", "MAGNITUDES", "Case", "GradSink", "draw_cases", "timing_case", "make_inputs",
-           "redraw", "call_op", "reference", "grad_names", "result_names", "fused_grad"]
+__all__ = ["OPS", "DTYPES", "SHAPE_KEYS", "MAGNITUDES", "ROPE_THETAS", "Case", "GradSink", "draw_cases", "timing_case",
+           "make_inputs", "rope_tables", "redraw", "call_op", "reference", "grad_names", "result_names", "fused_grad"]
 
-OPS = ("attention", "rmsnorm", "gemm_fc1", "gemm_output")
+OPS = ("attention", "rmsnorm", "gemm_fc1", "gemm_output", "rope")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # a bench's `dtype` names
 # The dimensions a milestone names for its timed shape (a bench gate's `shape` table).
 SHAPE_KEYS: dict[str, tuple[str, ...]] = {
@@ -53,13 +59,16 @@ SHAPE_KEYS: dict[str, tuple[str, ...]] = {
     "rmsnorm": ("tokens", "hidden"),
     "gemm_fc1": ("tokens", "hidden", "ffn"),
     "gemm_output": ("tokens", "hidden", "vocab_local", "vocab_size"),
+    "rope": ("batch", "seq", "heads_q", "heads_kv", "head_dim"),
 }
 # The activation scales of the large-magnitude cases (1.0 elsewhere). attention: q, k of std 6 give scores of
 # std 36 and row maxima past 88, where exp overflows fp32; gemm_output: logits of std 30, the same past 88;
-# rmsnorm: 1e3 puts the sum of squares past fp16's 65504, 1e-3 puts the mean square at eps; gemm_fc1: 8.
+# rmsnorm: 1e3 puts the sum of squares past fp16's 65504, 1e-3 puts the mean square at eps; gemm_fc1: 8;
+# rope: 16 (a rotation: its relative error must not depend on the scale).
 MAGNITUDES: dict[str, tuple[float, ...]] = {"attention": (6.0,), "gemm_output": (30.0,), "rmsnorm": (1e3, 1e-3),
-                                            "gemm_fc1": (8.0,)}
-_MODEL_LAYOUT = ("attention", "rmsnorm", "gemm_fc1")  # ops the model calls with other layouts than [n, h]
+                                            "gemm_fc1": (8.0,), "rope": (16.0,)}
+_MODEL_LAYOUT = ("attention", "rmsnorm", "gemm_fc1", "rope")  # ops the model calls with other layouts than [n, h]
+ROPE_THETAS = (10000.0, 500000.0, 1000000.0)  # MiniCPM4's, Llama 3's, and a larger base
 _FUSED_WGRAD = {"gemm_fc1": "w"}  # ops the model hands a weight's fp32 gradient accumulator (`main_grad`): which weight
 
 
@@ -69,7 +78,7 @@ class Case:
 
     op: str
     dims: dict[str, int] = field(default_factory=dict)
-    args: dict[str, Any] = field(default_factory=dict)  # eps, residual_scale, softmax_scale, residual
+    args: dict[str, Any] = field(default_factory=dict)  # eps, residual_scale, softmax_scale, residual, theta
     seed: int = 0
     layout: str = "flat"  # "flat": contiguous [n, h] / [b, s, h, d]; "model": as the model passes them
     magnitude: float = 1.0  # scale of the activations
@@ -96,14 +105,15 @@ def draw_cases(op: str, seed: int, count: int, *, scale: float = 1.0) -> list[Ca
     cap = lambda n, floor: max(floor, int(n * scale))  # noqa: E731
     cases = []
     for i in range(count):
-        if op == "attention":
+        if op in ("attention", "rope"):
             heads_kv = rng.choice((1, 2, 4))
             head_dim = rng.choice((64, 128))
             dims = {"batch": rng.choice((1, 2)), "seq": _multiple(rng, 32, cap(1024, 64), 16),
                     "heads_q": heads_kv * rng.choice((1, 2, 4, 8)), "heads_kv": heads_kv, "head_dim": head_dim}
-            args: dict[str, Any] = {"softmax_scale": 1.0 / math.sqrt(head_dim)}
+            args: dict[str, Any] = ({"softmax_scale": 1.0 / math.sqrt(head_dim)} if op == "attention"
+                                    else {"theta": rng.choice(ROPE_THETAS)})
             if i % 3 == 1:  # from a generator of their own: the other cases stay what the seed always drew
-                args["documents"] = _documents(random.Random(f"attention-documents:{seed}:{i}"), dims["batch"],
+                args["documents"] = _documents(random.Random(f"{op}-documents:{seed}:{i}"), dims["batch"],
                                                dims["seq"])
         elif op == "rmsnorm":
             dims = {"tokens": _multiple(rng, 16, cap(4096, 64), 8), "hidden": _multiple(rng, 128, cap(8192, 256), 64)}
@@ -149,6 +159,8 @@ def timing_case(op: str, shape: dict[str, int], seed: int) -> Case:
         args = {"softmax_scale": 1.0 / math.sqrt(dims["head_dim"])}
     elif op == "rmsnorm":
         args = {"eps": 1e-6, "residual": True, "residual_scale": 0.2}
+    elif op == "rope":
+        args = {"theta": 10000.0}
     return Case(op=op, dims=dims, args=args, seed=seed, main_grad=op in _FUSED_WGRAD)
 
 
@@ -172,6 +184,10 @@ def _laws(case: Case) -> dict[str, tuple[tuple[int, ...], str, float]]:
         if case.main_grad:  # the partial sum already in the accumulator (fp32; drawn last: the others stay as they were)
             laws["main_grad.w"] = ((2 * f, h), "normal", 1.0)
         return laws
+    if case.op == "rope":
+        b, s, hq, hkv, hd = d["batch"], d["seq"], d["heads_q"], d["heads_kv"], d["head_dim"]
+        return {"q": ((b, s, hq, hd), "normal", m), "k": ((b, s, hkv, hd), "normal", m),
+                "dout.0": ((b, s, hq, hd), "normal", 1.0), "dout.1": ((b, s, hkv, hd), "normal", 1.0)}
     if case.op == "gemm_output":
         n, h, v = d["tokens"], d["hidden"], d["vocab_local"]
         return {"h": ((n, h), "normal", m), "w": ((v, h), "normal", h ** -0.5), "labels": ((n,), "labels", 0.0),
@@ -210,7 +226,19 @@ def make_inputs(case: Case, *, dtype: torch.dtype, device: str | torch.device = 
         for n in case.args["documents"]:
             offsets.append(offsets[-1] + n)
         out["cu_seqlens"] = torch.tensor(offsets, dtype=torch.int32, device=device)
+    if case.op == "rope":  # not drawn: the tables, with rows to spare past the sequence as the model's have
+        cos, sin = rope_tables(case.dims["head_dim"], case.args["theta"], case.dims["seq"] + 16)
+        out["cos"], out["sin"] = cos.to(device), sin.to(device)
     return out
+
+
+def rope_tables(head_dim: int, theta: float, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) fp32 [rows, head_dim], rotate-half layout, by HF Llama's default rope arithmetic (fp32 inverse
+    frequencies, their outer product with the positions, both halves equal)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.outer(torch.arange(rows, dtype=torch.int64).float(), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
 
 
 def redraw(case: Case, inputs: dict[str, torch.Tensor], g: torch.Generator) -> None:
@@ -227,26 +255,31 @@ def redraw(case: Case, inputs: dict[str, torch.Tensor], g: torch.Generator) -> N
 
 def grad_names(case: Case) -> list[str]:
     """The inputs whose gradients are part of the contract, in order."""
-    return {"attention": ["q", "k", "v"], "gemm_fc1": ["x", "w"], "gemm_output": ["h", "w"],
+    return {"attention": ["q", "k", "v"], "gemm_fc1": ["x", "w"], "gemm_output": ["h", "w"], "rope": ["q", "k"],
             "rmsnorm": ["x", "weight"] + (["residual"] if case.args.get("residual") else [])}[case.op]
 
 
 def result_names(case: Case) -> list[str]:
     """Names of everything a call yields and the judge compares: outputs `out.i`, then `grad.<input>`."""
-    outputs = 2 if case.op == "rmsnorm" and case.args.get("residual") else 1
+    outputs = 2 if (case.op == "rmsnorm" and case.args.get("residual")) or case.op == "rope" else 1
     return [f"out.{i}" for i in range(outputs)] + [f"grad.{n}" for n in grad_names(case)]
 
 
 def _as_model_passes(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inputs in the layout of the case: "model" makes attention's q, k, v views of one fused buffer
-    (engine/model/layers.py splits the QKV projection: strided, non-contiguous) and rmsnorm's and gemm_fc1's
-    activations [batch, seq, hidden] (the model's [b, s, h]). Gradients flow back to the flat inputs."""
+    (engine/model/layers.py splits the QKV projection: strided, non-contiguous), rope's q and k views of one
+    such buffer (v beside them, zeros), and rmsnorm's and gemm_fc1's activations [batch, seq, hidden] (the model's
+    [b, s, h]). Gradients flow back to the flat inputs."""
     if case.layout != "model":
         return inputs
     shaped = dict(inputs)
     if case.op == "attention":
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         shaped["q"], shaped["k"], shaped["v"] = torch.cat([q, k, v], dim=2).split([q.shape[2], k.shape[2], v.shape[2]], dim=2)
+    elif case.op == "rope":
+        q, k = inputs["q"], inputs["k"]
+        qkv = torch.cat([q, k, torch.zeros_like(k)], dim=2)
+        shaped["q"], shaped["k"], _ = qkv.split([q.shape[2], k.shape[2], k.shape[2]], dim=2)
     else:
         for name in ("x", "residual"):
             if name in inputs:
@@ -312,6 +345,9 @@ def call_op(fn: Callable[..., Any], case: Case, inputs: dict[str, torch.Tensor],
         return [out.reshape(-1, out.shape[-1]) if case.layout == "model" else out]
     if case.op == "gemm_output":
         return [fn(inputs["h"], inputs["w"], inputs["labels"], vocab_start=0, vocab_size=case.dims["vocab_size"])]
+    if case.op == "rope":
+        extra = {"cu_seqlens": inputs["cu_seqlens"], "max_seqlen": max(a["documents"])} if "documents" in a else {}
+        return list(fn(inputs["q"], inputs["k"], inputs["cos"], inputs["sin"], **extra))
     raise ValueError(f"unknown op {case.op!r}")
 
 
@@ -347,6 +383,19 @@ def _gemm_output(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, voca
     return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
 
 
+def _positions(batch: int, seq: int, documents: tuple[int, ...] | None) -> torch.Tensor:
+    """int64 [batch, seq]: each token's index in its row, or inside its document."""
+    if documents is None:
+        return torch.arange(seq).expand(batch, seq)
+    return torch.cat([torch.arange(n) for n in documents]).view(batch, seq)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    c, s = cos[positions][:, :, None, :], sin[positions][:, :, None, :]
+    half = x.shape[-1] // 2
+    return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
+
+
 def reference(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every result of `result_names(case)` computed in fp32 by the contract, with autograd."""
     leaves = {k: v.detach().float().requires_grad_() if v.is_floating_point() and not k.startswith("dout.") else v
@@ -363,6 +412,10 @@ def reference(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Te
             outs = [_rmsnorm(leaves["x"], leaves["weight"], eps=a["eps"])]
     elif case.op == "gemm_fc1":
         outs = [_gemm_fc1(leaves["x"], leaves["w"])]
+    elif case.op == "rope":
+        positions = _positions(case.dims["batch"], case.dims["seq"], a.get("documents")).to(leaves["q"].device)
+        cos, sin = inputs["cos"].float(), inputs["sin"].float()
+        outs = [_rope(leaves["q"], cos, sin, positions), _rope(leaves["k"], cos, sin, positions)]
     else:
         outs = [_gemm_output(leaves["h"], leaves["w"], leaves["labels"], vocab_size=case.dims["vocab_size"])]
     douts = [inputs[f"dout.{i}"].float() for i in range(len(outs))]

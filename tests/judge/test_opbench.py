@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.judge.opcases import OPS, call_op, draw_cases, make_inputs, reference, result_names
+from harness.judge.opcases import OPS, ROPE_THETAS, call_op, draw_cases, make_inputs, reference, result_names
 from harness.judge.tensorfile import TensorFileError, read_tensors, write_tensors
 from harness.opbench import _results
 from tests.judge.op_milestones import HONEST, REGISTER, write_milestones
@@ -58,8 +58,10 @@ def test_cases_are_drawn_from_the_seed_and_respect_the_contracts() -> None:
         a, b, c = draw_cases(op, 11, 6), draw_cases(op, 11, 6), draw_cases(op, 12, 6)
         assert a == b and a != c
         for case in a:
-            if op == "attention":
+            if op in ("attention", "rope"):
                 assert case.dims["heads_q"] % case.dims["heads_kv"] == 0 and case.dims["head_dim"] in (64, 128)
+            if op == "rope":
+                assert case.args["theta"] in ROPE_THETAS
             if "hidden" in case.dims:
                 assert case.dims["hidden"] % 8 == 0
             if op == "gemm_output":
@@ -498,8 +500,9 @@ def test_drawn_cases_catch_versions_right_only_on_flat_well_conditioned_inputs(o
     """Versions correct on contiguous O(1) random inputs but not on what the model passes: softmax / log-sum-exp
     without the max subtracted (overflow past 88), rmsnorm's statistics in fp16 (overflow at 1e3, eps swamped at
     1e-3), the mean over dim 1 (right for [n, h], wrong for the model's [b, s, h]), and q, k, v read as if
-    contiguous (wrong for the model's split QKV views), and a fused FC1 weight gradient written over the fp32
-    accumulator instead of added to it (right with an empty one). Each is beyond MAX_REL_ERR on some drawn case;
+    contiguous (wrong for the model's split QKV views: attention and rope), a fused FC1 weight gradient written
+    over the fp32 accumulator instead of added to it (right with an empty one), and RoPE positions that do not
+    restart at each document. Each is beyond MAX_REL_ERR on some drawn case;
     the baseline never is."""
     from engine.ops.dispatch import load_op
     from harness.judge.opjudge import MAX_REL_ERR
@@ -508,9 +511,11 @@ def test_drawn_cases_catch_versions_right_only_on_flat_well_conditioned_inputs(o
     model = lambda case: case.layout == "model"  # noqa: E731
     wrong = {"attention": [(_attention_no_max, large), (_attention_assumes_contiguous, model)],
              "gemm_output": [(_ce_no_max, large)], "rmsnorm": [(_rmsnorm_fp16_stats, large), (_rmsnorm_mean_dim1, model)],
-             "gemm_fc1": [(_fc1_overwrites_main_grad, lambda case: case.main_grad)]}[op]
+             "gemm_fc1": [(_fc1_overwrites_main_grad, lambda case: case.main_grad)],
+             "rope": [(_rope_assumes_contiguous, model), (_rope_ignores_documents, lambda case: "documents" in case.args)]}[op]
     cases = draw_cases(op, 21, 6, scale=0.08)
     assert {c.layout for c in cases} == ({"flat", "model"} if op != "gemm_output" else {"flat"})
+    assert any("documents" in c.args for c in cases) == (op in ("attention", "rope"))
     assert any(c.magnitude != 1.0 for c in cases)
     baseline = load_op(op, "baseline")
     assert max(_worst_error(baseline, case) for case in cases) < MAX_REL_ERR
@@ -598,3 +603,32 @@ _rmsnorm_fp16_stats.__name__ = "rmsnorm_fp16_stats"
 _rmsnorm_mean_dim1 = _rmsnorm_with(lambda t: t.float().square().mean(1, keepdim=True))
 _rmsnorm_mean_dim1.__name__ = "rmsnorm_mean_dim1"
 
+
+
+def _raw(t):
+    """t read with the strides of a contiguous tensor, as a kernel handed a raw pointer would."""
+    return torch.as_strided(t, t.shape, torch.empty(t.shape).stride(), t.storage_offset())
+
+
+def _rope_assumes_contiguous(q, k, cos, sin, *, cu_seqlens=None, max_seqlen=None):
+    from engine.ops.rope.baseline import rope
+
+    return rope(_raw(q), _raw(k), cos, sin, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+
+def _rope_ignores_documents(q, k, cos, sin, *, cu_seqlens=None, max_seqlen=None):
+    from engine.ops.rope.baseline import rope
+
+    return rope(q, k, cos, sin)
+
+
+def test_every_hot_op_has_the_judges_contract_and_a_bench_spec() -> None:
+    """A new op in engine/ops (OP_NAMES) needs the judge's own fp32 writing of its contract (opcases.OPS) and a
+    bench gate that can name it (harness/spec.py OpBench.op); tests/milestones/test_programme.py then asks for its
+    op-<name> milestone."""
+    from typing import get_args
+
+    from engine.ops import OP_NAMES
+    from harness.spec import OpBench
+
+    assert set(OPS) == set(OP_NAMES) == set(get_args(OpBench.model_fields["op"].annotation))
