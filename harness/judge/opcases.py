@@ -273,13 +273,11 @@ def _as_model_passes(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, t
     if case.layout != "model":
         return inputs
     shaped = dict(inputs)
-    if case.op == "attention":
-        q, k, v = inputs["q"], inputs["k"], inputs["v"]
-        shaped["q"], shaped["k"], shaped["v"] = torch.cat([q, k, v], dim=2).split([q.shape[2], k.shape[2], v.shape[2]], dim=2)
-    elif case.op == "rope":
+    if case.op in ("attention", "rope"):
         q, k = inputs["q"], inputs["k"]
-        qkv = torch.cat([q, k, torch.zeros_like(k)], dim=2)
-        shaped["q"], shaped["k"], _ = qkv.split([q.shape[2], k.shape[2], k.shape[2]], dim=2)
+        v = inputs["v"] if case.op == "attention" else torch.zeros_like(k)
+        parts = torch.cat([q, k, v], dim=2).split([q.shape[2], k.shape[2], v.shape[2]], dim=2)
+        shaped.update(zip(("q", "k", "v") if case.op == "attention" else ("q", "k"), parts))
     else:
         for name in ("x", "residual"):
             if name in inputs:

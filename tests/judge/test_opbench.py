@@ -550,11 +550,9 @@ def _attention_no_max(q, k, v, *, softmax_scale, cu_seqlens=None, max_seqlen=Non
 
 def _attention_assumes_contiguous(q, k, v, *, softmax_scale, cu_seqlens=None, max_seqlen=None):
     """Reads q, k, v with the strides of contiguous tensors, as a kernel handed raw pointers would."""
-    def raw(t):
-        return torch.as_strided(t, t.shape, torch.empty(t.shape).stride(), t.storage_offset())
     from engine.ops.attention.baseline import attention
 
-    return attention(raw(q), raw(k), raw(v), softmax_scale=softmax_scale, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+    return attention(_raw(q), _raw(k), _raw(v), softmax_scale=softmax_scale, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
 
 
 class _Fc1Overwrite(torch.autograd.Function):
@@ -602,7 +600,6 @@ _rmsnorm_fp16_stats = _rmsnorm_with(lambda t: (t.half() * t.half()).mean(-1, kee
 _rmsnorm_fp16_stats.__name__ = "rmsnorm_fp16_stats"
 _rmsnorm_mean_dim1 = _rmsnorm_with(lambda t: t.float().square().mean(1, keepdim=True))
 _rmsnorm_mean_dim1.__name__ = "rmsnorm_mean_dim1"
-
 
 
 def _raw(t):
