@@ -16,9 +16,10 @@ engine/parallel/grad_sync.py); FlatBuffers' hook sees `MainGrad.take()` and skip
 weight must therefore reach autograd through exactly one fused use per backward (no weight here is
 used twice; tied weights would need the zero placeholder Megatron uses).
 
-gemm_fc1 fuses through its op contract: the MLP passes FC1's MainGrad as `main_grad`, and the versions hand
-their dW GEMM to `weight_grad` (engine/ops/gemm_fc1/register.toml). The other ops' weight gradients (gemm_output,
-rmsnorm) stay on the unfused path: their versions compute them inside one autograd node and return them.
+gemm_fc1 and gemm_output fuse through their op contracts: the model passes FC1's and the LM head's MainGrad as
+`main_grad`, and the versions hand their dW GEMM to `weight_grad` (engine/ops/gemm_fc1/register.toml,
+engine/ops/gemm_output/register.toml). rmsnorm's weight gradient stays on the unfused path: a vector per layer,
+computed inside its op's autograd node and returned.
 """
 
 import torch

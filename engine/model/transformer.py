@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from engine.config import EngineConfig
-from engine.distributed import ParallelState, column_input
+from engine.distributed import ParallelState, column_input, main_grad_of
 from engine.distributed.collectives import all_gather_new
 from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
@@ -96,7 +96,8 @@ class Transformer(nn.Module):
         hidden = self.hidden_states(tokens, documents)
         hidden = column_input(hidden.reshape(-1, hidden.shape[-1]), self.tp)
         return self.ops.gemm_output(hidden, self.lm_head, labels.reshape(-1), vocab_start=self.embed.start,
-                                    vocab_size=self.cfg.vocab_size, tp_group=self.par.tp_group)
+                                    vocab_size=self.cfg.vocab_size, tp_group=self.par.tp_group,
+                                    main_grad=main_grad_of(self.lm_head))
 
     @torch.no_grad()
     def logits(self, tokens: torch.Tensor, documents: DocumentLayout | None = None) -> torch.Tensor:

@@ -12,7 +12,8 @@ here, independently of engine/). The contracts are engine/ops/README.md's:
     gemm_fc1     (x, w, *, main_grad=None) -> silu(x W_gate^T) * (x W_up^T)
                                                                    w = [W_gate; W_up]; main_grad: w's fp32
                                                                    gradient accumulator (GradSink here)
-    gemm_output  (h, w, labels, *, vocab_start, vocab_size) -> fp32 CE sum over valid labels
+    gemm_output  (h, w, labels, *, vocab_start, vocab_size, main_grad=None) -> fp32 CE sum over valid labels
+                                                                   main_grad: w's fp32 gradient accumulator
     rope         (q, k, cos, sin, *, cu_seqlens=None, max_seqlen=None) -> (q_rotated, k_rotated)
                                                                    rotate-half RoPE of [b, s, h, d] by each
                                                                    token's position (inside its document with
@@ -30,8 +31,8 @@ show (by case index, so any three cases cover them): the layouts the model passe
 fused QKV buffer, so non-contiguous; [batch, seq, hidden] activations), and activations large or small
 enough that a version without the numerically safe form fails (softmax and log-sum-exp past exp's fp32
 range unless the max is subtracted, rmsnorm's sum of squares past fp16's range or below eps).
-gemm_fc1 is called as the model calls it under gradient-accumulation fusion in a third of the cases (index 0,
-3, ...) and at the timed shape: with a `main_grad`, the judge's GradSink over an fp32 buffer already holding a
+gemm_fc1 and gemm_output are called as the model calls them under gradient-accumulation fusion in a third of the
+cases (index 0, 3, ...) and at the timed shape: with a `main_grad`, the judge's GradSink over an fp32 buffer already holding a
 drawn partial sum. `grad.w` is then that buffer after the call (dW added to it, by the version through
 `weight_grad` or, for a version that ignores the sink, by the bench as the engine's gradient hook would); the
 judge's reference is its own dW plus the drawn partial sum.
@@ -69,7 +70,7 @@ MAGNITUDES: dict[str, tuple[float, ...]] = {"attention": (6.0,), "gemm_output": 
                                             "gemm_fc1": (8.0,), "rope": (16.0,)}
 _MODEL_LAYOUT = ("attention", "rmsnorm", "gemm_fc1", "rope")  # ops the model calls with other layouts than [n, h]
 ROPE_THETAS = (10000.0, 500000.0, 1000000.0)  # MiniCPM4's, Llama 3's, and a larger base
-_FUSED_WGRAD = {"gemm_fc1": "w"}  # ops the model hands a weight's fp32 gradient accumulator (`main_grad`): which weight
+_FUSED_WGRAD = {"gemm_fc1": "w", "gemm_output": "w"}  # ops the model hands a weight's fp32 gradient accumulator (`main_grad`): which weight
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class Case:
     seed: int = 0
     layout: str = "flat"  # "flat": contiguous [n, h] / [b, s, h, d]; "model": as the model passes them
     magnitude: float = 1.0  # scale of the activations
-    main_grad: bool = False  # gemm_fc1: the weight's gradient goes to an fp32 accumulator (the module docstring)
+    main_grad: bool = False  # gemm_fc1, gemm_output: the weight's gradient goes to an fp32 accumulator (module docstring)
 
     def label(self) -> str:
         extra = {"layout": self.layout} if self.layout != "flat" else {}
@@ -190,8 +191,11 @@ def _laws(case: Case) -> dict[str, tuple[tuple[int, ...], str, float]]:
                 "dout.0": ((b, s, hq, hd), "normal", 1.0), "dout.1": ((b, s, hkv, hd), "normal", 1.0)}
     if case.op == "gemm_output":
         n, h, v = d["tokens"], d["hidden"], d["vocab_local"]
-        return {"h": ((n, h), "normal", m), "w": ((v, h), "normal", h ** -0.5), "labels": ((n,), "labels", 0.0),
+        laws = {"h": ((n, h), "normal", m), "w": ((v, h), "normal", h ** -0.5), "labels": ((n,), "labels", 0.0),
                 "dout.0": ((), "positive", 0.0)}
+        if case.main_grad:  # as gemm_fc1's (drawn last), of dW's size (a row per label id: ~ n / v rows of h each),
+            laws["main_grad.w"] = ((v, h), "normal", (n / v) ** 0.5)  # so that a dW lost under it would show
+        return laws
     raise ValueError(f"unknown op {case.op!r}")
 
 
@@ -332,17 +336,19 @@ def call_op(fn: Callable[..., Any], case: Case, inputs: dict[str, torch.Tensor],
         else:
             outs = [fn(inputs["x"], inputs["weight"], eps=a["eps"])]
         return [o.reshape(-1, o.shape[-1]) if case.layout == "model" else o for o in outs]
+    extra: dict[str, Any] = {}
+    if case.main_grad:
+        name = _FUSED_WGRAD[case.op]
+        sink = GradSink(inputs[f"main_grad.{name}"])
+        extra["main_grad"] = sink
+        if sinks is not None:
+            sinks[name] = sink
     if case.op == "gemm_fc1":
-        extra = {}
-        if case.main_grad:
-            sink = GradSink(inputs["main_grad.w"])
-            extra["main_grad"] = sink
-            if sinks is not None:
-                sinks["w"] = sink
         out = fn(inputs["x"], inputs["w"], **extra)
         return [out.reshape(-1, out.shape[-1]) if case.layout == "model" else out]
     if case.op == "gemm_output":
-        return [fn(inputs["h"], inputs["w"], inputs["labels"], vocab_start=0, vocab_size=case.dims["vocab_size"])]
+        return [fn(inputs["h"], inputs["w"], inputs["labels"], vocab_start=0, vocab_size=case.dims["vocab_size"],
+                   **extra)]
     if case.op == "rope":
         extra = {"cu_seqlens": inputs["cu_seqlens"], "max_seqlen": max(a["documents"])} if "documents" in a else {}
         return list(fn(inputs["q"], inputs["k"], inputs["cos"], inputs["sin"], **extra))

@@ -173,6 +173,71 @@ def test_gemm_fc1_adds_its_weight_gradient_into_the_main_grad() -> None:
     assert rel(fused, want) < 1e-2 and rel(fused, want) <= rel(unfused, want) * 1.05
 
 
+_OUT = {"n": 1000, "d": 128, "v_local": 512, "vocab_size": 500, "chunk": 384}  # 3 chunks, the last one short
+
+
+def _output_module(version: str):
+    import importlib
+
+    return importlib.import_module({"baseline": "engine.ops.gemm_output.baseline",
+                                    "quack": "engine.ops.gemm_output.quack_ce"}[version])
+
+
+def _output_batches(device: torch.device, dtype: torch.dtype):
+    """h, w and three micro-batches' labels (a tenth ignored); the loss scale is 1 / all valid labels, as the
+    engine divides every micro-batch's loss sum by the step's valid-token count."""
+    g = torch.Generator().manual_seed(6)
+    h = torch.randn(_OUT["n"], _OUT["d"], generator=g).to(device, dtype)
+    w = (torch.randn(_OUT["v_local"], _OUT["d"], generator=g) * _OUT["d"] ** -0.5).to(device, dtype)
+    labels = [torch.randint(0, _OUT["vocab_size"], (_OUT["n"],), generator=g) for _ in range(3)]
+    for y in labels:
+        y[torch.rand(_OUT["n"], generator=g) < 0.1] = -100
+    scale = 1.0 / sum(int((y != -100).sum()) for y in labels)
+    return h, w, [y.to(device) for y in labels], scale
+
+
+def _output_grads(version: str, device: torch.device, dtype: torch.dtype, fused: bool) -> torch.Tensor:
+    """The LM head's weight gradient over three micro-batches: from its MainGrad (fused) or autograd (summed in
+    fp32), through gemm_output_chunked so that each micro-batch crosses chunk boundaries."""
+    op = _output_module(version).gemm_output_chunked
+    h, w, labels, scale = _output_batches(device, dtype)
+    w = w.requires_grad_()
+    main = MainGrad(torch.zeros(w.shape, dtype=torch.float32, device=device)) if fused else None
+    total = torch.zeros(w.shape, dtype=torch.float32, device=device)
+    for y in labels:
+        loss = op(h.clone().requires_grad_(), w, y, vocab_start=0, vocab_size=_OUT["vocab_size"],
+                  chunk_tokens=_OUT["chunk"], main_grad=main)
+        (loss * scale).backward()
+        if fused:
+            assert main.take(), f"gemm_output ({version}) did not hand its weight gradient to the main_grad"
+        else:
+            total += w.grad.float()
+        w.grad = None
+    return main.grad if fused else total
+
+
+def _output_fp64(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    h, w, labels, scale = _output_batches(device, dtype)
+    h64, w64 = h.cpu().double(), w.cpu().double().requires_grad_()
+    for y in labels:
+        logits = (h64 @ w64.t())[:, : _OUT["vocab_size"]]
+        (F.cross_entropy(logits, y.cpu(), ignore_index=-100, reduction="sum") * scale).backward()
+    return w64.grad
+
+
+def test_gemm_output_adds_its_weight_gradient_into_the_main_grad() -> None:
+    """The op contract's main_grad (engine/ops/gemm_output/register.toml): the baseline adds each chunk's scaled
+    dW in fp32 and gives autograd a placeholder. fp32: fused and unfused are the same products (1e-6) and match
+    fp64 (1e-6: fp32 softmax and sums); bf16 against fp64: 1e-2 (d loss / d logits rounded to bf16 in both
+    paths), and fused no less accurate than unfused."""
+    want = _output_fp64(CPU, torch.float32)
+    fused, unfused = (_output_grads("baseline", CPU, torch.float32, f) for f in (True, False))
+    assert rel(fused, unfused) < 1e-6 and rel(fused, want) < 1e-6
+    want = _output_fp64(CPU, torch.bfloat16)
+    fused, unfused = (_output_grads("baseline", CPU, torch.bfloat16, f) for f in (True, False))
+    assert rel(fused, want) < 1e-2 and rel(fused, want) <= rel(unfused, want) * 1.05
+
+
 def _model_grads(fuse: bool) -> dict[str, torch.Tensor]:
     cfg = resolve(build_config({"preset": "tiny", "device": "cpu", "compute_dtype": "fp32", "seq_length": 32}))
     torch.manual_seed(0)
@@ -205,6 +270,20 @@ def test_gemm_fc1_versions_add_into_the_main_grad_on_the_gpu(version: str) -> No
     unfused, _ = _fc1_grads(version, cuda, torch.bfloat16, False)
     want = _fc1_fp64(x, w)
     assert rel(fused.cpu(), want) < 1e-2 and rel(fused.cpu(), want) <= rel(unfused.cpu(), want) * 1.05
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["baseline", "quack"])
+def test_gemm_output_versions_add_into_the_main_grad_on_the_gpu(version: str) -> None:
+    """The CUDA versions honour gemm_output's main_grad contract: the scaled dW in fp32 against fp64 (1e-2, bf16
+    d loss / d logits, as the version tests) and no less accurate than their unfused dW summed over the
+    micro-batches. quack's defers dW to the backward and puts the loss scale on h instead of on dW."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the device machine)")
+    cuda = torch.device("cuda")
+    want = _output_fp64(cuda, torch.bfloat16)
+    fused, unfused = (_output_grads(version, cuda, torch.bfloat16, f).cpu() for f in (True, False))
+    assert rel(fused, want) < 1e-2 and rel(fused, want) <= rel(unfused, want) * 1.05
 
 
 @pytest.mark.gpu

@@ -72,12 +72,13 @@ def test_cases_are_drawn_from_the_seed_and_respect_the_contracts() -> None:
 def test_the_judges_fp32_math_matches_the_engines_baseline(op: str) -> None:
     """Two independent writings of each contract (the judge's einsum/explicit forms and engine/ops/*/baseline.py,
     in fp32 on CPU) agree to 1e-5 relative: fp32 rounding of different summation orders, nothing more. gemm_fc1's
-    first case hands the baseline the judge's fp32 accumulator (`main_grad`), which the baseline must fill."""
+    and gemm_output's first case hands the baseline the judge's fp32 accumulator (`main_grad`), which the baseline
+    must fill."""
     from engine.ops.dispatch import load_op
 
     fn = load_op(op, "baseline")
     cases = draw_cases(op, 5, 2, scale=0.1)
-    assert [c.main_grad for c in cases] == ([True, False] if op == "gemm_fc1" else [False, False])
+    assert [c.main_grad for c in cases] == ([True, False] if op in ("gemm_fc1", "gemm_output") else [False, False])
     for case in cases:
         inputs = make_inputs(case, dtype=torch.float32)
         want = reference(case, inputs)
@@ -501,7 +502,8 @@ def test_drawn_cases_catch_versions_right_only_on_flat_well_conditioned_inputs(o
     without the max subtracted (overflow past 88), rmsnorm's statistics in fp16 (overflow at 1e3, eps swamped at
     1e-3), the mean over dim 1 (right for [n, h], wrong for the model's [b, s, h]), and q, k, v read as if
     contiguous (wrong for the model's split QKV views: attention and rope), a fused FC1 weight gradient written
-    over the fp32 accumulator instead of added to it (right with an empty one), and RoPE positions that do not
+    over the fp32 accumulator instead of added to it (right with an empty one), an LM-head weight gradient added
+    to it without the backward's loss scale (right at scale 1), and RoPE positions that do not
     restart at each document. Each is beyond MAX_REL_ERR on some drawn case;
     the baseline never is."""
     from engine.ops.dispatch import load_op
@@ -510,7 +512,7 @@ def test_drawn_cases_catch_versions_right_only_on_flat_well_conditioned_inputs(o
     large = lambda case: case.magnitude != 1.0  # noqa: E731
     model = lambda case: case.layout == "model"  # noqa: E731
     wrong = {"attention": [(_attention_no_max, large), (_attention_assumes_contiguous, model)],
-             "gemm_output": [(_ce_no_max, large)], "rmsnorm": [(_rmsnorm_fp16_stats, large), (_rmsnorm_mean_dim1, model)],
+             "gemm_output": [(_ce_no_max, large), (_ce_main_grad_unscaled, lambda case: case.main_grad)], "rmsnorm": [(_rmsnorm_fp16_stats, large), (_rmsnorm_mean_dim1, model)],
              "gemm_fc1": [(_fc1_overwrites_main_grad, lambda case: case.main_grad)],
              "rope": [(_rope_assumes_contiguous, model), (_rope_ignores_documents, lambda case: "documents" in case.args)]}[op]
     cases = draw_cases(op, 21, 6, scale=0.08)
@@ -578,7 +580,7 @@ def _fc1_overwrites_main_grad(x, w, *, main_grad=None):
     return torch.nn.functional.silu(gate) * up
 
 
-def _ce_no_max(h, w, labels, *, vocab_start, vocab_size):
+def _ce_no_max(h, w, labels, *, vocab_start, vocab_size, main_grad=None):
     logits = (h.float() @ w.float().t())[:, :vocab_size]
     valid = labels != -100
     target = logits.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1)
@@ -629,3 +631,31 @@ def test_every_hot_op_has_the_judges_contract_and_a_bench_spec() -> None:
     from harness.spec import OpBench
 
     assert set(OPS) == set(OP_NAMES) == set(get_args(OpBench.model_fields["op"].annotation))
+
+
+class _CeUnscaled(torch.autograd.Function):
+    """The LM head's dW added to the accumulator as computed in the forward, for a loss scale of 1: the backward's
+    scale reaches grad h only."""
+
+    @staticmethod
+    def forward(ctx, h, w, labels, vocab_size, main_grad):
+        with torch.enable_grad():
+            hf, wf = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+            loss = torch.nn.functional.cross_entropy((hf @ wf.t())[:, :vocab_size], labels, ignore_index=-100,
+                                                     reduction="sum")
+            dh, dw = torch.autograd.grad(loss, (hf, wf))
+        main_grad.grad.add_(dw)
+        main_grad.filled = True
+        ctx.save_for_backward(dh)
+        return loss.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (dh,) = ctx.saved_tensors
+        return (dh * grad).to(torch.bfloat16), None, None, None, None
+
+
+def _ce_main_grad_unscaled(h, w, labels, *, vocab_start, vocab_size, main_grad=None):
+    if main_grad is None:
+        return _ce_no_max(h, w, labels, vocab_start=vocab_start, vocab_size=vocab_size)
+    return _CeUnscaled.apply(h, w, labels, vocab_size, main_grad)

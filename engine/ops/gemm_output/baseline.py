@@ -12,7 +12,8 @@ Numerics. Logits are fp32 (fp64 inputs stay fp64): bf16 x bf16 GEMMs on CUDA wri
 (`torch.mm(..., out_dtype=torch.float32)`, fp32 accumulation); on CPU the bf16 operands are upcast,
 which is the same math (products of bf16 values are exact in fp32) in another summation order.
 Backward feeds grad_logits to the GEMMs in the operands' dtype (bf16 for bf16 inputs, as the fused
-kernels do) and accumulates grad_w over chunks in fp32.
+kernels do) and accumulates grad_w over chunks in fp32: in its own accumulator, or, given the weight's
+fp32 gradient accumulator (`main_grad`, gradient-accumulation fusion), in that one directly.
 
 Vocab parallel (tp_group given). Each rank holds the logits of its vocabulary shard only. Per row:
 all-reduce MAX of the local maxima, then one all-reduce SUM of [sum of exp(logit - max) rescaled
@@ -50,7 +51,7 @@ def _mm(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, w, labels, vocab_start, vocab_size, tp_group, chunk_tokens):
+    def forward(ctx, h, w, labels, vocab_start, vocab_size, tp_group, chunk_tokens, main_grad):
         n, v_local = h.shape[0], w.shape[0]
         operand = torch.promote_types(h.dtype, w.dtype)
         acc = torch.promote_types(operand, torch.float32)
@@ -85,7 +86,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss = torch.where(valid, lse - target, 0.0).sum()
 
         ctx.save_for_backward(h, w, labels, lse)
-        ctx.vocab_start, ctx.n_real, ctx.chunk_tokens = vocab_start, n_real, chunk_tokens
+        ctx.vocab_start, ctx.n_real, ctx.chunk_tokens, ctx.main_grad = vocab_start, n_real, chunk_tokens, main_grad
         return loss
 
     @staticmethod
@@ -115,12 +116,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad = grad.to(operand)
             if need_h:
                 grad_h[rows] = _mm(grad, wm, acc).to(h.dtype)
-            if need_w:
+            if need_w and ctx.main_grad is not None:  # the chunk's dW added in fp32 (the contract's main_grad)
+                grad_w = ctx.main_grad.weight_grad(grad, hm[rows], w)
+            elif need_w:
                 part = _mm(grad.t(), hm[rows], acc)
                 grad_w = part if grad_w is None else grad_w.add_(part)
-        if need_w:
+        if need_w and ctx.main_grad is not None:
+            if grad_w is None:  # no rows: nothing to add, but the accumulator counts as filled
+                grad_w = ctx.main_grad.weight_grad(hm.new_empty(0, v_local), hm[:0], w)
+        elif need_w:
             grad_w = torch.zeros(w.shape, dtype=w.dtype, device=w.device) if grad_w is None else grad_w.to(w.dtype)
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 def check_inputs(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, vocab_start: int, vocab_size: int,
@@ -136,18 +142,21 @@ def check_inputs(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, vocab_s
 
 
 def gemm_output_chunked(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, vocab_start: int, vocab_size: int,
-                        tp_group: "dist.ProcessGroup | None" = None, chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+                        tp_group: "dist.ProcessGroup | None" = None, chunk_tokens: int = CHUNK_TOKENS,
+                        main_grad=None) -> torch.Tensor:
     """gemm_output with an explicit chunk size (tests use small chunks to cross chunk boundaries)."""
     check_inputs(h, w, labels, vocab_start, vocab_size, chunk_tokens)
-    return _LinearCrossEntropy.apply(h, w, labels, vocab_start, vocab_size, tp_group, chunk_tokens)
+    return _LinearCrossEntropy.apply(h, w, labels, vocab_start, vocab_size, tp_group, chunk_tokens, main_grad)
 
 
 def gemm_output(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, vocab_start: int, vocab_size: int,
-                tp_group: "dist.ProcessGroup | None" = None) -> torch.Tensor:
+                tp_group: "dist.ProcessGroup | None" = None, main_grad=None) -> torch.Tensor:
     """Sum of cross-entropy of softmax(h @ w^T) over tokens whose label is not -100 (fp32 scalar).
 
     w is this rank's vocabulary shard (rows vocab_start .. vocab_start + V_local of the padded
-    vocabulary); with tp_group the softmax spans all shards of the group. See the module docstring.
+    vocabulary); with tp_group the softmax spans all shards of the group. main_grad: w's fp32
+    gradient accumulator; the backward adds each chunk's dW into it (register.toml). See the module
+    docstring.
     """
     return gemm_output_chunked(h, w, labels, vocab_start=vocab_start, vocab_size=vocab_size, tp_group=tp_group,
-                               chunk_tokens=CHUNK_TOKENS)
+                               chunk_tokens=CHUNK_TOKENS, main_grad=main_grad)

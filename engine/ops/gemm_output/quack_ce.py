@@ -2,23 +2,28 @@
 
 Per chunk of CHUNK_TOKENS rows: one cuBLAS GEMM writes fp32 logits [chunk, V_local] (bf16 operands,
 fp32 accumulation and output) into a reused buffer, padding columns (global id >= vocab_size) are set
-to -inf, a quack CuTeDSL row kernel turns the logits IN PLACE into d loss_sum / d logits = softmax -
-onehot (and the per-row loss), one cast writes them to a bf16 buffer, and two GEMMs consume them at
-once: grad_h[chunk] = dlogits @ w and grad_w (+)= dlogits^T @ h[chunk]. The backward only scales the
-stored gradients by d loss / d loss_sum (engine/ops/gemm_output/cute_scale.py, our in-place kernel:
-4 bytes per element, no host sync, fp32 product rounded once).
+to -inf, and a quack CuTeDSL row kernel reads them once and writes the per-row loss and d loss_sum /
+d logits = softmax - onehot straight in bf16 (ce_kernels.py launches quack's kernels with dx in the
+GEMM dtype: no fp32 gradient in memory, no cast). grad_h[chunk] = dlogits @ w follows at once. dW:
+  - with a `main_grad` (the contract's gradient-accumulation fusion, --grad-accum-fusion) the bf16
+    dlogits of every row wait for the backward, which adds dlogits^T (scale x h) into the fp32
+    accumulator in one cuBLAS GEMM (beta = 1): no bf16 dW, no scaling pass over it, no add;
+  - without one, grad_w (+)= dlogits^T @ h[chunk] per chunk, in the weight's dtype.
+The backward scales what was stored by d loss / d loss_sum (engine/ops/gemm_output/cute_scale.py, our
+in-place kernel: 4 bytes per element, no host sync, fp32 product rounded once).
 
 Compared with the baseline (fp32 logits, recomputed in backward) this does 3 LM-head GEMMs instead
-of 4; peak extra memory is one fp32 logits chunk and its bf16 copy (1.8 GB at V_local = 73472) plus
-the gradients. The full [n, V] logits never exist (quack's own chunked_linear_cross_entropy does the
-same, but fails on V = 73472 and cannot do vocab parallel).
+of 4; peak extra memory is one fp32 logits chunk (1.2 GB at V_local = 73472) and the bf16 dlogits
+(one chunk's, 0.6 GB; every row's with a main_grad: 1.2 GB at 8192 tokens, where the bf16 dW of 0.6
+GB is no longer made). The full [n, V] fp32 logits never exist (quack's own
+chunked_linear_cross_entropy does the same, but fails on V = 73472 and cannot do vocab parallel).
 
 Vocab parallel (tp_group with more than one rank): the softmax spans all shards, so per chunk
   1. quack's CE forward kernel, with the label mapped to this shard (or ignored when another rank
      owns it), gives this shard's log-sum-exp per row;
   2. two small all-reduces (MAX of the shard lse, then SUM of [exp(lse - max), target logit])
      give the global lse and the target logit, so every rank knows every row's loss;
-  3. quack's CE backward kernel writes exp(logit - global lse) - onehot in place, where the onehot
+  3. quack's CE backward kernel writes exp(logit - global lse) - onehot in bf16, where the onehot
      applies only on the rank that owns the label: its target is the local column there, -1 (a
      column that never matches, but the row still counts) on the others, -100 for ignored rows.
 No rank holds more than its shard's logits, the collectives move 3 floats per row, and every rank
@@ -28,16 +33,18 @@ Numerics. The logits stay fp32, as the baseline's: rounded to bf16 (as Megatron'
 fused CE do) a logit of magnitude 30 is off by up to 0.06, which moves its softmax probability by
 6 %, and the op judge's large-magnitude case (logits of std 30) measured grad_h and grad_w 2.0e-2
 from fp32 against its 4.9e-3 limit. The CE math (max, exp, sums, log) is fp32; d loss / d logits is
-rounded to bf16 once, for the GEMMs (as the baseline's backward does). grad_w accumulates over chunks
-in the weight's dtype (cuBLAS adds the chunk product in fp32 to the bf16 partial sum: one extra
-rounding per chunk).
+rounded to bf16 once, for the GEMMs (as the baseline's backward does). With a main_grad, dW sums in
+fp32 over all rows; the loss scale is applied to h (one bf16 rounding per element of h, which averages
+out over the n terms of each dW element, where rounding dW itself would not). Without one, grad_w
+accumulates over chunks in the weight's dtype (one extra rounding per chunk).
 """
 
 import torch
 import torch.distributed as dist
-from quack.cross_entropy import cross_entropy_bwd, cross_entropy_fwd_out
+from quack.cross_entropy import cross_entropy_fwd_out
 
 from engine.ops.gemm_output.baseline import check_inputs
+from engine.ops.gemm_output.ce_kernels import ce_backward_, ce_forward_
 from engine.ops.gemm_output.cute_scale import scale_
 from engine.ops.kernel_cache import configure_quack_cache
 
@@ -58,18 +65,22 @@ def _all_reduce(t: torch.Tensor, op: "dist.ReduceOp", group) -> None:
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, w, labels, vocab_start, vocab_size, tp_group, vocab_parallel, chunk_tokens, need_h, need_w):
+    def forward(ctx, h, w, labels, vocab_start, vocab_size, tp_group, vocab_parallel, chunk_tokens, need_h, need_w,
+                main_grad):
         n, v_local = h.shape[0], w.shape[0]
         n_real = max(0, min(v_local, vocab_size - vocab_start))
         valid = labels != IGNORE_INDEX
         local = labels - vocab_start
         owned = valid & (local >= 0) & (local < v_local)
+        defer_w = need_w and main_grad is not None  # dW in backward, straight into the fp32 accumulator
         grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_h else None  # contiguous: scale_
-        grad_w = torch.empty(w.shape, dtype=w.dtype, device=w.device) if need_w else None
+        grad_w = torch.empty(w.shape, dtype=w.dtype, device=w.device) if need_w and not defer_w else None
         need_grad = need_h or need_w
         rows_max = min(chunk_tokens, n)
-        buf = torch.empty(rows_max, v_local, dtype=torch.float32, device=h.device)  # logits, then dlogits
-        buf_low = torch.empty(rows_max, v_local, dtype=h.dtype, device=h.device) if need_grad else None
+        buf = torch.empty(rows_max, v_local, dtype=torch.float32, device=h.device)  # logits
+        # d loss_sum / d logits in the GEMM dtype: one chunk's, or every row's when dW waits for the backward
+        dlogits_all = (torch.empty(n if defer_w else rows_max, v_local, dtype=h.dtype, device=h.device)
+                       if need_grad else None)
         row_loss = torch.empty(n, dtype=torch.float32, device=h.device)
         if vocab_parallel:
             fwd_target = torch.where(owned, local, IGNORE_INDEX)
@@ -81,15 +92,16 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, n, chunk_tokens):
             rows = slice(start, min(start + chunk_tokens, n))
             logits = buf[: rows.stop - rows.start]
+            dlogits = None
+            if need_grad:
+                dlogits = dlogits_all[rows] if defer_w else dlogits_all[: rows.stop - rows.start]
             torch.mm(h[rows], w.t(), out_dtype=torch.float32, out=logits)
             if n_real < v_local:
                 logits[:, n_real:] = float("-inf")
             if not vocab_parallel:
-                # dx always: without it quack compiles an online-softmax variant whose warps that hold only
-                # -inf columns (our vocabulary padding, its own out-of-bounds fill) make the row loss NaN. The
-                # gradient written over the discarded logits costs an evaluation little.
-                cross_entropy_fwd_out(logits, labels[rows], None, loss=row_loss[rows], lse=None, dx=logits,
-                                      weight=None, ignore_index=IGNORE_INDEX)
+                # Without a gradient to keep, dx goes over the logits: the kernel computes it either way.
+                ce_forward_(logits, labels[rows], row_loss[rows], logits if dlogits is None else dlogits,
+                            IGNORE_INDEX)
             else:
                 if n_real > 0:
                     cross_entropy_fwd_out(logits, fwd_target[rows], None, loss=row_loss[rows], lse=lse_local[rows],
@@ -104,23 +116,22 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 lse = gmax + torch.log(stats[0])
                 row_loss[rows] = torch.where(valid[rows], lse - stats[1], 0.0)
                 if need_grad:
-                    cross_entropy_bwd(logits, bwd_target[rows], dloss_rows[rows], lse, ignore_index=IGNORE_INDEX,
-                                      inplace_backward=True)
-            if not need_grad:
-                continue
-            dlogits = buf_low[: rows.stop - rows.start]
-            dlogits.copy_(logits)
+                    ce_backward_(logits, bwd_target[rows], dloss_rows[rows], lse, dlogits, IGNORE_INDEX)
             if need_h:
                 torch.mm(dlogits, w, out=grad_h[rows])
-            if need_w:
+            if need_w and not defer_w:
                 if first_w:
                     torch.mm(dlogits.t(), h[rows], out=grad_w)
                 else:
                     grad_w.addmm_(dlogits.t(), h[rows])
                 first_w = False
-        if need_w and n == 0:
+        if grad_w is not None and n == 0:
             grad_w.zero_()
-        ctx.save_for_backward(grad_h, grad_w)
+        if defer_w:
+            ctx.save_for_backward(grad_h, dlogits_all, h, w)
+        else:
+            ctx.save_for_backward(grad_h, grad_w)
+        ctx.main_grad = main_grad if defer_w else None
         ctx.consumed = False
         return row_loss.sum()
 
@@ -129,13 +140,19 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         if ctx.consumed:
             raise RuntimeError("gemm_output (quack) scales its stored gradients in place: backward runs once per forward")
         ctx.consumed = True
-        grad_h, grad_w = ctx.saved_tensors
         scale = grad_loss.to(torch.float32)
+        if ctx.main_grad is None:
+            grad_h, grad_w = ctx.saved_tensors
+            if grad_w is not None:
+                grad_w = scale_(grad_w, scale)
+        else:
+            # dW = dlogits^T (scale h): the scale goes on h (n x d, small) rather than on the product, rounded once
+            # to h's dtype, and the GEMM adds into the fp32 accumulator (no bf16 dW, no scaling pass over it).
+            grad_h, dlogits, h, w = ctx.saved_tensors
+            grad_w = ctx.main_grad.weight_grad(dlogits, scale_(h.clone(memory_format=torch.contiguous_format), scale), w)
         if grad_h is not None:
             grad_h = scale_(grad_h, scale)
-        if grad_w is not None:
-            grad_w = scale_(grad_w, scale)
-        return grad_h, grad_w, None, None, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None, None, None, None
 
 
 def _check(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, vocab_start: int, vocab_size: int,
@@ -151,7 +168,7 @@ def _check(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, vocab_start: 
 
 def gemm_output_chunked(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, vocab_start: int, vocab_size: int,
                         tp_group: "dist.ProcessGroup | None" = None, vocab_parallel: bool | None = None,
-                        chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+                        chunk_tokens: int = CHUNK_TOKENS, main_grad=None) -> torch.Tensor:
     """gemm_output with an explicit chunk size and path.
 
     vocab_parallel None: the vocab-parallel path when tp_group has more than one rank or when this
@@ -166,17 +183,19 @@ def gemm_output_chunked(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, 
     grad_on = torch.is_grad_enabled()
     need_h, need_w = grad_on and h.requires_grad, grad_on and w.requires_grad
     return _FusedLinearCrossEntropy.apply(h, w, labels, vocab_start, vocab_size, tp_group, vocab_parallel,
-                                          chunk_tokens, need_h, need_w)
+                                          chunk_tokens, need_h, need_w, main_grad)
 
 
 def gemm_output(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, vocab_start: int, vocab_size: int,
-                tp_group: "dist.ProcessGroup | None" = None) -> torch.Tensor:
+                tp_group: "dist.ProcessGroup | None" = None, main_grad=None) -> torch.Tensor:
     """Sum of cross-entropy of softmax(h @ w^T) over tokens whose label is not -100 (fp32 scalar).
 
     w is this rank's shard of the padded vocabulary; with a tp_group of several ranks the softmax
-    spans all shards (see the module docstring). Contract: engine/ops/README.md.
+    spans all shards (see the module docstring). main_grad: w's fp32 gradient accumulator, which the
+    backward adds dW into (engine/ops/gemm_output/register.toml). Contract: engine/ops/README.md.
     """
-    return gemm_output_chunked(h, w, labels, vocab_start=vocab_start, vocab_size=vocab_size, tp_group=tp_group)
+    return gemm_output_chunked(h, w, labels, vocab_start=vocab_start, vocab_size=vocab_size, tp_group=tp_group,
+                               main_grad=main_grad)
 
 
 def gemm_output_vocab_parallel_local(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, *, vocab_start: int,
