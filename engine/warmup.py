@@ -5,7 +5,8 @@ default, exactly as pretrain does), builds one rank's inputs at the preset's sha
 sequence, TP-sharded heads / FFN / vocabulary, attention within synthetic documents when
 --document-mask is on; see engine/ops/workloads.py) and runs forward +
 backward twice: the first call compiles (or loads from the on-disk cache under
-TEMPER_KERNEL_CACHE, default ~/.cache/temper/kernels), the second is a warm call. The table shows
+TEMPER_KERNEL_CACHE, default ~/.cache/temper/kernels), the second is a warm call; then a forward under
+torch.no_grad, as evaluation calls it (gemm_output's CE kernel has a variant without a gradient to keep). The table shows
 both times, so "first call minus warm call" is what a training run's first step would otherwise
 spend compiling. baseline versions (plain torch) have nothing to compile and are listed as such.
 
@@ -50,6 +51,9 @@ def warm_op(op: str, fn, cfg: EngineConfig, *, device: torch.device, dtype: torc
             call_op(op, call, plain, shapes)[0].float().sum().backward()
             _sync()
             assert all(v.grad is not None for v in grad_leaves(plain).values())
+    with torch.no_grad():  # evaluation's forward: a version may launch another kernel variant without autograd
+        call_op(op, call, make_inputs(op, shapes, device=device, dtype=dtype, seed=2), shapes)
+        _sync()
     return times[0], times[1]
 
 

@@ -89,3 +89,23 @@ def test_warmup_kernels_on_a_cpu_only_machine_says_so_and_exits_0():
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "nothing to compile" in out.stdout
+
+
+@pytest.mark.parametrize("op", OP_NAMES)
+def test_warm_op_also_runs_the_forward_evaluation_makes(op, monkeypatch):
+    """warm_op compiles what a run will launch: forward + backward twice, then a forward under torch.no_grad (a
+    version may launch another kernel variant there: gemm_output's CE kernel without a gradient to keep). Run
+    here with each op's baseline on the CPU (no CUDA sync), counting the no-grad call."""
+    from engine import warmup
+    from engine.config import resolve
+
+    monkeypatch.setattr(warmup, "_sync", lambda: None)
+    seen = []
+
+    def counted(*args, **kwargs):
+        seen.append(torch.is_grad_enabled())
+        return load_op(op, "baseline")(*args, **kwargs)
+
+    cfg = resolve(build_config({"preset": "tiny", "device": "cpu", "seq_length": 32}))
+    warmup.warm_op(op, counted, cfg, device=torch.device("cpu"), dtype=torch.float32)
+    assert seen.count(False) == 1 and seen[-1] is False and seen.count(True) >= 2
