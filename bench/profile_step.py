@@ -9,7 +9,9 @@ Everything after `--` are engine flags. The engine's own Trainer (engine/train.p
 builds it) runs --warmup steps, then --steps steps under torch.profiler. Rank 0's device kernels are
 summed per step by family (GEMM, attention, copies/casts, optimizer, elementwise, communication) and
 the top kernels listed; exposed communication = communication kernel time not overlapped by any compute
-kernel on another stream (what TP overlap has left to hide). On CPU (no kernels) the families are taken
+kernel on another stream (what TP overlap has left to hide). GEMM kernels are also grouped by the op that
+launched them and its operand shapes (the profiler records shapes), with the achieved TFLOP/s where the op's
+FLOPs follow from its shapes (mm, addmm, bmm, baddbmm): which GEMM runs below the others. On CPU (no kernels) the families are taken
 from each aten op's self CPU time and there is no overlap. The raw chrome trace goes to --trace-dir
 (default: a temp folder; never into git). The table goes to --md, or replaces the section between
 `<!-- profile:NAME -->` and `<!-- /profile:NAME -->` in --insert (appended when absent).
@@ -35,7 +37,8 @@ from bench.peers.common import engine_config  # noqa: E402
 from engine.atomic import write_text_atomic  # noqa: E402
 from engine.ops.dispatch import OP_NAMES  # noqa: E402
 
-__all__ = ["main", "family", "exposed_ms", "summarize_kernels", "markdown", "insert_section"]
+__all__ = ["main", "family", "exposed_ms", "summarize_kernels", "gemm_flops", "gemms_by_shape", "markdown",
+           "insert_section"]
 
 FAMILIES = ("GEMM", "attention", "communication", "optimizer", "copies/casts", "elementwise")
 _RULES = [  # first match wins; kernel names (cuBLAS, CUTLASS/CuTeDSL, NCCL, torch) and aten op names on CPU
@@ -103,6 +106,56 @@ def summarize_kernels(kernels: list[dict], steps: int) -> dict:
             "exposed_comm_ms": exposed_ms(comm, compute) / 1e3 / steps if comm else 0.0, "timeline": bool(compute)}
 
 
+def gemm_flops(op: str, dims: list) -> float | None:
+    """FLOPs of one call of a matmul op from its recorded input shapes (2 m n k per product); None when unknown."""
+    name = op.removeprefix("aten::").rstrip("_")
+    try:
+        if name == "mm":
+            (m, k), (_, n) = dims[0], dims[1]
+            return 2.0 * m * n * k
+        if name == "addmm":
+            (m, k), (_, n) = dims[1], dims[2]
+            return 2.0 * m * n * k
+        if name == "bmm":
+            (b, m, k), (_, _, n) = dims[0], dims[1]
+            return 2.0 * b * m * n * k
+        if name == "baddbmm":
+            (b, m, k), (_, _, n) = dims[1], dims[2]
+            return 2.0 * b * m * n * k
+    except (IndexError, TypeError, ValueError):
+        return None
+    return None
+
+
+def gemms_by_shape(events: list[dict], steps: int) -> list[dict]:
+    """GEMM time per step grouped by the launching op and its input shapes, slowest group first.
+
+    events: a chrome trace's. On CUDA a GEMM kernel is tied to the innermost op that launched it by their shared
+    "External id"; without device kernels (CPU) the matmul ops' own times are used. A kernel launched outside any
+    recorded op (a library's own launcher) is grouped under its kernel name."""
+    ops = {e["args"]["External id"]: e for e in events
+           if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel" and family(e["name"]) == "GEMM"]
+    if not kernels:
+        kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+                   and gemm_flops(e["name"], e.get("args", {}).get("Input Dims", [])) is not None]
+    groups: dict[tuple[str, str], list] = defaultdict(lambda: [0.0, 0, None])
+    for k in kernels:
+        op = k if k.get("cat") == "cpu_op" else ops.get(k.get("args", {}).get("External id"))
+        name = op["name"] if op else k["name"].split("_object_at_")[0][:60]
+        dims = [d for d in (op or {}).get("args", {}).get("Input Dims", []) if d]
+        group = groups[(name, " x ".join(str(d).replace(" ", "") for d in dims))]
+        group[0] += float(k["dur"])
+        group[1] += 1
+        group[2] = gemm_flops(name, (op or {}).get("args", {}).get("Input Dims", []))
+    rows = []
+    for (name, shapes), (dur_us, calls, flops) in groups.items():
+        tflops = flops * calls / (dur_us * 1e-6) / 1e12 if flops and dur_us else None
+        rows.append({"op": name, "shapes": shapes, "calls": calls / steps, "ms": dur_us / 1e3 / steps,
+                     "tflops": tflops})
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
 def markdown(title: str, summary: dict, step_ms: float, top: int = 15) -> str:
     total = summary["total_ms"] or 1.0
     lines = [f"#### {title}", "",
@@ -118,6 +171,12 @@ def markdown(title: str, summary: dict, step_ms: float, top: int = 15) -> str:
         name = k["name"] if len(k["name"]) <= 90 else k["name"][:87] + "..."
         lines.append(f"| `{name.replace('|', '/')}` | {k['family']} | {k['calls']:.0f} | {k['ms']:.2f} | "
                      f"{100 * k['ms'] / total:.1f} |")
+    if summary.get("gemms"):
+        lines += ["", "| GEMM launched by | input shapes | calls / step | ms / step | TFLOP/s |",
+                  "| --- | --- | ---: | ---: | ---: |"]
+        for g in summary["gemms"][:top]:
+            rate = f"{g['tflops']:.3g}" if g["tflops"] is not None else "-"
+            lines.append(f"| `{g['op']}` | {g['shapes'] or '-'} | {g['calls']:.0f} | {g['ms']:.2f} | {rate} |")
     return "\n".join(lines) + "\n"
 
 
@@ -133,8 +192,7 @@ def insert_section(doc: Path, section: str, text: str) -> None:
     write_text_atomic(doc, new)
 
 
-def _kernels_from_trace(trace: Path) -> list[dict]:
-    events = json.loads(trace.read_text()).get("traceEvents", [])
+def _kernels_from_trace(events: list[dict]) -> list[dict]:
     return [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])} for e in events
             if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
 
@@ -181,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         times = []
         sync()
-        with torch.profiler.profile(activities=activities) as prof:
+        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 trainer.train_step()
@@ -193,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         trace_dir.mkdir(parents=True, exist_ok=True)
         trace = trace_dir / "trace_rank0.json"
         prof.export_chrome_trace(str(trace))
-        kernels = _kernels_from_trace(trace) if device_type == "cuda" else _cpu_ops(prof)
-        summary = summarize_kernels(kernels, args.steps)
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+        kernels = _kernels_from_trace(events) if device_type == "cuda" else _cpu_ops(prof)
+        summary = {**summarize_kernels(kernels, args.steps), "gemms": gemms_by_shape(events, args.steps)}
         device = torch.cuda.get_device_name(par.device) if device_type == "cuda" else "cpu"
         title = args.title or (f"{device}, {time.strftime('%Y-%m-%d')}, {' '.join(flags)}; ops "
                                + " ".join(f"{k}={v}" for k, v in sorted(trainer.ops.versions.items())))

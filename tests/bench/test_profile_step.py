@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from bench.profile_step import exposed_ms, family, summarize_kernels
+from bench.profile_step import exposed_ms, family, gemm_flops, gemms_by_shape, summarize_kernels
 from tests.conftest import REPO
 
 
@@ -32,6 +32,31 @@ def test_exposed_communication_is_comm_time_without_compute_beside_it():
     assert summary["exposed_comm_ms"] == 0.5 and summary["families"]["GEMM"] == 2.5 and summary["total_ms"] == 4.5
 
 
+def test_gemm_kernels_are_grouped_by_their_launching_op_and_shapes():
+    """A kernel is tied to the innermost op that launched it by "External id"; TFLOP/s = 2 m n k x calls / time. A
+    GEMM kernel outside any recorded op (a library launching it itself) is grouped under its own name."""
+    assert gemm_flops("aten::mm", [[8192, 4096], [4096, 73472]]) == 2.0 * 8192 * 4096 * 73472
+    assert gemm_flops("aten::addmm", [[73472, 4096], [73472, 8192], [8192, 4096], [], []]) == 2.0 * 73472 * 4096 * 8192
+    assert gemm_flops("aten::bmm", [[2, 8, 16], [2, 16, 4]]) == 2.0 * 2 * 8 * 4 * 16
+    assert gemm_flops("aten::mm", [[8, 16]]) is None and gemm_flops("aten::silu", [[8, 16]]) is None
+    m, k, n = 4096, 4096, 73472
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 10.0, "args": {"External id": 7,
+                                                                                   "Input Dims": [[m, k], [k, n], []]}},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::silu", "dur": 5.0, "args": {"External id": 8}}]
+    for step in range(2):  # two steps: one mm kernel each at 4 ms, one library GEMM at 1 ms, one elementwise kernel
+        events += [{"ph": "X", "cat": "kernel", "name": "nvjet_sm90_tst_256x128", "ts": 0.0, "dur": 4000.0,
+                    "args": {"External id": 7}},
+                   {"ph": "X", "cat": "kernel", "name": "kernel_cutlass_kernel_quackgemm_object_at_xyz", "ts": 0.0,
+                    "dur": 1000.0, "args": {}},
+                   {"ph": "X", "cat": "kernel", "name": "silu_kernel", "ts": 0.0, "dur": 500.0, "args": {"External id": 8}}]
+    rows = gemms_by_shape(events, steps=2)
+    assert [r["op"] for r in rows] == ["aten::mm", "kernel_cutlass_kernel_quackgemm"]
+    mm = rows[0]
+    assert mm["shapes"] == f"[{m},{k}] x [{k},{n}]" and mm["calls"] == 1 and mm["ms"] == 4.0
+    assert abs(mm["tflops"] - 2.0 * m * k * n / 4e-3 / 1e12) < 1e-9
+    assert rows[1]["tflops"] is None and rows[1]["ms"] == 1.0
+
+
 def test_profile_on_cpu_fills_and_then_replaces_a_doc_section(tmp_path):
     doc = tmp_path / "bench.md"
     doc.write_text("# Benchmarks\n\nkept\n")
@@ -45,4 +70,7 @@ def test_profile_on_cpu_fills_and_then_replaces_a_doc_section(tmp_path):
     assert text.startswith("# Benchmarks\n\nkept\n")
     assert text.count("<!-- profile:tiny -->") == 1 and text.count("<!-- /profile:tiny -->") == 1
     assert "| GEMM |" in text and "`aten::mm`" in text
+    assert "| GEMM launched by |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| `aten::mm` | ["))
+    assert float(row.split("|")[-2]) > 0  # the CPU's achieved TFLOP/s: a number
     assert (tmp_path / "trace" / "trace_rank0.json").exists()
