@@ -164,9 +164,10 @@ class EngineConfig:
     tp_comm_overlap: bool = _f(True, "overlap TP backward all-reduces with weight-gradient GEMMs (QKV: its own wgrad, as Megatron; FC1: FC2's wgrad)", "parallel")
     ddp_bucket_mb: float = _f(160.0, "data-parallel gradient bucket size in MB (10^6 bytes) of fp32 gradients; 160 = 40M elements", "parallel")
     overlap_grad_reduce: bool = _f(True, "reduce-scatter each gradient bucket as soon as the last micro-batch's backward fills it", "parallel")
-    grad_accum_fusion: bool = _f(True, "weight-gradient GEMMs of QKV, O and FC2 and the embedding's backward add into the "
-                                 "fp32 gradient buffer directly (Megatron's gradient-accumulation fusion): no bf16 weight "
-                                 "gradient and no separate add per micro-batch; the ops' own weights stay unfused", "parallel")
+    grad_accum_fusion: bool = _f(True, "weight-gradient GEMMs of QKV, O, FC1, FC2 and the LM head and the embedding's "
+                                 "backward add into the fp32 gradient buffer directly (Megatron's gradient-accumulation "
+                                 "fusion): no bf16 weight gradient and no separate add per micro-batch; FC1 and the LM head "
+                                 "through their ops' main_grad, the norm weights stay unfused", "parallel")
     overlap_param_gather: bool = _f(True, "all-gather updated parameters asynchronously, waited on by the next forward's first use", "parallel")
 
     # --- kernels (empty: the op's register.toml default; TEMPER_OP_<OP> overrides)
