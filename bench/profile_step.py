@@ -6,15 +6,15 @@
         -- --preset minicpm4-8b --tp 2 --micro-batch-size 2 --seq-length 4096 --grad-accum-steps 8
 
 Everything after `--` are engine flags. The engine's own Trainer (engine/train.py, built as `pretrain`
-builds it) runs --warmup steps, then --steps steps under torch.profiler. Rank 0's device kernels are
-summed per step by family (GEMM, attention, copies/casts, optimizer, elementwise, communication) and
-the top kernels listed; exposed communication = communication kernel time not overlapped by any compute
-kernel on another stream (what TP overlap has left to hide). GEMM kernels are also grouped by the op that
-launched them and its operand shapes (the profiler records shapes), with the achieved TFLOP/s where the op's
-FLOPs follow from its shapes (mm, addmm, bmm, baddbmm): which GEMM runs below the others. On CPU (no kernels) the families are taken
-from each aten op's self CPU time and there is no overlap. The raw chrome trace goes to --trace-dir
-(default: a temp folder; never into git). The table goes to --md, or replaces the section between
-`<!-- profile:NAME -->` and `<!-- /profile:NAME -->` in --insert (appended when absent).
+builds it) runs --warmup steps, then --steps steps under torch.profiler. Rank 0's device kernels are summed
+per step by family (GEMM, attention, copies/casts, optimizer, elementwise, communication) and the top
+kernels listed; exposed communication = communication kernel time not overlapped by any compute kernel on
+another stream (what TP overlap has left to hide). GEMM kernels are also grouped by the op that launched
+them and its operand shapes (the profiler records shapes), with the achieved TFLOP/s where the op's FLOPs
+follow from its shapes (mm, addmm, bmm, baddbmm): which GEMM runs below the others. On CPU (no kernels) the
+families are taken from each aten op's self CPU time and there is no overlap. The raw chrome trace goes to
+--trace-dir (default: a temp folder; never into git). The table goes to --md, or replaces the section
+between `<!-- profile:NAME -->` and `<!-- /profile:NAME -->` in --insert (appended when absent).
 """
 
 import argparse

@@ -19,23 +19,23 @@ here, independently of engine/). The contracts are engine/ops/README.md's:
                                                                    token's position (inside its document with
                                                                    cu_seqlens); cos, sin fp32 [max_seq, d]
 
-Inputs are generated on the CPU with a seeded generator (the same bits in every process and on every
-machine), scaled so outputs are O(1) like a trained model's. A third of the attention cases (index 1, 4,
-...) pack documents into each row (`args["documents"]`: their lengths in the flattened b x s tokens,
-rows never shared): the version gets `cu_seqlens` and `max_seqlen` as --document-mask runs pass them,
-and must attend within each document only. rope's cases do the same (as --reset-position-ids runs pass them:
-positions restart at each document). rope's tables are the judge's own (HF Llama's arithmetic), with more
-rows than the sequence, as the model's are. A version that ignores them, or raises, fails those cases.
-The drawn cases also come in the variants a version meets in the model and random data alone would never
-show (by case index, so any three cases cover them): the layouts the model passes (q, k, v split from one
-fused QKV buffer, so non-contiguous; [batch, seq, hidden] activations), and activations large or small
-enough that a version without the numerically safe form fails (softmax and log-sum-exp past exp's fp32
-range unless the max is subtracted, rmsnorm's sum of squares past fp16's range or below eps).
-gemm_fc1 and gemm_output are called as the model calls them under gradient-accumulation fusion in a third of the
-cases (index 0, 3, ...) and at the timed shape: with a `main_grad`, the judge's GradSink over an fp32 buffer already holding a
-drawn partial sum. `grad.w` is then that buffer after the call (dW added to it, by the version through
-`weight_grad` or, for a version that ignores the sink, by the bench as the engine's gradient hook would); the
-judge's reference is its own dW plus the drawn partial sum.
+Inputs are generated on the CPU with a seeded generator (the same bits in every process and on every machine),
+scaled so outputs are O(1) like a trained model's. A third of the attention cases (index 1, 4, ...) pack
+documents into each row (`args["documents"]`: their lengths in the flattened b x s tokens, rows never shared):
+the version gets `cu_seqlens` and `max_seqlen` as --document-mask runs pass them, and must attend within each
+document only. rope's cases do the same (as --reset-position-ids runs pass them: positions restart at each
+document). rope's tables are the judge's own (HF Llama's arithmetic), with more rows than the sequence, as the
+model's are. A version that ignores them, or raises, fails those cases. The drawn cases also come in the variants
+a version meets in the model and random data alone would never show (by case index, so any three cases cover
+them): the layouts the model passes (q, k, v split from one fused QKV buffer, so non-contiguous; [batch, seq,
+hidden] activations), and activations large or small enough that a version without the numerically safe form
+fails (softmax and log-sum-exp past exp's fp32 range unless the max is subtracted, rmsnorm's sum of squares past
+fp16's range or below eps). gemm_fc1 and gemm_output are called as the model calls them under
+gradient-accumulation fusion in a third of the cases (index 0, 3, ...) and at the timed shape: with a
+`main_grad`, the judge's GradSink over an fp32 buffer already holding a drawn partial sum. `grad.w` is then that
+buffer after the call (dW added to it, by the version through `weight_grad` or, for a version that ignores the
+sink, by the bench as the engine's gradient hook would); the judge's reference is its own dW plus the drawn
+partial sum.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ MAGNITUDES: dict[str, tuple[float, ...]] = {"attention": (6.0,), "gemm_output": 
                                             "gemm_fc1": (8.0,), "rope": (16.0,)}
 _MODEL_LAYOUT = ("attention", "rmsnorm", "gemm_fc1", "rope")  # ops the model calls with other layouts than [n, h]
 ROPE_THETAS = (10000.0, 500000.0, 1000000.0)  # MiniCPM4's, Llama 3's, and a larger base
-_FUSED_WGRAD = {"gemm_fc1": "w", "gemm_output": "w"}  # ops the model hands a weight's fp32 gradient accumulator (`main_grad`): which weight
+# Ops the model hands a weight's fp32 gradient accumulator (`main_grad`), and which weight.
+_FUSED_WGRAD = {"gemm_fc1": "w", "gemm_output": "w"}
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class Case:
     seed: int = 0
     layout: str = "flat"  # "flat": contiguous [n, h] / [b, s, h, d]; "model": as the model passes them
     magnitude: float = 1.0  # scale of the activations
-    main_grad: bool = False  # gemm_fc1, gemm_output: the weight's gradient goes to an fp32 accumulator (module docstring)
+    main_grad: bool = False  # gemm_fc1, gemm_output: the weight's gradient goes to an fp32 accumulator (docstring)
 
     def label(self) -> str:
         extra = {"layout": self.layout} if self.layout != "flat" else {}

@@ -23,16 +23,16 @@ arrival times of their `[BENCH]` lines on the judge's pipe:
   harness/opbench.py: the GPU's work, not the host's launches); speedup = the median reference time / the median
   candidate time over the rounds. The judge's own clock bounds them: the op segments per call (the span from the
   first segment's start to the last one's end, gaps included, minus the overhead segments) minus the overhead
-  segments per call (the bench's same per-call work without the op) is the wall-clock estimate, too coarse to
-  time a 0.2 ms op under the bench's ~1 ms per call but an upper bound on hidden work: a candidate whose
-  estimate exceeds its device time by more than WALL_SLACK_MS + WALL_SLACK_FRACTION of it, plus the largest excess
-  of the estimate over the device time that the reference processes showed (the clock's noise on this machine in
-  this job, measured on code the candidate cannot touch: on a 2-core CPU runner an honest version's estimate ran
-  1.2 ms over its 1.7 ms calls), did work outside its timed calls. The overhead a candidate subtracts there is at most the reference process's (the same bench code
-  on the same shapes): work a version hides in a thread while the bench's own overhead is timed cannot buy it
-  room, and overhead far above the reference's (OVERHEAD_FACTOR) rejects.
-  (Until 2026-11-25 the wall-clock estimate was the verdict, and it took the overhead off the span once only:
-  the bench's own per-call work stayed in both times and rmsnorm's 13x on the GPU read as 1.6x.)
+  segments per call (the bench's same per-call work without the op) is the wall-clock estimate, too coarse to time a
+  0.2 ms op under the bench's ~1 ms per call but an upper bound on hidden work: a candidate whose estimate exceeds
+  its device time by more than WALL_SLACK_MS + WALL_SLACK_FRACTION of it, plus the largest excess of the estimate
+  over the device time that the reference processes showed (the clock's noise on this machine in this job, measured
+  on code the candidate cannot touch: on a 2-core CPU runner an honest version's estimate ran 1.2 ms over its 1.7 ms
+  calls), did work outside its timed calls. The overhead a candidate subtracts there is at most the reference
+  process's (the same bench code on the same shapes): work a version hides in a thread while the bench's own
+  overhead is timed cannot buy it room, and overhead far above the reference's (OVERHEAD_FACTOR) rejects. (Until
+  2026-11-25 the wall-clock estimate was the verdict, and it took the overhead off the span once only: the bench's
+  own per-call work stayed in both times and rmsnorm's 13x on the GPU read as 1.6x.)
 - stress: every loaded iteration agrees with the unloaded call within STRESS_TOL, and the unloaded call
   with the reference process's within CHECK_TOL.
 """

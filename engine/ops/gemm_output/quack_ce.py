@@ -149,7 +149,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             # dW = dlogits^T (scale h): the scale goes on h (n x d, small) rather than on the product, rounded once
             # to h's dtype, and the GEMM adds into the fp32 accumulator (no bf16 dW, no scaling pass over it).
             grad_h, dlogits, h, w = ctx.saved_tensors
-            grad_w = ctx.main_grad.weight_grad(dlogits, scale_(h.clone(memory_format=torch.contiguous_format), scale), w)
+            h_scaled = scale_(h.clone(memory_format=torch.contiguous_format), scale)
+            grad_w = ctx.main_grad.weight_grad(dlogits, h_scaled, w)
         if grad_h is not None:
             grad_h = scale_(grad_h, scale)
         return grad_h, grad_w, None, None, None, None, None, None, None, None, None
