@@ -4,6 +4,10 @@
 #   bash bench/ops_session.sh stress   stress tests (+ negative controls) + warmup-kernels (0.5B, 8B)
 #   bash bench/ops_session.sh all      cold warmup-kernels (compile times), GPU tests, bench (8B TP 1/2,
 #                                      0.5B TP 1), stress tests: everything in one call
+#   bash bench/ops_session.sh step     one GPU: the 4-layer 8B slice's profile (families, top kernels, GEMMs by
+#                                      shape with TFLOP/s) into docs/benchmarks.md, then MFU against torch.compile
+#   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core at TP 2 (its
+#                                      wheels staged too), and the TP 2 profile (exposed communication)
 # Expects the CuTeDSL wheels on PYTHONPATH (../shared/gpu: `source .gpu/b/env.sh`) and runs from the
 # repository root. Compiled kernels are cached in TEMPER_KERNEL_CACHE (default /tmp/temper-kernels
 # here, so consecutive calls on one warm machine share them). Logs go to $OUT (or ./ops-session).
@@ -23,7 +27,28 @@ warm() {  # preset, tp (the CUDA default versions)
   timeout 200 python3 -m engine warmup-kernels --preset "$1" --tp "$2" 2>&1 | grep -v -i "warn\|exe_args" | tee "$OUT/warmup_$1_tp$2.log" | tail -8
 }
 
+SLICE="--preset minicpm4-8b --num-layers 4 --micro-batch-size 2 --seq-length 4096 --grad-accum-steps 8"
+FULL_TP2="--preset minicpm4-8b --tp 2 --micro-batch-size 2 --seq-length 4096 --grad-accum-steps 8"
+
 case "${1:-check}" in
+  step)
+    stamp "profile of the 8B slice (docs/benchmarks.md section 8b4l)"
+    timeout 240 python3 bench/profile_step.py --steps 2 --warmup 3 --section 8b4l --insert docs/benchmarks.md \
+      --json "$OUT/profile_8b4l.json" -- $SLICE 2>&1 | tee "$OUT/profile.log" | grep -A16 "GEMM launched by"
+    cp docs/benchmarks.md "$OUT/"
+    stamp "MFU of the slice against torch.compile (one job)"
+    timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 6 --warmup 3 --peer torch-compile \
+      --out "$OUT/mfu_8b4l.json" 2>&1 | tail -8
+    ;;
+  tp2)
+    stamp "full 8B at TP 2 against megatron-core at TP 2 (one job, two GPUs)"
+    timeout 420 python3 bench/mfu.py --common "$FULL_TP2" --steps 4 --warmup 3 --peer megatron-core --peer-timeout 240 \
+      --out "$OUT/mfu_8b_tp2.json" 2>&1 | tail -8
+    stamp "profile at TP 2 (section 8b-tp2)"
+    timeout 150 torchrun --standalone --nproc-per-node 2 bench/profile_step.py --steps 1 --warmup 2 --section 8b-tp2 \
+      --insert docs/benchmarks.md --json "$OUT/profile_8b_tp2.json" -- $FULL_TP2 2>&1 | grep -B2 -A10 "communication exposed"
+    cp docs/benchmarks.md "$OUT/"
+    ;;
   engine)
     warm minicpm4-0.5b 1
     stamp "engine steps, minicpm4-0.5b: baseline ops vs the CuTeDSL defaults"
