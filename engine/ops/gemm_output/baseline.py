@@ -121,10 +121,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             elif need_w:
                 part = _mm(grad.t(), hm[rows], acc)
                 grad_w = part if grad_w is None else grad_w.add_(part)
-        if need_w and ctx.main_grad is not None:
-            if grad_w is None:  # no rows: nothing to add, but the accumulator counts as filled
-                grad_w = ctx.main_grad.weight_grad(hm.new_empty(0, v_local), hm[:0], w)
-        elif need_w:
+        if need_w:  # no rows: a zero dW (added by the gradient hook, as for any version that ignores main_grad)
             grad_w = torch.zeros(w.shape, dtype=w.dtype, device=w.device) if grad_w is None else grad_w.to(w.dtype)
         return grad_h, grad_w, None, None, None, None, None, None
 
