@@ -1,4 +1,5 @@
-"""What the GPU benchmark scripts share: the relative error they check with, the event timer, the launcher.
+"""What the GPU benchmark scripts share: the relative error they check with, the event timer, the launcher,
+the nvidia-smi poller.
 
 METHOD.md (device tool): compare with ||x - ref|| / ||ref|| in float64 (non-finite never passes),
 time with device events after a warm-up call, take the median, rotate among input sets so repeated
@@ -6,14 +7,17 @@ calls do not measure the cache.
 """
 
 import math
+import shutil
 import statistics
+import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["rel_err", "median_call_ms", "torchrun", "launcher"]
+__all__ = ["rel_err", "median_call_ms", "torchrun", "launcher", "GpuPoller"]
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -49,3 +53,48 @@ def torchrun(nproc: int) -> list[str]:
 def launcher(nproc: int) -> list[str]:
     """How a bench starts `-m engine ...`: this Python for one process, torchrun for several."""
     return torchrun(nproc) if nproc > 1 else [sys.executable]
+
+
+class GpuPoller:
+    """nvidia-smi sampled while a job runs, per GPU: the largest memory.used, and the median SM clock and power draw
+    over the samples where the GPU was busy (utilization >= 90 %: not start-up, compilation or idle time).
+
+    The clock says whether two timings compare like with like: an H200 under a sustained GEMM load runs below its
+    boost clock (power), which a short benchmark never shows. Without nvidia-smi every list is empty."""
+
+    def __init__(self, interval_ms: int = 500):
+        self._samples: dict[int, list[tuple[float, ...]]] = {}  # (MiB, MHz, W, utilization %)
+        self._proc = None
+        exe = shutil.which("nvidia-smi")
+        if exe:
+            self._proc = subprocess.Popen([exe, "--query-gpu=index,memory.used,clocks.sm,power.draw,utilization.gpu",
+                                           "--format=csv,noheader,nounits", f"-lms={interval_ms}"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self._thread = threading.Thread(target=self._read, daemon=True)
+            self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            self.add_line(line)
+
+    def add_line(self, line: str) -> None:
+        """One nvidia-smi CSV line (index, MiB, MHz, W, %); lines that are not numbers ([N/A], headers) are skipped."""
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            index, *values = int(parts[0]), *(float(p) for p in parts[1:5])
+        except ValueError:
+            return
+        if len(values) == 4:
+            self._samples.setdefault(index, []).append(tuple(values))
+
+    def stop(self) -> dict[str, list[float]]:
+        """{"used_gib": [...], "sm_mhz": [...], "power_w": [...]}, one entry per GPU in index order."""
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+            self._thread.join(timeout=10)
+        gpus = [self._samples[i] for i in sorted(self._samples)]
+        busy = [[s for s in g if s[3] >= 90] or g for g in gpus]
+        return {"used_gib": [max(s[0] for s in g) / 1024 for g in gpus],
+                "sm_mhz": [statistics.median(s[1] for s in g) for g in busy],
+                "power_w": [statistics.median(s[2] for s in g) for g in busy]}

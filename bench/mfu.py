@@ -13,7 +13,8 @@ Each engine variant is a real `python -m engine pretrain` (torchrun when the lay
 process: --tp N runs on N GPUs) of warmup + steps optimizer steps; the first --warmup steps (compile,
 autotuning, allocator) are dropped and the median of the rest reported. The op versions a run used come
 from its header (`[RUN] ops ...`), the per-step time and peak allocated memory (rank 0) from its
-metrics.jsonl, and nvidia-smi's memory.used per GPU is polled while it runs.
+metrics.jsonl; nvidia-smi is polled while it runs (bench/common.py GpuPoller): memory.used per GPU, and the
+median SM clock (MHz column), which says whether rows ran at the same clock.
 
 Peers (--peer, each variant in its own process so one's memory and compile caches do not touch the
 next): `torch-compile` (two variants: `bf16` weights without fp32 master, and `amp`, fp32 weights +
@@ -33,54 +34,24 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import launcher, torchrun  # noqa: E402
+from bench.common import GpuPoller, launcher, torchrun  # noqa: E402
 from bench.peers.common import engine_config  # noqa: E402
 from engine.atomic import write_text_atomic  # noqa: E402
 from engine.flops import flops_per_token, mfu, peak_flops  # noqa: E402
 
-__all__ = ["main", "run_engine", "run_peer", "GpuMemoryPoller"]
+__all__ = ["main", "run_engine", "run_peer"]
 
 PEER_VARIANTS = {"torch-compile": ["bf16", "amp"], "torchtitan": [""], "megatron-core": [""]}
-
-
-class GpuMemoryPoller:
-    """Largest nvidia-smi memory.used (GiB) per GPU while running; empty without nvidia-smi."""
-
-    def __init__(self, interval_ms: int = 500):
-        self.peak: dict[int, int] = {}
-        self._proc = None
-        exe = shutil.which("nvidia-smi")
-        if exe:
-            self._proc = subprocess.Popen([exe, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
-                                           f"-lms={interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                          text=True)
-            self._thread = threading.Thread(target=self._read, daemon=True)
-            self._thread.start()
-
-    def _read(self) -> None:
-        for line in self._proc.stdout:
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-                self.peak[int(parts[0])] = max(self.peak.get(int(parts[0]), 0), int(parts[1]))
-
-    def stop(self) -> list[float]:
-        if self._proc is not None:
-            self._proc.terminate()
-            self._proc.wait(timeout=10)
-            self._thread.join(timeout=10)
-        return [mib / 1024 for _, mib in sorted(self.peak.items())]
 
 
 def _env(args: argparse.Namespace, nproc: int) -> dict[str, str]:
@@ -103,11 +74,11 @@ def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
         cmd = [*launcher(nproc), "-m", "engine", "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
                "--eval-samples", "0", "--no-save-final", "--warmup-steps", "0", "--run-dir", tmp, *flags]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
-        poller = GpuMemoryPoller()
+        poller = GpuPoller()
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, env=_env(args, nproc), capture_output=True, text=True)
         wall = time.perf_counter() - t0
-        used = poller.stop()
+        smi = poller.stop()
         metrics = Path(tmp) / "metrics.jsonl"
         records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     steps = [r for r in records if r.get("kind") == "loss"]
@@ -118,7 +89,7 @@ def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
               "steps": [{"step": r["step"], "loss": r["global_loss"], "grad_norm": r["grad_norm"], "tokens": r["tokens"],
                          "time_s": r["time_s"]} for r in steps],
               "peak_alloc_gib_rank0": max((r.get("peak_mem_gib", 0.0) for r in steps), default=None),
-              "nvidia_smi_used_gib": used,
+              "nvidia_smi_used_gib": smi["used_gib"], "sm_mhz": smi["sm_mhz"], "power_w": smi["power_w"],
               # evaluations, when the flags ask for them (an --eval-samples N after the default 0)
               "evals": [{"step": r["step"], "val_loss": r["val_loss"], "val_bpb": r["val_bpb"]}
                         for r in records if r.get("kind") == "eval"]}
@@ -132,7 +103,7 @@ def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     result.update({"tokens_per_step": tokens, "flops_per_token": flops_per_token(cfg), "median_step_s": med,
                    "step_s_spread": [min(times), max(times)], "tokens_per_s": tokens / med,
                    "mfu": mfu(cfg, tokens, med, nproc, peak), "final_loss": result["steps"][-1]["loss"],
-                   "peak_mem_gib_per_gpu": used or [result["peak_alloc_gib_rank0"]]})
+                   "peak_mem_gib_per_gpu": smi["used_gib"] or [result["peak_alloc_gib_rank0"]]})
     return result
 
 
@@ -151,13 +122,14 @@ def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace
                "--warmup", str(args.warmup), "--device", args.device, "--out", str(out), "--",
                *flags, *(["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
-        poller = GpuMemoryPoller()
+        poller = GpuPoller()
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, env=_env(args, nproc), capture_output=True, text=True,
                               timeout=args.peer_timeout)
-        used = poller.stop()
+        smi = poller.stop()
         result = json.loads(out.read_text()) if out.exists() else {"name": name, "kind": "peer"}
-    result.update({"cmd": cmd, "returncode": proc.returncode, "wall_s": time.perf_counter() - t0, "nvidia_smi_used_gib": used})
+    result.update({"cmd": cmd, "returncode": proc.returncode, "wall_s": time.perf_counter() - t0,
+                   "nvidia_smi_used_gib": smi["used_gib"], "sm_mhz": smi["sm_mhz"], "power_w": smi["power_w"]})
     if proc.returncode != 0 and "error" not in result:
         result["error"] = (proc.stdout[-2000:] + "\n" + proc.stderr[-4000:]).strip()
     return result
@@ -175,12 +147,16 @@ def _fmt_mem(r: dict) -> str:
     return " ".join(f"{m:.1f}" for m in mem if m is not None) or "-"
 
 
+def _fmt_mhz(r: dict) -> str:
+    return "/".join(f"{m:.0f}" for m in r.get("sm_mhz") or []) or "-"
+
+
 def print_table(results: list[dict]) -> None:
     base = next((r for r in results if r.get("kind") == "engine" and "error" not in r), None)
     device = base["device"] if base else next((r.get("device") for r in results if r.get("device")), "?")
     print(f"\ndevice {device}; MFU: engine/flops.py count; ratio = {base['name'] if base else 'engine'} tokens/s / row's "
           f"(= the MFU ratio: one FLOP count; > 1: the engine is faster); mem: nvidia-smi used per GPU (GiB; peers without nvidia-smi: allocated)")
-    print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'ratio':>7}{'mem GiB':>14}"
+    print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'ratio':>7}{'mem GiB':>14}{'MHz':>6}"
           f"{'loss':>9}{'loss diff':>10}  ops / versions")
     for r in results:
         if "error" in r:
@@ -192,7 +168,8 @@ def print_table(results: list[dict]) -> None:
         diff = f"{d:.1e}" if d is not None else "-"
         what = r.get("ops") or " ".join(f"{k}={v}" for k, v in r.get("versions", {}).items())
         print(f"{r['name']:<24}{r['nproc']:>5}{r['median_step_s']:>9.4f}{f'{lo:.4f}-{hi:.4f}':>17}"
-              f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{r['final_loss']:>9.4f}"
+              f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{_fmt_mhz(r):>6}"
+              f"{r['final_loss']:>9.4f}"
               f"{diff:>10}  {what}")
 
 

@@ -5,7 +5,8 @@
 #   bash bench/ops_session.sh all      cold warmup-kernels (compile times), GPU tests, bench (8B TP 1/2,
 #                                      0.5B TP 1), stress tests: everything in one call
 #   bash bench/ops_session.sh step     one GPU: the 4-layer 8B slice's profile (families, top kernels, GEMMs by
-#                                      shape with TFLOP/s) into docs/benchmarks.md, then MFU against torch.compile
+#                                      shape with TFLOP/s) into docs/benchmarks.md, the same GEMMs alone and back to
+#                                      back (bench/step_gemms.py: SM clock, power), then MFU against torch.compile
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core at TP 2 (its
 #                                      wheels staged too), and the TP 2 profile (exposed communication)
 # Expects the CuTeDSL wheels on PYTHONPATH (../shared/gpu: `source .gpu/b/env.sh`) and runs from the
@@ -36,6 +37,9 @@ case "${1:-check}" in
     timeout 240 python3 bench/profile_step.py --steps 2 --warmup 3 --section 8b4l --insert docs/benchmarks.md \
       --json "$OUT/profile_8b4l.json" -- $SLICE 2>&1 | tee "$OUT/profile.log" | grep -A16 "GEMM launched by"
     cp docs/benchmarks.md "$OUT/"
+    stamp "the slice's GEMMs alone and back to back, cuBLAS and quack"
+    timeout 300 python3 bench/step_gemms.py --quack --profile "$OUT/profile_8b4l.json" --out "$OUT/step_gemms.json" \
+      2>&1 | grep -v -i warn | tail -22
     stamp "MFU of the slice against torch.compile (one job)"
     timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 6 --warmup 3 --peer torch-compile \
       --out "$OUT/mfu_8b4l.json" 2>&1 | tail -8

@@ -19,6 +19,7 @@ between `<!-- profile:NAME -->` and `<!-- /profile:NAME -->` in --insert (append
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -106,10 +107,19 @@ def summarize_kernels(kernels: list[dict], steps: int) -> dict:
             "exposed_comm_ms": exposed_ms(comm, compute) / 1e3 / steps if comm else 0.0, "timeline": bool(compute)}
 
 
+# Ops launching a GEMM kernel of their own (no aten matmul op around it) whose first two inputs are x [..., k] and a
+# weight [n, k]: gemm_fc1's quack version (its autograd Function, engine/ops/gemm_fc1/quack_gated.py). Not
+# aten::linear: its aten::mm / addmm child is the op a kernel is tied to, and on CPU it would count twice.
+_LINEAR_LIKE = ("_GemmFc1",)
+
+
 def gemm_flops(op: str, dims: list) -> float | None:
     """FLOPs of one call of a matmul op from its recorded input shapes (2 m n k per product); None when unknown."""
     name = op.removeprefix("aten::").rstrip("_")
     try:
+        if name in _LINEAR_LIKE:
+            (*lead, k), (n, k_w) = dims[0], dims[1]
+            return 2.0 * math.prod(lead) * n * k if k == k_w else None
         if name == "mm":
             (m, k), (_, n) = dims[0], dims[1]
             return 2.0 * m * n * k

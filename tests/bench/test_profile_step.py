@@ -39,6 +39,9 @@ def test_gemm_kernels_are_grouped_by_their_launching_op_and_shapes():
     assert gemm_flops("aten::addmm", [[73472, 4096], [73472, 8192], [8192, 4096], [], []]) == 2.0 * 73472 * 4096 * 8192
     assert gemm_flops("aten::bmm", [[2, 8, 16], [2, 16, 4]]) == 2.0 * 2 * 8 * 4 * 16
     assert gemm_flops("aten::mm", [[8, 16]]) is None and gemm_flops("aten::silu", [[8, 16]]) is None
+    # gemm_fc1's quack version: x [b, s, h] and the [gate; up] weight [2f, h]
+    assert gemm_flops("_GemmFc1", [[2, 4096, 4096], [32768, 4096]]) == 2.0 * 8192 * 32768 * 4096
+    assert gemm_flops("_GemmFc1", [[8, 16], [4, 32]]) is None  # k does not match: not a product
     m, k, n = 4096, 4096, 73472
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 10.0, "args": {"External id": 7,
                                                                                    "Input Dims": [[m, k], [k, n], []]}},

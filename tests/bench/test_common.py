@@ -1,0 +1,27 @@
+"""bench/common.py's nvidia-smi poller: what it keeps from the CSV lines nvidia-smi prints."""
+
+from bench.common import GpuPoller
+
+
+def _fed(lines: list[str]) -> dict[str, list[float]]:
+    poller = GpuPoller.__new__(GpuPoller)  # no nvidia-smi process: lines are fed by hand
+    poller._samples, poller._proc = {}, None
+    for line in lines:
+        poller.add_line(line)
+    return poller.stop()
+
+
+def test_clock_and_power_are_medians_over_busy_samples_and_memory_the_peak():
+    seen = _fed(["0, 30000, 1980, 120.5, 3",  # start-up: idle at boost clock, not counted for clock and power
+                 "0, 36000, 1755, 690.0, 100", "0, 35000, 1740, 700.0, 99", "0, 35500, 1770, 680.0, 100",
+                 "1, 2048, 1980, 90.0, 0"])  # a GPU never busy: its medians come from every sample
+    assert seen["used_gib"] == [36000 / 1024, 2.0]
+    assert seen["sm_mhz"] == [1755.0, 1980.0]
+    assert seen["power_w"] == [690.0, 90.0]
+
+
+def test_lines_that_are_not_numbers_are_skipped():
+    seen = _fed(["index, memory.used [MiB], clocks.sm [MHz], power.draw [W], utilization.gpu [%]",
+                 "0, [N/A], 1700, 500, 100", "0, 1024", "0, 1024, 1700, 500, 100"])
+    assert seen == {"used_gib": [1.0], "sm_mhz": [1700.0], "power_w": [500.0]}
+    assert _fed([]) == {"used_gib": [], "sm_mhz": [], "power_w": []}
