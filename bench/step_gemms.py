@@ -14,7 +14,15 @@ mbs 2 x seq 4096 = 8192 tokens, LM head in 4096-token chunks, weight gradients a
 
 nvidia-smi's SM clock and power are sampled in each phase (bench/common.py GpuPoller). With --quack, the same
 two phases for quack's SM90 GEMM (its default config; the weight gradients through gemm_add_inplace into fp32),
-so a GEMM that cuBLAS runs slower under load than quack does shows up. Every result is checked against the fp32
+so a GEMM that cuBLAS runs slower under load than quack does shows up.
+
+    python bench/step_gemms.py --tiles --out step_gemm_tiles.json
+
+--tiles asks a narrower question once the step is known to be power-bound: at the power limit, throughput is
+work per joule, so does another tile shape or cluster do more of these GEMMs per joule than cuBLAS's choice? Each
+of the larger GEMMs (--tile-gemms) runs alone, back to back for --tile-s seconds, with cuBLAS, quack's default
+and the explicit quack configs of --tile-configs (bench/gemm_variants.py's notation; dW through gemm_act's C
+into fp32); TFLOP/s of the later half, SM clock and power for each. Every result is checked against the fp32
 product once (relative error <= 1e-2 for bf16 operands). JSON to --out, table last.
 """
 
@@ -168,14 +176,95 @@ def run_backend(label: str, fn, probs, order, args, rows: list[dict]) -> None:
     torch.cuda.empty_cache()
 
 
+def _quack_config(fn_kind: str, a, b, c, cfg):
+    """quack's gemm_act with an explicit config (None: its default); "acc" adds into c through the C operand."""
+    from quack.gemm_interface import gemm_act
+    if fn_kind == "acc":
+        gemm_act(a, b, C=c, activation=None, postact_out=c, postact_dtype=torch.float32, store_preact=False,
+                 tuned=False, config=cfg)
+        return c
+    return gemm_act(a, b, activation=None, store_preact=False, tuned=False, config=cfg)[1]
+
+
+def _parse_tile(text: str):
+    """'256x128-coop-c21' -> quack GemmConfig (tile 256 x 128, cooperative, cluster 2 x 1); 'default' -> None."""
+    if text == "default":
+        return None
+    from quack.gemm_config import GemmConfig
+    tiles, mode, cluster = text.split("-")
+    tm, tn = (int(x) for x in tiles.split("x"))
+    return GemmConfig(tile_m=tm, tile_n=tn, pingpong=mode == "pp", cluster_m=int(cluster[1]), cluster_n=int(cluster[2]),
+                      is_dynamic_persistent=False, device_capacity=9)
+
+
+def sweep_tiles(args) -> int:
+    probs = problems()
+    flops = {name: 2 * mnk[0] * mnk[1] * mnk[2] for name, (_, mnk, _) in probs.items()}
+    variants = [("cublas", None)] + [(f"quack {t}", t) for t in args.tile_configs]
+    rows = []
+    for name in args.tile_gemms:
+        kind, mnk, layout = probs[name]
+        a, b, c = _operands(kind, mnk, layout, seed=7)
+        for label, tile in variants:
+            if tile is None:
+                def fn(kind=kind):
+                    return _cublas(kind, a, b, c)
+            else:
+                cfg = _parse_tile(tile)
+
+                def fn(kind=kind, cfg=cfg):
+                    return _quack_config(kind, a, b, c, cfg)
+            row = {"gemm": name, "variant": label, "m_n_k": mnk}
+            try:
+                row["err"] = _check(lambda kind, a, b, c: fn(), kind, a, b, c)
+                poller = GpuPoller(interval_ms=100)
+                medians, _ = _sustained(lambda kind, *o: fn(), {name: probs[name]}, {name: (a, b, c)}, [name],
+                                        args.tile_s)
+                smi = poller.stop()
+                row.update({"ms": medians[name], "tflops": flops[name] / medians[name] / 1e9,
+                            "sm_mhz": smi["sm_mhz"][:1], "power_w": smi["power_w"][:1]})
+            except Exception as exc:  # a config quack refuses for this shape: recorded, the sweep goes on
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rows.append(row)
+            print(f"{name} {label}: " + (f"{row['tflops']:.0f} TFLOP/s err {row['err']:.1e} {row['sm_mhz']} MHz "
+                                         f"{row['power_w']} W" if "tflops" in row else row["error"]), flush=True)
+        del a, b, c
+        torch.cuda.empty_cache()
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                    "tile_s": args.tile_s, "rows": rows}, indent=1))
+    print(f"\ndevice {torch.cuda.get_device_name()}; each GEMM alone, back to back for {args.tile_s} s: TFLOP/s "
+          f"(MHz, W)\n| GEMM | " + " | ".join(label for label, _ in variants) + " |\n| --- |" + " ---: |" * len(variants))
+    for name in args.tile_gemms:
+        cells = []
+        for label, _ in variants:
+            r = next(r for r in rows if r["gemm"] == name and r["variant"] == label)
+            cells.append(f"{r['tflops']:.0f} ({r['sm_mhz'][0]:.0f}, {r['power_w'][0]:.0f})"
+                         if "tflops" in r and r["sm_mhz"] else f"{r['tflops']:.0f}" if "tflops" in r else "failed")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    for r in rows:
+        if r.get("err", 0) > TOL:
+            print(f"MISMATCH {r['variant']} {r['gemm']}: err {r['err']:.2e}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--sustain-s", type=float, default=8.0)
     ap.add_argument("--profile", type=Path, default=None, help="profile_step.py JSON: the in-step TFLOP/s column")
     ap.add_argument("--quack", action="store_true", help="also time quack's SM90 GEMM (its default config)")
+    ap.add_argument("--tiles", action="store_true", help="sweep quack tile configs on the larger GEMMs (see above)")
+    ap.add_argument("--tile-gemms", nargs="+", default=["fc1.dx", "fc1.dw", "fc2.fwd", "fc2.dx", "fc2.dw", "lm.fwd",
+                                                        "lm.dh", "lm.dw"])
+    ap.add_argument("--tile-configs", nargs="+", default=["default", "256x192-coop-c21", "128x256-coop-c21",
+                                                          "256x128-coop-c12", "256x128-coop-c21"])
+    ap.add_argument("--tile-s", type=float, default=1.5)
     ap.add_argument("--out", type=Path, default=Path("step_gemms.json"))
     args = ap.parse_args(argv)
+    if args.tiles:
+        from engine.ops.kernel_cache import configure_quack_cache
+        configure_quack_cache()
+        return sweep_tiles(args)
 
     probs, order = problems(), step_order()
     rows: list[dict] = []
