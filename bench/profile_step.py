@@ -11,7 +11,9 @@ per step by family (GEMM, attention, copies/casts, optimizer, elementwise, commu
 kernels listed; exposed communication = communication kernel time not overlapped by any compute kernel on
 another stream (what TP overlap has left to hide). GEMM kernels are also grouped by the op that launched
 them and its operand shapes (the profiler records shapes), with the achieved TFLOP/s where the op's FLOPs
-follow from its shapes (mm, addmm, bmm, baddbmm): which GEMM runs below the others. On CPU (no kernels) the
+follow from its shapes (mm, addmm, bmm, baddbmm): which GEMM runs below the others. On CUDA, the time the GPU
+sat idle inside each step is charged to what the host was doing (a sync such as `aten::item`, the step's set-up
+before its first kernel): host synchronisation inside a step, measured. On CPU (no kernels) the
 families are taken from each aten op's self CPU time and there is no overlap. The raw chrome trace goes to
 --trace-dir (default: a temp folder; never into git). The table goes to --md, or replaces the section
 between `<!-- profile:NAME -->` and `<!-- /profile:NAME -->` in --insert (appended when absent).
@@ -38,8 +40,11 @@ from bench.peers.common import engine_config  # noqa: E402
 from engine.atomic import write_text_atomic  # noqa: E402
 from engine.ops.dispatch import OP_NAMES  # noqa: E402
 
-__all__ = ["main", "family", "exposed_ms", "summarize_kernels", "gemm_flops", "gemms_by_shape", "markdown",
-           "insert_section"]
+__all__ = ["main", "family", "exposed_ms", "summarize_kernels", "gemm_flops", "gemms_by_shape", "idle_gaps",
+           "markdown", "insert_section"]
+
+STEP_MARK = "temper_profiled_step"  # the record_function around each profiled train_step
+BUBBLE_US, BUBBLE = 10.0, "between queued kernels (gaps < 10 us)"
 
 FAMILIES = ("GEMM", "attention", "communication", "optimizer", "copies/casts", "elementwise")
 _RULES = [  # first match wins; kernel names (cuBLAS, CUTLASS/CuTeDSL, NCCL, torch) and aten op names on CPU
@@ -166,6 +171,50 @@ def gemms_by_shape(events: list[dict], steps: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["ms"])
 
 
+def idle_gaps(events: list[dict], steps: int) -> dict:
+    """When the GPU had nothing to run inside a step, and what the host was doing meanwhile.
+
+    events: a chrome trace's. Each `STEP_MARK` span (one train_step on the host's clock; the profiler also puts a
+    copy on the device timeline, not used) minus the union of its device kernels, copies and memsets is idle time.
+    Gaps under `BUBBLE_US` are the device's own spacing between queued kernels ("between queued kernels"); a longer
+    gap is charged to the innermost host event (an aten op, a CUDA runtime call such as cudaStreamSynchronize)
+    running at its midpoint, or to "host (no op recorded)", the Python between ops: a gap right after a sync
+    (`aten::item`) is the host catching up, one at the start the host preparing the step before its first kernel.
+    The five largest gaps are listed with where they fell in their step and the host events around them. Under
+    the profiler every host op runs slower (recording, shapes), so host-caused gaps are upper bounds: time the
+    host code without it before acting on one."""
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("ph") == "X" and e.get("name") == STEP_MARK and e.get("cat") == "user_annotation"]
+    device = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+                     if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")])
+    host = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
+                  if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime", "user_annotation")
+                  and e.get("name") != STEP_MARK)
+    by_host: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    largest: list[dict] = []
+    idle = span_total = 0.0
+    for start, end in spans:
+        span_total += end - start
+        cursor = start
+        for a, b in [(max(a, start), min(b, end)) for a, b in device if b > start and a < end] + [(end, end)]:
+            if a > cursor:
+                mid = (cursor + a) / 2
+                covering = sorted(((hb - ha, name) for ha, hb, name in host if ha <= mid <= hb), reverse=True)
+                name = (BUBBLE if a - cursor < BUBBLE_US else covering[-1][1] if covering
+                        else "host (no op recorded)")
+                by_host[name][0] += a - cursor
+                by_host[name][1] += 1
+                idle += a - cursor
+                largest.append({"ms": (a - cursor) / 1e3, "at_ms": (cursor - start) / 1e3,
+                                "host": " > ".join(n for _, n in covering[-4:]) or name})
+            cursor = max(cursor, b)
+    rows = sorted(({"host": n, "ms": t / 1e3 / steps, "gaps": c / steps} for n, (t, c) in by_host.items()),
+                  key=lambda r: -r["ms"])
+    largest = sorted(largest, key=lambda g: -g["ms"])[:5]
+    return ({"idle_ms": idle / 1e3 / steps, "step_ms": span_total / 1e3 / steps, "by_host": rows, "largest": largest}
+            if spans else {})
+
+
 def markdown(title: str, summary: dict, step_ms: float, top: int = 15) -> str:
     total = summary["total_ms"] or 1.0
     lines = [f"#### {title}", "",
@@ -187,6 +236,15 @@ def markdown(title: str, summary: dict, step_ms: float, top: int = 15) -> str:
         for g in summary["gemms"][:top]:
             rate = f"{g['tflops']:.3g}" if g["tflops"] is not None else "-"
             lines.append(f"| `{g['op']}` | {g['shapes'] or '-'} | {g['calls']:.0f} | {g['ms']:.2f} | {rate} |")
+    idle = summary.get("idle")
+    if idle:
+        lines += ["", f"GPU idle inside the step: {idle['idle_ms']:.3f} ms of {idle['step_ms']:.1f} "
+                      f"({100 * idle['idle_ms'] / (idle['step_ms'] or 1.0):.1f} %), by what the host was doing:", "",
+                  "| host during the gap | gaps / step | idle ms / step |", "| --- | ---: | ---: |"]
+        for r in idle["by_host"][:8]:
+            lines.append(f"| `{r['host']}` | {r['gaps']:.3g} | {r['ms']:.3f} |")
+        lines += ["", "Largest gaps (ms into its step; the host events running, outer to inner): " + "; ".join(
+            f"{g['ms']:.3f} ms at {g['at_ms']:.1f} ms ({g['host']})" for g in idle.get("largest", []))]
     return "\n".join(lines) + "\n"
 
 
@@ -252,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
             for _ in range(args.steps):
                 t0 = time.perf_counter()
-                trainer.train_step()
-                sync()
+                with torch.profiler.record_function(STEP_MARK):
+                    trainer.train_step()
+                    sync()
                 times.append(time.perf_counter() - t0)
         if par.rank != 0:
             return 0
@@ -263,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text()).get("traceEvents", [])
         kernels = _kernels_from_trace(events) if device_type == "cuda" else _cpu_ops(prof)
-        summary = {**summarize_kernels(kernels, args.steps), "gemms": gemms_by_shape(events, args.steps)}
+        summary = {**summarize_kernels(kernels, args.steps), "gemms": gemms_by_shape(events, args.steps),
+                   "idle": idle_gaps(events, args.steps) if device_type == "cuda" else {}}
         device = torch.cuda.get_device_name(par.device) if device_type == "cuda" else "cpu"
         title = args.title or (f"{device}, {time.strftime('%Y-%m-%d')}, {' '.join(flags)}; ops "
                                + " ".join(f"{k}={v}" for k, v in sorted(trainer.ops.versions.items())))

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from bench.profile_step import exposed_ms, family, gemm_flops, gemms_by_shape, summarize_kernels
+from bench.profile_step import STEP_MARK, exposed_ms, family, gemm_flops, gemms_by_shape, idle_gaps, markdown, summarize_kernels
 from tests.conftest import REPO
 
 
@@ -77,3 +77,32 @@ def test_profile_on_cpu_fills_and_then_replaces_a_doc_section(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| `aten::mm` | ["))
     assert float(row.split("|")[-2]) > 0  # the CPU's achieved TFLOP/s: a number
     assert (tmp_path / "trace" / "trace_rank0.json").exists()
+
+
+def test_gpu_idle_inside_a_step_is_charged_to_what_the_host_was_doing():
+    """Two steps of 100 us each. Step 1: the host prepares for 12 us (an H2D copy op) before the first kernel, the
+    kernels cover 12-60 and 72-95 (overlapping streams count once), 60-72 the host waits in aten::item (inside it,
+    the innermost event, cudaStreamSynchronize), 95-100 is a bubble between queued kernels. Step 2: kernels the
+    whole span, which the profiler's device-side copy of the step mark (longer here) must not stretch."""
+    ev = [{"ph": "X", "name": STEP_MARK, "cat": "user_annotation", "ts": 0, "dur": 100},
+          {"ph": "X", "name": STEP_MARK, "cat": "user_annotation", "ts": 200, "dur": 100},
+          {"ph": "X", "name": STEP_MARK, "cat": "gpu_user_annotation", "ts": 150, "dur": 200},
+          {"ph": "X", "name": "aten::to", "cat": "cpu_op", "ts": 0, "dur": 12},
+          {"ph": "X", "name": "aten::item", "cat": "cpu_op", "ts": 58, "dur": 15},
+          {"ph": "X", "name": "cudaStreamSynchronize", "cat": "cuda_runtime", "ts": 59, "dur": 13},
+          {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 12, "dur": 48},
+          {"ph": "X", "name": "norm", "cat": "kernel", "ts": 72, "dur": 18},
+          {"ph": "X", "name": "copy", "cat": "gpu_memcpy", "ts": 80, "dur": 15},
+          {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 190, "dur": 120}]  # starts before the span: clipped
+    idle = idle_gaps(ev, steps=2)
+    assert idle["idle_ms"] == 29 / 1e3 / 2 and idle["step_ms"] == 100 / 1e3
+    assert {r["host"]: r["ms"] * 2e3 for r in idle["by_host"]} == {
+        "aten::to": 12, "cudaStreamSynchronize": 12, "between queued kernels (gaps < 10 us)": 5}
+    text = markdown("t", {"total_ms": 1.0, "families": dict.fromkeys(
+        ("GEMM", "attention", "communication", "optimizer", "copies/casts", "elementwise"), 0.0),
+        "top": [], "timeline": False, "idle": idle}, 0.1)
+    assert "GPU idle inside the step: 0.015 ms of 0.1 (14.5 %)" in text and "| `aten::to` | 0.5 | 0.006 |" in text
+    assert [(g["ms"] * 1e3, g["at_ms"] * 1e3, g["host"]) for g in idle["largest"]] == [
+        (12, 0, "aten::to"), (12, 60, "aten::item > cudaStreamSynchronize"), (5, 95, "between queued kernels (gaps < 10 us)")]
+    assert "0.012 ms at 0.1 ms (aten::item > cudaStreamSynchronize)" in text
+    assert idle_gaps([e for e in ev if e["name"] != STEP_MARK], steps=2) == {}  # no marked step: nothing to say
