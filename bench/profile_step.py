@@ -198,15 +198,16 @@ def idle_gaps(events: list[dict], steps: int) -> dict:
         cursor = start
         for a, b in [(max(a, start), min(b, end)) for a, b in device if b > start and a < end] + [(end, end)]:
             if a > cursor:
-                mid = (cursor + a) / 2
-                covering = sorted(((hb - ha, name) for ha, hb, name in host if ha <= mid <= hb), reverse=True)
-                name = (BUBBLE if a - cursor < BUBBLE_US else covering[-1][1] if covering
-                        else "host (no op recorded)")
-                by_host[name][0] += a - cursor
-                by_host[name][1] += 1
+                stack = [BUBBLE]  # outer to inner; only gaps that are not bubbles look at the host
+                if a - cursor >= BUBBLE_US:
+                    mid = (cursor + a) / 2
+                    stack = [n for _, n in sorted(((hb - ha, n) for ha, hb, n in host if ha <= mid <= hb),
+                                                  reverse=True)] or ["host (no op recorded)"]
+                by_host[stack[-1]][0] += a - cursor
+                by_host[stack[-1]][1] += 1
                 idle += a - cursor
                 largest.append({"ms": (a - cursor) / 1e3, "at_ms": (cursor - start) / 1e3,
-                                "host": " > ".join(n for _, n in covering[-4:]) or name})
+                                "host": " > ".join(stack[-4:])})
             cursor = max(cursor, b)
     rows = sorted(({"host": n, "ms": t / 1e3 / steps, "gaps": c / steps} for n, (t, c) in by_host.items()),
                   key=lambda r: -r["ms"])
