@@ -14,7 +14,8 @@ process: --tp N runs on N GPUs) of warmup + steps optimizer steps; the first --w
 autotuning, allocator) are dropped and the median of the rest reported. The op versions a run used come
 from its header (`[RUN] ops ...`), the per-step time and peak allocated memory (rank 0) from its
 metrics.jsonl; nvidia-smi is polled while it runs (bench/common.py GpuPoller): memory.used per GPU, and the
-median SM clock (MHz column), which says whether rows ran at the same clock.
+median SM clock (MHz column), which says whether rows ran at the same clock, and the energy per token (mJ/tok:
+busy power over tokens/s), which orders rows that all ran at the power limit.
 
 Peers (--peer, each variant in its own process so one's memory and compile caches do not touch the
 next): `torch-compile` (two variants: `bf16` weights without fp32 master, and `amp`, fp32 weights +
@@ -49,7 +50,7 @@ from bench.peers.common import engine_config  # noqa: E402
 from engine.atomic import write_text_atomic  # noqa: E402
 from engine.flops import flops_per_token, mfu, peak_flops  # noqa: E402
 
-__all__ = ["main", "run_engine", "run_peer"]
+__all__ = ["main", "run_engine", "run_peer", "energy_mj_per_token"]
 
 PEER_VARIANTS = {"torch-compile": ["bf16", "amp"], "torchtitan": [""], "megatron-core": [""]}
 
@@ -151,12 +152,24 @@ def _fmt_mhz(r: dict) -> str:
     return "/".join(f"{m:.0f}" for m in r.get("sm_mhz") or []) or "-"
 
 
+def energy_mj_per_token(r: dict) -> float | None:
+    """All GPUs' median busy power over the row's tokens/s: the work per joule that decides speed once a GPU sits at
+    its power limit (an H200 training step does; docs/benchmarks.md). None without power samples."""
+    watts = r.get("power_w") or []
+    return 1e3 * sum(watts) / r["tokens_per_s"] if watts and r.get("tokens_per_s") else None
+
+
+def _fmt_energy(r: dict) -> str:
+    energy = energy_mj_per_token(r)
+    return f"{energy:.2f}" if energy is not None else "-"
+
+
 def print_table(results: list[dict]) -> None:
     base = next((r for r in results if r.get("kind") == "engine" and "error" not in r), None)
     device = base["device"] if base else next((r.get("device") for r in results if r.get("device")), "?")
     print(f"\ndevice {device}; MFU: engine/flops.py count; ratio = {base['name'] if base else 'engine'} tokens/s / row's "
           f"(= the MFU ratio: one FLOP count; > 1: the engine is faster); mem: nvidia-smi used per GPU (GiB; peers without nvidia-smi: allocated)")
-    print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'ratio':>7}{'mem GiB':>14}{'MHz':>6}"
+    print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'ratio':>7}{'mem GiB':>14}{'MHz':>6}{'mJ/tok':>7}"
           f"{'loss':>9}{'loss diff':>10}  ops / versions")
     for r in results:
         if "error" in r:
@@ -169,6 +182,7 @@ def print_table(results: list[dict]) -> None:
         what = r.get("ops") or " ".join(f"{k}={v}" for k, v in r.get("versions", {}).items())
         print(f"{r['name']:<24}{r['nproc']:>5}{r['median_step_s']:>9.4f}{f'{lo:.4f}-{hi:.4f}':>17}"
               f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{_fmt_mhz(r):>6}"
+              f"{_fmt_energy(r):>7}"
               f"{r['final_loss']:>9.4f}"
               f"{diff:>10}  {what}")
 

@@ -1,4 +1,7 @@
-"""bench/common.py's nvidia-smi poller: what it keeps from the CSV lines nvidia-smi prints."""
+"""bench/common.py's nvidia-smi poller: what it keeps from the CSV lines nvidia-smi prints; the energy per token
+bench/mfu.py derives from its power samples."""
+
+import pytest
 
 from bench.common import GpuPoller
 
@@ -25,3 +28,12 @@ def test_lines_that_are_not_numbers_are_skipped():
                  "0, [N/A], 1700, 500, 100", "0, 1024", "0, 1024, 1700, 500, 100"])
     assert seen == {"used_gib": [1.0], "sm_mhz": [1700.0], "power_w": [500.0]}
     assert _fed([]) == {"used_gib": [], "sm_mhz": [], "power_w": []}
+
+
+def test_energy_per_token_sums_the_gpus_power_over_the_rows_tokens_per_second():
+    from bench.mfu import energy_mj_per_token
+    # the engine row of bench/results/mfu_8b4l_h200_clock.json: 691.695 W at 77,010 tokens/s
+    assert energy_mj_per_token({"power_w": [691.695], "tokens_per_s": 77010.0}) == pytest.approx(8.982, abs=1e-3)
+    assert energy_mj_per_token({"power_w": [600.0, 700.0], "tokens_per_s": 1e5}) == pytest.approx(13.0)
+    assert energy_mj_per_token({"power_w": [], "tokens_per_s": 1e5}) is None  # no nvidia-smi: no number
+    assert energy_mj_per_token({"power_w": [600.0]}) is None  # a failed row has no tokens/s
