@@ -182,9 +182,7 @@ def print_table(results: list[dict]) -> None:
         what = r.get("ops") or " ".join(f"{k}={v}" for k, v in r.get("versions", {}).items())
         print(f"{r['name']:<24}{r['nproc']:>5}{r['median_step_s']:>9.4f}{f'{lo:.4f}-{hi:.4f}':>17}"
               f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{_fmt_mhz(r):>6}"
-              f"{_fmt_energy(r):>7}"
-              f"{r['final_loss']:>9.4f}"
-              f"{diff:>10}  {what}")
+              f"{_fmt_energy(r):>7}{r['final_loss']:>9.4f}{diff:>10}  {what}")
 
 
 def _set_flag(flags: list[str], flag: str, value: int) -> list[str]:

@@ -100,6 +100,16 @@ def _quack(kind, a, b, c):
     return gemm(a, b, tuned=False)
 
 
+def _tflops(mnk: tuple[int, int, int], ms: float) -> float:
+    return 2 * mnk[0] * mnk[1] * mnk[2] / ms / 1e9
+
+
+def _print_mismatches(rows: list[dict], who: str) -> None:
+    for r in rows:
+        if r.get("err", 0) > TOL:
+            print(f"MISMATCH {r[who]} {r['gemm']}: err {r['err']:.2e}")
+
+
 def _check(fn, kind, a, b, c) -> float:
     ref = a.float() @ b.float()
     if c is not None:
@@ -156,20 +166,19 @@ def run_backend(label: str, fn, probs, order, args, rows: list[dict]) -> None:
             continue
         rows.append({"backend": label, "gemm": name, "m_n_k": mnk, "layout": layout, "kind": kind, "err": err})
     usable = [n for n in order if any(r.get("gemm") == n and r["backend"] == label and "err" in r for r in rows)]
-    flops = {name: 2 * mnk[0] * mnk[1] * mnk[2] for name, (_, mnk, _) in probs.items()}
     poller = GpuPoller(interval_ms=100)
     for name in dict.fromkeys(usable):
         kind = probs[name][0]
         ms = median_call_ms(lambda o, kind=kind: fn(kind, *o), [ops[name]], args.iters)
         row = next(r for r in rows if r["backend"] == label and r.get("gemm") == name)
-        row.update({"burst_ms": ms, "burst_tflops": flops[name] / ms / 1e9})
+        row.update({"burst_ms": ms, "burst_tflops": _tflops(probs[name][1], ms)})
     burst = poller.stop()
     poller = GpuPoller(interval_ms=100)
     medians, wall = _sustained(fn, probs, ops, usable, args.sustain_s)
     sustained = poller.stop()
     for name, ms in medians.items():
         row = next(r for r in rows if r["backend"] == label and r.get("gemm") == name)
-        row.update({"sustained_ms": ms, "sustained_tflops": flops[name] / ms / 1e9})
+        row.update({"sustained_ms": ms, "sustained_tflops": _tflops(probs[name][1], ms)})
     print(f"{label}: burst {burst}; sustained {sustained} ({wall:.1f} s)", flush=True)
     rows.append({"backend": label, "phase_clocks": {"burst": burst, "sustained": sustained}})
     del ops
@@ -199,7 +208,6 @@ def _parse_tile(text: str):
 
 def sweep_tiles(args) -> int:
     probs = problems()
-    flops = {name: 2 * mnk[0] * mnk[1] * mnk[2] for name, (_, mnk, _) in probs.items()}
     variants = [("cublas", None)] + [(f"quack {t}", t) for t in args.tile_configs]
     rows = []
     for name in args.tile_gemms:
@@ -221,7 +229,7 @@ def sweep_tiles(args) -> int:
                 medians, _ = _sustained(lambda kind, *o: fn(), {name: probs[name]}, {name: (a, b, c)}, [name],
                                         args.tile_s)
                 smi = poller.stop()
-                row.update({"ms": medians[name], "tflops": flops[name] / medians[name] / 1e9,
+                row.update({"ms": medians[name], "tflops": _tflops(mnk, medians[name]),
                             "sm_mhz": smi["sm_mhz"][:1], "power_w": smi["power_w"][:1]})
             except Exception as exc:  # a config quack refuses for this shape: recorded, the sweep goes on
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -241,9 +249,7 @@ def sweep_tiles(args) -> int:
             cells.append(f"{r['tflops']:.0f} ({r['sm_mhz'][0]:.0f}, {r['power_w'][0]:.0f})"
                          if "tflops" in r and r["sm_mhz"] else f"{r['tflops']:.0f}" if "tflops" in r else "failed")
         print(f"| {name} | " + " | ".join(cells) + " |")
-    for r in rows:
-        if r.get("err", 0) > TOL:
-            print(f"MISMATCH {r['variant']} {r['gemm']}: err {r['err']:.2e}")
+    _print_mismatches(rows, "variant")
     return 0
 
 
@@ -296,9 +302,7 @@ def main(argv=None) -> int:
         if "phase_clocks" in r:
             print(f"{r['backend']}: " + "; ".join(f"{phase} {c['sm_mhz'][0]:.0f} MHz {c['power_w'][0]:.0f} W"
                                                   for phase, c in r["phase_clocks"].items() if c["sm_mhz"]))
-    for r in rows:
-        if r.get("err", 0) > TOL:
-            print(f"MISMATCH {r['backend']} {r['gemm']}: err {r['err']:.2e}")
+    _print_mismatches(rows, "backend")
     return 0
 
 
