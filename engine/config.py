@@ -217,15 +217,18 @@ def _check_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _coerce(name: str, value: Any, where: str) -> Any:
     kind = _FIELDS[name].type
+    kind = kind if isinstance(kind, str) else kind.__name__
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "str": isinstance(value, str),
-    }[kind if isinstance(kind, str) else kind.__name__]
+    }[kind]
     if not ok:
-        raise ConfigError(f"{where}: {name}", value, f"give a {kind if isinstance(kind, str) else kind.__name__}", "has the wrong type")
-    return float(value) if kind in ("float", float) else value
+        words = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[kind]
+        raise ConfigError(f"{where}: {name}", value, f"give {words} (the default is {_FIELDS[name].default!r})",
+                          "has the wrong type")
+    return float(value) if kind == "float" else value
 
 
 def preset_names() -> list[str]:
@@ -277,9 +280,19 @@ def _choice(cfg: EngineConfig, name: str, choices: tuple[str, ...]) -> None:
 def _positive(cfg: EngineConfig, *names: str, allow_zero: bool = False) -> None:
     for name in names:
         value = getattr(cfg, name)
-        if value < 0 or (value == 0 and not allow_zero):
+        if not (value > 0 or (value == 0 and allow_zero)):
             need = "0 or more" if allow_zero else "a positive number"
             raise ConfigError(flag_name(name), value, f"use {need}", "is out of range")
+
+
+def _finite(cfg: EngineConfig) -> None:
+    """nan and inf parse as floats (argparse's float(), TOML) and pass every range check written as `x < 0`:
+    refuse them for every float field, before anything else reads one."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(flag_name(f.name), value, f"use a finite number (the default is {f.default})",
+                              "is not a finite number")
 
 
 def _check_budget_and_mix(cfg: EngineConfig) -> None:
@@ -358,11 +371,14 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     _choice(cfg, "compute_dtype", DTYPE_CHOICES)
     _choice(cfg, "lr_schedule", LR_SCHEDULES)
     _choice(cfg, "optimizer", OPTIMIZERS)
+    _finite(cfg)
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
-              "log_every", "lr", "init_std", "dim_model_base", "skip_spike_window", "skip_spike_max_consecutive")
+              "log_every", "lr", "init_std", "dim_model_base", "skip_spike_window", "skip_spike_max_consecutive",
+              "rope_theta", "scale_emb", "scale_depth")
     _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_samples",
-              "save_every", "save_last", "weight_decay", "grad_clip", "peak_tflops", allow_zero=True)
+              "save_every", "save_last", "weight_decay", "grad_clip", "peak_tflops", "rms_norm_eps", "adam_eps",
+              allow_zero=True)
     if not cfg.ddp_bucket_mb > 0:
         raise ConfigError("--ddp-bucket-mb", cfg.ddp_bucket_mb, "use a positive size in MB (160 is Megatron's 40M elements)", "is out of range")
     if cfg.num_heads % cfg.num_kv_heads:

@@ -105,6 +105,36 @@ def test_wrong_type_in_config_file(tmp_path):
         build_config({}, str(run))
 
 
+def test_wrong_type_says_what_to_give(tmp_path):
+    run = tmp_path / "run.toml"
+    run.write_text("num_steps = 2.5\n")
+    with pytest.raises(ConfigError, match=r"num_steps=2.5 has the wrong type: give an integer \(the default is 50\)"):
+        build_config({}, str(run))
+
+
+FLOAT_FIELDS = [f.name for f in dataclasses.fields(EngineConfig) if f.type in ("float", float)]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+def test_non_finite_floats_are_refused(name, value):
+    """nan passes any check written `x < 0`; every float field must refuse it (and inf) by name."""
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"^{flag}={value} is not a finite number: use a finite number"):
+        resolve(build_config({"preset": "tiny", name: value}), world_size=1)
+
+
+@pytest.mark.parametrize("name,value,need", [("rope_theta", 0.0, "a positive number"),
+                                             ("scale_emb", -1.0, "a positive number"),
+                                             ("scale_depth", 0.0, "a positive number"),
+                                             ("rms_norm_eps", -1e-6, "0 or more"),
+                                             ("adam_eps", -1e-8, "0 or more")])
+def test_model_and_optimizer_constants_in_range(name, value, need):
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"^{flag}={value} is out of range: use {need}"):
+        resolve(build_config({"preset": "tiny", name: value}), world_size=1)
+
+
 def test_kv_heads_replicated_when_tp_exceeds_them():
     cfg = resolve(build_config({"preset": "minicpm4-8b", "tp": 8}), world_size=8)
     assert cfg.tp == 8 and cfg.padded_vocab_size % (128 * 8) == 0
