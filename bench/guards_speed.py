@@ -24,7 +24,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from guards.config import load_config  # noqa: E402  (needs the checkout on sys.path first)
+from engine.atomic import write_text_atomic  # noqa: E402  (needs the checkout on sys.path first)
+from guards.config import load_config  # noqa: E402
 from guards.runner import DEFAULT_PACKAGES, check_paths  # noqa: E402
 from guards.source import iter_python_files  # noqa: E402
 
@@ -95,16 +95,6 @@ def _row(name: str, times: list[float], files: int, findings: int | None, target
             "meets_target": None if target is None else min(times) < target}
 
 
-def _write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(fh.name, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="repeats of the project rows (default 5)")
@@ -143,11 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['name']:40} {row['best_s']:8.3f} {row['median_s']:9.3f} {row['files']:6d} {found:>9} {target:>7}")
 
     if args.out:
-        _write_atomic(Path(args.out), {
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(Path(args.out), json.dumps({
             "cpu": cpu, "load_average_before": load_before, "load_average_after": os.getloadavg(),
             "python": platform.python_version(), "torch": torch_version, "machine": platform.machine(),
             "rows": rows,
-        })
+        }, indent=2) + "\n")
         print(f"wrote {args.out}")
     return 0 if all(r["meets_target"] in (None, True) for r in rows) else 1
 

@@ -1,14 +1,21 @@
-"""Crash-safe file updates: the one atomic writer of the engine (CONVENTIONS.md 7).
+"""Crash-safe file and folder updates: the one atomic writer of the engine (CONVENTIONS.md 7).
 
 A reader sees either the old content or the new, never a torn file: write a temp file in the same
 folder, fsync it, `os.replace` it over the target, then fsync the folder so the rename itself
-survives a power loss (a process crash needs only the replace).
+survives a power loss (a process crash needs only the replace). Folders (a checkpoint, a prepared
+split, an HF export) are built complete beside their target and published with `replace_dir`;
+`check_replaceable` first refuses a target whose replacement would delete something else.
 """
 
 import os
+import secrets
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["write_text_atomic", "write_bytes_atomic", "fsync_dir"]
+from engine.errors import ConfigError
+
+__all__ = ["write_text_atomic", "write_bytes_atomic", "fsync_dir", "replace_dir", "check_replaceable"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -32,3 +39,44 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Move the complete folder `tmp` to `target` (same file system), replacing a folder already there.
+
+    os.replace cannot replace a non-empty folder, so the old one is moved aside under a hidden name first and
+    removed only after the swap: between the two renames `target` is briefly absent, never half written. The
+    files directly inside `tmp` and `tmp` itself are fsynced first (cheap for writers that already did)."""
+    for f in tmp.iterdir():
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fsync_dir(tmp)
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, target)
+    fsync_dir(target.parent)
+
+
+def check_replaceable(target: Path, flag: str, ours: Callable[[Path], bool], what: str) -> None:
+    """Refuse an output folder whose replacement would delete something that is not `what`.
+
+    `target` may be new, an empty folder, or a folder `ours` recognises as an earlier `what` (a noun: "HF export");
+    a file, or a folder holding anything else (a save dir, a run dir, a home folder), is a ConfigError that
+    names `flag` and the first entries that would be lost."""
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise ConfigError(flag, str(target), "choose a folder path", "is a file")
+    if not target.is_dir() or ours(target):
+        return
+    entries = sorted(p.name for p in target.iterdir())
+    if entries:
+        shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+        raise ConfigError(flag, str(target), f"choose a new or empty folder (or the folder of an earlier {what})",
+                          f"holds files that are not an earlier {what} ({shown}); replacing it would delete them")

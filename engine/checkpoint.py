@@ -23,7 +23,6 @@ error. Verification is collective: every rank rehashes a share of the blocks.
 """
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -36,7 +35,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from engine.atomic import fsync_dir, write_text_atomic
+from engine.atomic import replace_dir, write_text_atomic
 from engine.checksums import check_listing, files_to_hash, hash_files, manifest_text, read_manifest, verify_blocks, MANIFEST
 from engine.config import EngineConfig, flag_name, to_dict
 from engine.errors import ConfigError
@@ -116,16 +115,7 @@ def save_checkpoint(save_dir: Path, step: int, state: dict[str, Any], meta: dict
 
 def _publish(save_dir: Path, tmp: Path, final: Path, keep_last: int) -> None:
     """Rank 0, once `tmp` is complete and fsynced: make it step_N, then point `latest` at it, then prune."""
-    if final.exists():  # re-saving a step (e.g. after a resume): keep the old one until the swap
-        old = final.with_name(final.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, final)
-    fsync_dir(save_dir)
+    replace_dir(tmp, final)  # re-saving a step (e.g. after a resume) keeps the old one until the swap
     write_text_atomic(save_dir / "latest", final.name + "\n")
     _prune(save_dir, keep_last, final)
 

@@ -10,6 +10,8 @@ or columns each rank held (built on the meta device, so nothing is allocated).
 import json
 import math
 import os
+import re
+import secrets
 import shutil
 from dataclasses import fields
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
+from engine.atomic import check_replaceable, replace_dir
 from engine.checkpoint import read_meta, select_checkpoint
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
@@ -135,20 +138,43 @@ def llama_config(cfg: EngineConfig, dtype: str) -> dict:
 _WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}  # the CLI's --dtype choices
 
 
+_EXPORT_FILE = re.compile(r"config\.json|model\.safetensors(\.index\.json)?|model-\d{5}-of-\d{5}\.safetensors")
+
+
+def _is_export(folder: Path) -> bool:
+    """An earlier export-hf output: its config.json and weights, and nothing export-hf did not write."""
+    names = [p.name for p in folder.iterdir()]
+    return "config.json" in names and all(_EXPORT_FILE.fullmatch(n) for n in names)
+
+
 def export_hf(checkpoint: str, out: str, dtype: str = "bfloat16") -> Path:
     """Write out/model*.safetensors (+ index when sharded) and out/config.json, atomically."""
-    from safetensors.torch import save_file  # lazy: only export needs safetensors
-
-    path, _ = select_checkpoint(checkpoint, Path(checkpoint), flag="--checkpoint")  # verified against its checksums
-    cfg, weights = load_full_weights(path)
     if dtype not in _WEIGHT_DTYPES:
         raise ConfigError("--dtype", dtype, f"use one of: {', '.join(_WEIGHT_DTYPES)}", "is not a weight dtype export-hf writes")
-    tensors = {k: t.to(_WEIGHT_DTYPES[dtype]) for k, t in to_llama_state_dict(cfg, weights).items()}
+    path, _ = select_checkpoint(checkpoint, Path(checkpoint), flag="--checkpoint")  # verified against its checksums
     target = Path(out)
-    tmp = target.with_name(target.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    if target.resolve().is_relative_to(path.resolve()):
+        raise ConfigError("--out", out, "choose a folder outside the checkpoint", f"is inside the checkpoint {path}")
+    check_replaceable(target, "--out", _is_export, "HF export")
+    cfg, weights = load_full_weights(path)
+    tensors = {k: t.to(_WEIGHT_DTYPES[dtype]) for k, t in to_llama_state_dict(cfg, weights).items()}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        _write_export(tmp, cfg, tensors, dtype)
+        replace_dir(tmp, target)
+    finally:
+        if tmp.exists():  # a failed write leaves nothing behind
+            shutil.rmtree(tmp)
+    print(f"[EXPORT] {path} -> {target} ({len(list(target.glob('*.safetensors')))} file(s), {dtype})")
+    return target
+
+
+def _write_export(tmp: Path, cfg: EngineConfig, tensors: dict[str, torch.Tensor], dtype: str) -> None:
+    """model.safetensors (or 5 GiB shards + their index) and config.json into `tmp`."""
+    from safetensors.torch import save_file  # lazy: only export needs safetensors
+
     groups: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, t in tensors.items():
@@ -169,8 +195,3 @@ def export_hf(checkpoint: str, out: str, dtype: str = "bfloat16") -> Path:
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     (tmp / "config.json").write_text(json.dumps(llama_config(cfg, dtype), indent=2))
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(tmp, target)
-    print(f"[EXPORT] {path} -> {target} ({len(groups)} file(s), {dtype})")
-    return target

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from engine.atomic import fsync_dir
+from engine.atomic import check_replaceable, replace_dir
 from engine.data.embedded import EMBEDDED_SPLITS, embedded_file, read_embedded
 from engine.data.format import (
     FORMAT_NAME, FORMAT_VERSION, INDEX_FILE, SHARD_MAX_BYTES, dtype_for_vocab, itemsize,
@@ -350,12 +350,7 @@ class _Staging:
 
     def check_target(self) -> None:
         """Refuse to replace anything that is not an earlier prepared split (or an empty folder)."""
-        t = self.target
-        if t.is_file() or t.is_symlink():
-            raise ConfigError("--out", str(t), "choose a folder path", "is a file")
-        if t.is_dir() and not (t / INDEX_FILE).is_file() and any(t.iterdir()):
-            raise ConfigError("--out", str(t), f"choose an empty or new folder, or remove {t}",
-                              "holds files that are not a prepared split (refusing to replace them)")
+        check_replaceable(self.target, "--out", lambda t: (t / INDEX_FILE).is_file(), "prepared split")
 
     def create(self) -> None:
         missing = []
@@ -369,17 +364,7 @@ class _Staging:
         self.tmp.mkdir()
 
     def publish(self) -> None:
-        fsync_dir(self.tmp)
-        if self.target.exists():
-            # os.replace cannot replace a non-empty folder: move the old one aside first. Between
-            # the two renames the target is briefly absent, never half-written.
-            old = self.target.parent / f".{self.target.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-            os.replace(self.target, old)
-            os.replace(self.tmp, self.target)
-            shutil.rmtree(old)
-        else:
-            os.replace(self.tmp, self.target)
-        fsync_dir(self.target.parent)
+        replace_dir(self.tmp, self.target)
         self._created = []
 
     def discard(self) -> None:

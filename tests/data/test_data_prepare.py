@@ -272,7 +272,7 @@ def test_refuses_to_replace_a_folder_that_is_not_a_split(tmp_path, write_jsonl):
     precious = tmp_path / "home" / "train"
     precious.mkdir(parents=True)
     (precious / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match="not a prepared split") as err:
+    with pytest.raises(ConfigError, match="not an earlier prepared split") as err:
         prep(tmp_path, src, out="home/train")
     assert err.value.field == "--out" and (precious / "notes.txt").read_text() == "keep me"
 

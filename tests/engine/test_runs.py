@@ -1,6 +1,7 @@
 """Whole runs through the real CLI (subprocesses): determinism, resume, signals, divergence, export."""
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -153,6 +154,41 @@ def test_export_hf_loads_in_transformers(tmp_path):
         ref = hf(tokens).logits
     # muP scalings folded into the weights: equal up to fp32 rounding of the folded products
     assert ((model.logits(tokens) - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_export_hf_never_replaces_what_it_did_not_write(tmp_path):
+    """--out pointing at the save dir, the run dir, a folder inside the checkpoint or a folder with other files is
+    refused by name before anything is written (it used to replace the save dir, deleting every checkpoint);
+    an earlier export is replaced whole, and no temp folder is left beside it."""
+    from engine.errors import ConfigError
+    from engine.export_hf import export_hf
+
+    run_dir = tmp_path / "run"
+    run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--save-every", "1", "--eval-samples", "0", "--run-dir", str(run_dir))
+    save_dir = run_dir / "checkpoints"
+
+    def listing(root: Path) -> dict[str, int]:
+        return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))}
+
+    before = listing(run_dir)
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    for out, problem in [(save_dir, "holds files that are not an earlier HF export (latest, step_00000001"),
+                         (run_dir, "holds files that are not an earlier HF export (checkpoints, config.json"),
+                         (save_dir / "step_00000002" / "hf", "is inside the checkpoint"),
+                         (foreign, "holds files that are not an earlier HF export (notes.txt)")]:
+        with pytest.raises(ConfigError, match=re.escape(problem)) as err:
+            export_hf(str(save_dir), str(out))
+        assert err.value.field == "--out"
+    assert listing(run_dir) == before and (foreign / "notes.txt").read_text() == "keep me"
+
+    out = tmp_path / "hf"
+    export_hf(str(save_dir), str(out), dtype="float32")
+    export_hf(str(save_dir / "step_00000001"), str(out), dtype="bfloat16")  # an earlier export: replaced whole
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine", "run"]
 
 
 def test_tensorboard_scalars_twin_the_wire_lines(tmp_path):
