@@ -130,6 +130,19 @@ def _evaluate(cfg: EngineConfig, weights: dict[str, torch.Tensor], data: Any, de
     return evaluate(model, data.validation, cfg, ParallelState.single(device), token_bytes)
 
 
+def _check_target(target: Path, checkpoint: Path) -> None:
+    """`--out` names a new file or an earlier int8 export, outside the checkpoint (whose manifest lists its files)."""
+    if target.is_dir():
+        raise ConfigError("--out", str(target), "name a file (the export is one file)", "is a folder")
+    if target.resolve().is_relative_to(checkpoint.resolve()):
+        raise ConfigError("--out", str(target), "name a file outside the checkpoint", f"is inside the checkpoint {checkpoint}")
+    if target.exists():
+        with target.open("rb") as fh:
+            if fh.read(len(MAGIC)) != MAGIC:
+                raise ConfigError("--out", str(target), "name a new file (or an earlier int8 export to replace)",
+                                  "is a file that is not an int8 export; replacing it would lose it")
+
+
 def export_int8(checkpoint: str, out: str, *, min_numel: int = QUANTIZE_MIN_NUMEL, eval_samples: int = -1,
                 device: str = "auto") -> dict[str, Any]:
     """Write `out`, read it back, evaluate both; returns (and prints) what it measured."""
@@ -139,14 +152,13 @@ def export_int8(checkpoint: str, out: str, *, min_numel: int = QUANTIZE_MIN_NUME
     if eval_samples < -1:
         raise ConfigError("--eval-samples", eval_samples, "use 0 (no evaluation), N, or -1 (the run's own)", "is out of range")
     path, _ = select_checkpoint(checkpoint, Path(checkpoint), flag="--checkpoint")  # verified against its checksums
+    target = Path(out)
+    _check_target(target, path)
     cfg, weights = load_full_weights(path)
     cfg = dataclasses.replace(cfg, device=device, compute_dtype="auto",
                               eval_samples=cfg.eval_samples if eval_samples == -1 else eval_samples)
     device_type, dtype = resolve_device(cfg)
     tensors = quantize_weights(weights, min_numel)
-    target = Path(out)
-    if target.is_dir():
-        raise ConfigError("--out", out, "name a file (the export is one file)", "is a folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(target, encode_int8(cfg, tensors, source=str(path)))
     _, loaded = load_int8(target)

@@ -134,11 +134,31 @@ def test_the_write_is_atomic(trained, tmp_path):
 
     _, ckpt, _ = trained
     out = tmp_path / "model.int8"
-    out.write_bytes(b"previous export")
+    out.write_bytes(MAGIC + b"previous export")
     (tmp_path / f".model.int8.tmp-{os.getpid()}").mkdir()  # where the engine's atomic writer stages the file
     with pytest.raises(IsADirectoryError):
         export_int8(str(ckpt), str(out), eval_samples=0)
-    assert out.read_bytes() == b"previous export"
+    assert out.read_bytes() == MAGIC + b"previous export"
+
+
+def test_never_replaces_a_file_that_is_not_an_export(trained, tmp_path):
+    """--out naming another file (a checkpoint's own, a model, notes) or a path inside the checkpoint is refused
+    before anything is written; the checkpoint still verifies."""
+    from engine.checkpoint import select_checkpoint
+    from engine.export_int8 import export_int8
+
+    _, ckpt, _ = trained
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    for out, problem in [(notes, "is a file that is not an int8 export"),
+                         (ckpt / "meta.json", "is inside the checkpoint"),
+                         (ckpt / "model.int8", "is inside the checkpoint"),
+                         (tmp_path, "is a folder")]:
+        with pytest.raises(ConfigError, match=problem) as err:
+            export_int8(str(ckpt), str(out), eval_samples=0)
+        assert err.value.field == "--out"
+    assert notes.read_text() == "keep me" and not (ckpt / "model.int8").exists()
+    select_checkpoint(str(ckpt), ckpt, flag="--checkpoint")  # its manifest still verifies
 
 
 def test_bad_flags_are_one_line(trained, tmp_path):
