@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -292,9 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     env = launch_env()
     cfg = engine_config(flags, env.world_size)
     device_type, dtype = resolve_device(cfg)
+    scratch = None if cfg.run_dir else tempfile.mkdtemp(prefix="profile-step-")  # the run's config.json, metrics.jsonl
     cfg = replace(cfg, device=device_type, compute_dtype="bf16" if dtype == torch.bfloat16 else "fp32",
-                  num_steps=args.warmup + args.steps, eval_samples=0, save_final=False,
-                  run_dir=cfg.run_dir or tempfile.mkdtemp(prefix="profile-step-"))
+                  num_steps=args.warmup + args.steps, eval_samples=0, save_final=False, run_dir=cfg.run_dir or scratch)
     make_reproducible(cfg, device_type)
     kv_replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
     par = init_parallel(env, cfg.tp, device_type, kv_replicas=kv_replicas)
@@ -341,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         shutdown_parallel()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from engine.config import EngineConfig, flag_name, to_dict
 from engine.errors import ConfigError
 from engine.optim.schedule import schedule_fields
 
-__all__ = ["save_checkpoint", "load_checkpoint", "select_checkpoint", "newest_checkpoint", "checkpoints_in_write_order",
+__all__ = ["save_checkpoint", "load_checkpoint", "select_checkpoint", "refuse_earlier_run", "newest_checkpoint", "checkpoints_in_write_order",
            "verify_checkpoint", "read_meta", "check_compatible", "check_schedule", "meta_for", "MODEL_FIELDS",
            "STATE_FIELDS"]
 
@@ -195,6 +195,16 @@ def verify_checkpoint(path: Path) -> list[str]:
 def _summary(problems: list[str]) -> str:
     more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
     return "; ".join(problems[:2]) + more
+
+
+def refuse_earlier_run(save_dir: Path) -> None:
+    """A fresh run (no --resume) must not write into a save dir that holds another run's checkpoints: it would
+    overwrite them step by step, and --keep-last would prune the rest. Collective (rank 0's listing)."""
+    earlier = _all_gather(newest_checkpoint(save_dir))[0]
+    if earlier is not None:
+        raise ConfigError("--save-dir", str(save_dir), "pass --resume auto to continue that run, or give this run its "
+                          "own --run-dir (or --save-dir); delete them to start over in the same place",
+                          f"already holds checkpoints of an earlier run (newest {earlier.name})")
 
 
 def select_checkpoint(resume: str, save_dir: Path, flag: str = "--resume") -> tuple[Path | None, list[str]]:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from engine.async_checkpoint import BackgroundSaver, FinishedSave
 from engine.atomic import write_text_atomic
 from engine.checkpoint import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
-                               save_checkpoint, select_checkpoint)
+                               refuse_earlier_run, save_checkpoint, select_checkpoint)
 from engine.config import EngineConfig, resolve, to_dict
 from engine.data.mix import MixLoader, make_loader, mix_line
 from engine.data.sources import build_data, default_cache_dir
@@ -126,6 +126,8 @@ class Trainer:
         self.layout = {"tp": par.tp_size, "dp": par.dp_size}
 
         # 2. everything that can reject the input, before anything is written
+        if not cfg.resume:
+            refuse_earlier_run(self.save_dir)
         self.resume_from, resume_notes = select_checkpoint(cfg.resume, self.save_dir)  # verified against its checksums
         self.resume_meta = None
         self.resharding = False  # resuming a checkpoint written with another DP size

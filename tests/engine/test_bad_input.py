@@ -73,3 +73,20 @@ def test_truncated_checkpoint_shards(tmp_path):
 
 def test_override_schedule_without_resume(tmp_path):
     assert_rejected(tmp_path, "--override-schedule", fragment="--override-schedule=True")
+
+
+def test_fresh_run_into_a_save_dir_with_checkpoints(tmp_path):
+    """Without --resume, a second run in the same folder would overwrite the first one's checkpoints step by
+    step (and --keep-last would prune the rest): refused before anything is written; --resume auto continues."""
+    run_dir = tmp_path / "run"
+    run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--save-every", "1", "--run-dir", str(run_dir))
+    before = {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    proc = run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--seed", "7", "--run-dir", str(run_dir), check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --save-dir={str(run_dir / 'checkpoints')!r} already holds checkpoints of an earlier run (newest "
+        "step_00000002): pass --resume auto to continue that run, or give this run its own --run-dir (or --save-dir); "
+        "delete them to start over in the same place"]
+    assert {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    resumed = run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--run-dir", str(run_dir), "--resume", "auto")
+    assert "[RUN] resumed from" in resumed.stdout

@@ -64,7 +64,9 @@ def trained(tmp_path_factory):
 def test_export_round_trip_and_evaluation(trained, tmp_path):
     run_dir, ckpt, train_out = trained
     out = tmp_path / "model.int8"
-    proc = run_engine("export-int8", "--checkpoint", str(ckpt), "--out", str(out), "--quantize-min-numel", "1024")
+    # --device cpu: the run trained and evaluated on the CPU in fp32; on a GPU machine 'auto' would evaluate in bf16
+    proc = run_engine("export-int8", "--checkpoint", str(ckpt), "--out", str(out), "--quantize-min-numel", "1024",
+                      "--device", "cpu")
     size = int(re.search(r"-> \S+: ([\d,]+) bytes", proc.stdout).group(1).replace(",", ""))
     assert size == out.stat().st_size and out.read_bytes().startswith(MAGIC)
     m = re.search(r"val_loss (\S+) -> (\S+) \((\S+)\), val_bpb (\S+) -> (\S+) \((\S+)\)", proc.stdout)

@@ -101,7 +101,7 @@ def test_a_resume_with_another_budget_is_a_schedule_change(tmp_path):
 
 @pytest.mark.parametrize("overrides,field,fragment", [
     ({"max_wall_s": -1.0}, "--max-wall-s", "is out of range"),
-    ({"max_wall_s": math.nan}, "--max-wall-s", "is out of range"),
+    ({"max_wall_s": math.nan}, "--max-wall-s", "is not a finite number"),
     ({"max_wall_s": 60.0}, "--max-wall-s", "add --lr-schedule wsd --warmdown-frac F"),
     ({"max_wall_s": 60.0, "lr_schedule": "wsd"}, "--max-wall-s", "add --lr-schedule wsd --warmdown-frac F"),
     ({"warmdown_frac": 0.3}, "--warmdown-frac", "add --lr-schedule wsd"),
