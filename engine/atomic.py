@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engine.errors import ConfigError
 
-__all__ = ["write_text_atomic", "write_bytes_atomic", "fsync_dir", "replace_dir", "check_replaceable"]
+__all__ = ["write_text_atomic", "write_bytes_atomic", "fsync_dir", "replace_dir", "check_replaceable", "check_writable_dir"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -80,3 +80,17 @@ def check_replaceable(target: Path, flag: str, ours: Callable[[Path], bool], wha
         shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
         raise ConfigError(flag, str(target), f"choose a new or empty folder (or the folder of an earlier {what})",
                           f"holds files that are not an earlier {what} ({shown}); replacing it would delete them")
+
+
+def check_writable_dir(path: Path, flag: str) -> None:
+    """Refuse an output folder that cannot be created or written (a file in the way, no permission) before any
+    work, not at the first save an hour into a run. Creates nothing."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "" if probe == path else f" ({probe} is a file)"
+        raise ConfigError(flag, str(path), "choose a folder path", f"is not a folder{where}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = "" if probe == path else f" ({probe} is not writable)"
+        raise ConfigError(flag, str(path), "choose a folder you can write to", f"cannot be written{where}")

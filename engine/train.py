@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from engine.async_checkpoint import BackgroundSaver, FinishedSave
-from engine.atomic import write_text_atomic
+from engine.atomic import check_writable_dir, write_text_atomic
 from engine.checkpoint import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
                                refuse_earlier_run, save_checkpoint, select_checkpoint)
 from engine.config import EngineConfig, resolve, to_dict
@@ -126,6 +126,8 @@ class Trainer:
         self.layout = {"tp": par.tp_size, "dp": par.dp_size}
 
         # 2. everything that can reject the input, before anything is written
+        check_writable_dir(self.run_dir, "--run-dir")
+        check_writable_dir(self.save_dir, "--save-dir" if cfg.save_dir else "--run-dir")
         if not cfg.resume:
             refuse_earlier_run(self.save_dir)
         self.resume_from, resume_notes = select_checkpoint(cfg.resume, self.save_dir)  # verified against its checksums

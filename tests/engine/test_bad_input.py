@@ -90,3 +90,13 @@ def test_fresh_run_into_a_save_dir_with_checkpoints(tmp_path):
     assert {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
     resumed = run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--run-dir", str(run_dir), "--resume", "auto")
     assert "[RUN] resumed from" in resumed.stdout
+
+
+def test_output_folder_that_is_a_file(tmp_path):
+    """Found before any work (it used to surface as a FileExistsError traceback at the first checkpoint)."""
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("keep me")
+    assert_rejected(tmp_path, "--save-dir", str(blocker), fragment=f"--save-dir={str(blocker)!r} is not a folder: choose a folder path")
+    assert_rejected(tmp_path, "--save-dir", str(blocker / "ckpt"),
+                    fragment=f"is not a folder ({blocker} is a file): choose a folder path")
+    assert blocker.read_text() == "keep me"
