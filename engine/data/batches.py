@@ -98,8 +98,8 @@ def step_batches(cfg: EngineConfig, steps: Sequence[int], *, world_size: int, ca
 def write_batches(cfg: EngineConfig, *, steps: Sequence[int], world_size: int, out_dir: Path | str) -> Path:
     """Write `<out_dir>/batches.json` (module doc); returns its path."""
     out_dir = Path(out_dir)
+    document = step_batches(cfg, steps, world_size=world_size, cache_dir=out_dir / "data")  # checks before it writes
     out_dir.mkdir(parents=True, exist_ok=True)
-    document = step_batches(cfg, steps, world_size=world_size, cache_dir=out_dir / "data")
     path = out_dir / BATCHES_FILE
     write_json_atomic(path, document)
     return path

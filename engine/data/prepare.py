@@ -757,6 +757,8 @@ def prepare_from_config(cfg: EngineConfig, out_dir: str | Path, num_proc: int = 
     Everything that can be checked (tokenizer vocab vs --vocab-size, splits, text fields) is checked
     before anything is written. Validation may be absent only with --eval-samples 0.
     """
+    if num_proc < 1:
+        raise ConfigError("--num-proc", num_proc, "use 1 (tokenize in this process) or more worker processes", "is out of range")
     out = Path(out_dir)
     tokenizer = load_tokenizer(cfg.tokenizer_path)
     check_vocab(tokenizer, cfg.vocab_size)

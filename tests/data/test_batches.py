@@ -103,6 +103,14 @@ def test_bad_steps_exit_2_naming_the_flag(tmp_path, steps):
     assert proc.returncode == 2 and "--steps" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("flags,field", [(["--world-size", "0"], "--world-size"), (["--tp", "3"], "--tp")])
+def test_bad_layout_exits_2_before_the_out_folder_is_made(tmp_path, flags, field):
+    out = tmp_path / "out"
+    proc = batches(out, *ARGS, "--steps", "1", *flags, check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {field}="), proc.stderr
+    assert not out.exists()
+
+
 def test_save_last_keeps_the_final_steps_whatever_the_cadence(tmp_path):
     argv = [sys.executable, "-m", "engine", "pretrain", *ARGS, "--micro-batch-size", "2", "--eval-samples", "0",
             "--save-every", "4", "--save-last", "2", "--keep-last", "3", "--run-dir", str(tmp_path)]

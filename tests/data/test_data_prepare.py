@@ -285,6 +285,16 @@ def assert_nothing_written(tmp_path: Path, out: str = "out") -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.parametrize("num_proc", [0, -2])
+def test_num_proc_below_one(tmp_path, num_proc):
+    from engine.config import EngineConfig
+    from engine.data.prepare import prepare_from_config
+
+    with pytest.raises(ConfigError, match=f"--num-proc={num_proc} is out of range: use 1"):
+        prepare_from_config(EngineConfig(preset="tiny"), tmp_path / "out", num_proc=num_proc, progress=False)
+    assert_nothing_written(tmp_path)
+
+
 def test_missing_text_field(tmp_path, write_jsonl, jsonl_records):
     src = write_jsonl(tmp_path / "docs.jsonl", jsonl_records)
     with pytest.raises(ConfigError) as err:
