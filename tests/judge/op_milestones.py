@@ -56,7 +56,9 @@ OP_CPU = _milestone("op-cpu", "a new rmsnorm version (CPU-sized)", 'device = "cp
 
 # tests/adversarial: the real op milestones' gates (policy, guards, the judge's bench) without the stress gate
 # (test_opbench.py covers it), small enough to judge a cheat in about a minute on 2 cores. reps = 12: the
-# protocol-forging cheat counts on it.
+# protocol-forging cheat counts on it. 2048 tokens: a call of ~3.7 ms, so that one scheduling hiccup of the
+# 2-core runner spread over 12 calls stays inside the judge's wall-clock allowance (50 % of the call + 0.3 ms);
+# at 512 tokens (0.9 ms calls) an honest version was once rejected as doing work outside its calls.
 _GUARDS = """
 [[gates]]
 kind = "guards"
@@ -64,7 +66,7 @@ paths = ["engine"]
 """
 OP_CPU_ADVERSARIAL = _milestone(
     "op-cpu-adversarial", "a new rmsnorm version (CPU-sized, the adversarial suite's)", 'device = "cpu"',
-    _GUARDS + _bench("bench", "shape = { tokens = 512, hidden = 512 }, cases = 3, case_scale = 0.05, reps = 12, rounds = 1",
+    _GUARDS + _bench("bench", "shape = { tokens = 2048, hidden = 512 }, cases = 3, case_scale = 0.05, reps = 12, rounds = 1",
                      timeout_s=600))
 OP_GPU_ADVERSARIAL = _milestone(
     "op-gpu-adversarial", "a new rmsnorm version (one GPU, the adversarial suite's)", 'device = "cuda"\ngpus = 1',
