@@ -15,7 +15,8 @@ from pathlib import Path
 
 from engine.errors import ConfigError
 
-__all__ = ["write_text_atomic", "write_bytes_atomic", "fsync_dir", "replace_dir", "check_replaceable", "check_writable_dir"]
+__all__ = ["write_text_atomic", "write_bytes_atomic", "fsync_dir", "sibling_dir", "replace_dir", "check_replaceable",
+           "check_writable_dir"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -41,22 +42,20 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def sibling_dir(target: Path, tag: str) -> Path:
+    """A hidden name beside `target` no other process uses: where a folder is built ("tmp") or set aside ("old")."""
+    return target.parent / f".{target.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def replace_dir(tmp: Path, target: Path) -> None:
-    """Move the complete folder `tmp` to `target` (same file system), replacing a folder already there.
+    """Move the complete folder `tmp` (its files written and fsynced) to `target` on the same file system,
+    replacing a folder already there.
 
     os.replace cannot replace a non-empty folder, so the old one is moved aside under a hidden name first and
-    removed only after the swap: between the two renames `target` is briefly absent, never half written. The
-    files directly inside `tmp` and `tmp` itself are fsynced first (cheap for writers that already did)."""
-    for f in tmp.iterdir():
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+    removed only after the swap: between the two renames `target` is briefly absent, never half written."""
     fsync_dir(tmp)
     if target.exists():
-        old = target.parent / f".{target.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+        old = sibling_dir(target, "old")
         os.replace(target, old)
         os.replace(tmp, target)
         shutil.rmtree(old)

@@ -298,7 +298,7 @@ def _finite(cfg: EngineConfig) -> None:
 def _check_budget_and_mix(cfg: EngineConfig) -> None:
     """--max-wall-s, --warmdown-frac and --data-mix* (issue 14). The mix specs are checked here for their syntax;
     build_data reads the folders (engine/data/mix.py)."""
-    if not 0.0 <= cfg.max_wall_s < math.inf:
+    if cfg.max_wall_s < 0.0:  # nan and inf: _finite
         raise ConfigError("--max-wall-s", cfg.max_wall_s, "use seconds of training, e.g. 600 (0: no budget)", "is out of range")
     if not 0.0 <= cfg.warmdown_frac <= 1.0:
         raise ConfigError("--warmdown-frac", cfg.warmdown_frac, "use a fraction in (0, 1], e.g. 0.3 (0: off)", "is out of range")

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import secrets
 import shutil
 from dataclasses import fields
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from engine.atomic import check_replaceable, replace_dir
+from engine.atomic import check_replaceable, replace_dir, sibling_dir
 from engine.checkpoint import read_meta, select_checkpoint
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
@@ -28,7 +27,7 @@ from engine.model import Transformer
 from engine.model.layers import kv_head_range
 from engine.ops import resolve_ops
 
-__all__ = ["export_hf", "load_full_weights", "to_llama_state_dict", "llama_config", "config_from_saved"]
+__all__ = ["export_hf", "check_outside", "load_full_weights", "to_llama_state_dict", "llama_config", "config_from_saved"]
 
 _SHARD_BYTES = 5 * 2**30
 
@@ -153,26 +152,32 @@ def export_hf(checkpoint: str, out: str, dtype: str = "bfloat16") -> Path:
         raise ConfigError("--dtype", dtype, f"use one of: {', '.join(_WEIGHT_DTYPES)}", "is not a weight dtype export-hf writes")
     path, _ = select_checkpoint(checkpoint, Path(checkpoint), flag="--checkpoint")  # verified against its checksums
     target = Path(out)
-    if target.resolve().is_relative_to(path.resolve()):
-        raise ConfigError("--out", out, "choose a folder outside the checkpoint", f"is inside the checkpoint {path}")
+    check_outside(target, path)
     check_replaceable(target, "--out", _is_export, "HF export")
     cfg, weights = load_full_weights(path)
     tensors = {k: t.to(_WEIGHT_DTYPES[dtype]) for k, t in to_llama_state_dict(cfg, weights).items()}
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = sibling_dir(target, "tmp")
     tmp.mkdir()
     try:
-        _write_export(tmp, cfg, tensors, dtype)
+        files = _write_export(tmp, cfg, tensors, dtype)
         replace_dir(tmp, target)
     finally:
         if tmp.exists():  # a failed write leaves nothing behind
             shutil.rmtree(tmp)
-    print(f"[EXPORT] {path} -> {target} ({len(list(target.glob('*.safetensors')))} file(s), {dtype})")
+    print(f"[EXPORT] {path} -> {target} ({files} file(s), {dtype})")
     return target
 
 
-def _write_export(tmp: Path, cfg: EngineConfig, tensors: dict[str, torch.Tensor], dtype: str) -> None:
-    """model.safetensors (or 5 GiB shards + their index) and config.json into `tmp`."""
+def check_outside(target: Path, checkpoint: Path) -> None:
+    """An export's --out must not be inside the checkpoint folder (its manifest lists every file there)."""
+    if target.resolve().is_relative_to(checkpoint.resolve()):
+        raise ConfigError("--out", str(target), "choose a path outside the checkpoint", f"is inside the checkpoint {checkpoint}")
+
+
+def _write_export(tmp: Path, cfg: EngineConfig, tensors: dict[str, torch.Tensor], dtype: str) -> int:
+    """model.safetensors (or 5 GiB shards + their index) and config.json into `tmp`, fsynced; the number of
+    safetensors files."""
     from safetensors.torch import save_file  # lazy: only export needs safetensors
 
     groups: list[dict[str, torch.Tensor]] = [{}]
@@ -195,3 +200,7 @@ def _write_export(tmp: Path, cfg: EngineConfig, tensors: dict[str, torch.Tensor]
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     (tmp / "config.json").write_text(json.dumps(llama_config(cfg, dtype), indent=2))
+    for f in tmp.iterdir():  # safetensors does not fsync what it writes
+        with f.open("rb") as fh:
+            os.fsync(fh.fileno())
+    return len(groups)

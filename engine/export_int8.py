@@ -35,7 +35,7 @@ from engine.data.sources import build_data, default_cache_dir
 from engine.distributed import ParallelState
 from engine.errors import ConfigError
 from engine.evaluate import evaluate
-from engine.export_hf import config_from_saved, load_full_weights
+from engine.export_hf import check_outside, config_from_saved, load_full_weights
 from engine.model import Transformer, build_model
 from engine.ops import resolve_ops
 from engine.train import resolve_device
@@ -134,8 +134,7 @@ def _check_target(target: Path, checkpoint: Path) -> None:
     """`--out` names a new file or an earlier int8 export, outside the checkpoint (whose manifest lists its files)."""
     if target.is_dir():
         raise ConfigError("--out", str(target), "name a file (the export is one file)", "is a folder")
-    if target.resolve().is_relative_to(checkpoint.resolve()):
-        raise ConfigError("--out", str(target), "name a file outside the checkpoint", f"is inside the checkpoint {checkpoint}")
+    check_outside(target, checkpoint)
     if target.exists():
         with target.open("rb") as fh:
             if fh.read(len(MAGIC)) != MAGIC:

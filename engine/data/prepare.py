@@ -29,7 +29,6 @@ import json
 import multiprocessing
 import os
 import re
-import secrets
 import shutil
 import string
 import sys
@@ -40,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from engine.atomic import check_replaceable, replace_dir
+from engine.atomic import check_replaceable, replace_dir, sibling_dir
 from engine.data.embedded import EMBEDDED_SPLITS, embedded_file, read_embedded
 from engine.data.format import (
     FORMAT_NAME, FORMAT_VERSION, INDEX_FILE, SHARD_MAX_BYTES, dtype_for_vocab, itemsize,
@@ -345,7 +344,7 @@ class _Staging:
 
     def __init__(self, target: Path):
         self.target = target
-        self.tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        self.tmp = sibling_dir(target, "tmp")
         self._created: list[Path] = []
 
     def check_target(self) -> None:
