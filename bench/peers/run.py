@@ -38,18 +38,20 @@ def _versions(peer: str) -> dict[str, str]:
     return out
 
 
-def _build(peer: str, variant: str, cfg, device: torch.device, compile_model: bool):
+def _build(peer: str, variant: str, cfg, device: torch.device, compile_model: bool) -> tuple:
+    """(step, notes for the versions column)."""
     if peer == "torch-compile":
         if cfg.tp != 1:
             raise ValueError(f"torch-compile is a one-GPU peer; this layout has --tp {cfg.tp}")
         from bench.peers.compiled import build_step
-        return build_step(cfg, variant or "amp", device, compile_model=compile_model)[1]
+        return build_step(cfg, variant or "amp", device, compile_model=compile_model)[1], {}
     if peer == "torchtitan":
         from bench.peers.titan import build_step
-        return build_step(cfg, variant, device)[1]
+        _, step, stand_ins = build_step(cfg, variant, device)
+        return step, ({"stand-ins": "+".join(stand_ins)} if stand_ins else {})
     if peer == "megatron-core":
         from bench.peers.megatron import build_step
-        return build_step(cfg, variant, device)
+        return build_step(cfg, variant, device), {}
     raise ValueError(f"--peer {peer!r}: use one of {', '.join(PEERS)}")
 
 
@@ -76,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device(args.device, local) if args.device == "cuda" else torch.device("cpu")
         if world > 1 or args.peer != "torch-compile":
             dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
-        step = _build(args.peer, args.variant, cfg, device, not args.no_compile)
+        step, notes = _build(args.peer, args.variant, cfg, device, not args.no_compile)
         times, losses = time_steps(step, steps=args.steps, warmup=args.warmup, device=device)
         result = summarize(name, cfg, times, losses, device, world, peer=args.peer, variant=args.variant,
-                           versions=_versions(args.peer))
+                           versions={**_versions(args.peer), **notes})
         code = 0
     except Exception as err:  # guard: allow broad-except -- reported to bench/mfu.py in the JSON, and exit 1
         result["error"] = f"{type(err).__name__}: {err}"

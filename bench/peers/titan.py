@@ -8,15 +8,59 @@ torch.compile, FSDP2's MixedPrecisionPolicy: fp32 master parameters, bf16 comput
 reduction), `init_weights`, its optimizer container (AdamW, fused) and its cross-entropy loss. The
 step is its train_step without logging: GAS forward/backward passes with the loss divided by the
 global token count, its clip_grad_norm_, optimizer step. Attention: its default flex backend with
-the block-causal mask of one document per row (that is plain causal attention).
+the block-causal mask of one document per row (that is plain causal attention). Its `varlen` backend
+needs torch >= 2.12 (GQA and num_splits in varlen_attn), so it is not offered.
 torchtitan's llama3 has no muP scalings; they are elementwise and cost nothing measurable.
+
+torchtitan 0.3.0 is written against torch 2.12; on an older torch `torch_compat` supplies the two names
+its llama3 path imports from 2.12 without changing any work it does (see there). The stand-ins it
+installed are reported with the peer's versions, so a table row says it ran with them.
 """
+
+import inspect
 
 import torch
 
 from engine.config import EngineConfig
 
-__all__ = ["build_step"]
+__all__ = ["build_step", "torch_compat"]
+
+
+def torch_compat(fsdp=None, flex=None) -> list[str]:
+    """Make torch < 2.12 offer what torchtitan 0.3.x's llama3 path imports from 2.12; what was installed.
+
+    - `torch.distributed.fsdp.DataParallelMeshDims`: torchtitan passes one to fully_shard only under
+      spmd_backend="full_dtensor" (the default backend passes None); the stand-in raises if anything builds one.
+    - `create_block_mask(separate_full_blocks=...)`: torch < 2.12 always stores fully unmasked blocks apart,
+      which is what True asks for; the wrapper drops True and refuses False (torchtitan's batch-invariant mode).
+    Must run before torchtitan is imported (it binds both at import). `fsdp`/`flex` default to torch's modules.
+    """
+    if fsdp is None:
+        import torch.distributed.fsdp as fsdp
+    if flex is None:
+        import torch.nn.attention.flex_attention as flex
+    installed = []
+    if not hasattr(fsdp, "DataParallelMeshDims"):
+        class DataParallelMeshDims:
+            """Stand-in for torch 2.12's type; building one means a path this peer does not support."""
+
+            def __init__(self, *args, **kwargs):
+                raise RuntimeError(f"torchtitan asked for DataParallelMeshDims (spmd_backend full_dtensor), which "
+                                   f"torch {torch.__version__} lacks; the torchtitan peer runs the default backend")
+
+        fsdp.DataParallelMeshDims = DataParallelMeshDims
+        installed.append("DataParallelMeshDims")
+    original = flex.create_block_mask
+    if "separate_full_blocks" not in inspect.signature(original).parameters:
+        def create_block_mask(*args, separate_full_blocks: bool = True, **kwargs):
+            if not separate_full_blocks:
+                raise RuntimeError(f"create_block_mask(separate_full_blocks=False) needs torch >= 2.12, "
+                                   f"this is {torch.__version__}")
+            return original(*args, **kwargs)
+
+        flex.create_block_mask = create_block_mask
+        installed.append("create_block_mask(separate_full_blocks)")
+    return installed
 
 
 def _model_config(cfg: EngineConfig, attn_backend: str):
@@ -44,7 +88,11 @@ def _model_config(cfg: EngineConfig, attn_backend: str):
 
 
 def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, attn_backend: str = "flex", seed: int = 0):
-    """(model, step, versions); torch.distributed is initialised (bench/peers/run.py launches via torchrun)."""
+    """(model, step, stand-ins installed); torch.distributed is initialised (bench/peers/run.py launches via
+    torchrun)."""
+    if variant not in ("", "default"):
+        raise ValueError(f"torchtitan has one variant (fp32 master + bf16 compute), not {variant!r}")
+    stand_ins = torch_compat()
     import torch.distributed as dist
     from torchtitan.components.loss import CrossEntropyLoss
     from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
@@ -55,8 +103,6 @@ def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, attn_ba
 
     from bench.peers.common import check_matmul_params, linear_params, synthetic_batches
 
-    if variant not in ("", "default"):
-        raise ValueError(f"torchtitan has one variant (fp32 master + bf16 compute), not {variant!r}")
     world = dist.get_world_size()
     parallelism = ParallelismConfig(tensor_parallel_degree=cfg.tp, data_parallel_shard_degree=world // cfg.tp)
     training = TrainingConfig(local_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_length, max_norm=cfg.grad_clip,
@@ -98,5 +144,5 @@ def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, attn_ba
         optimizers.step()
         return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
 
-    return model, step
+    return model, step, stand_ins
 

@@ -129,3 +129,30 @@ def test_sweep_writes_a_png(tmp_path):
     refused = subprocess.run([sys.executable, "bench/mfu.py", "--plot", str(tmp_path / "plain.json")], cwd=REPO,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "not sweep points" in refused.stderr
+
+
+def test_torchtitan_stand_ins_change_nothing_but_the_missing_names():
+    """torchtitan 0.3.x imports two torch 2.12 names; on an older torch (the GPU image has 2.11) the peer gets
+    stand-ins that keep its work as it is, and anything that would change it is refused, not run otherwise."""
+    from types import SimpleNamespace
+
+    from bench.peers.titan import torch_compat
+
+    calls = []
+
+    def old_create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda"):  # torch 2.11's signature, abridged
+        calls.append((mask_mod, B, H, Q_LEN, KV_LEN, device))
+        return "mask"
+
+    fsdp, flex = SimpleNamespace(), SimpleNamespace(create_block_mask=old_create_block_mask)
+    assert torch_compat(fsdp, flex) == ["DataParallelMeshDims", "create_block_mask(separate_full_blocks)"]
+    # torch < 2.12 always stores full blocks apart: True is what it does already, and is passed as nothing.
+    assert flex.create_block_mask("causal", 2, None, 8, 8, device="cpu", separate_full_blocks=True) == "mask"
+    assert calls == [("causal", 2, None, 8, 8, "cpu")]
+    with pytest.raises(RuntimeError, match="separate_full_blocks=False"):
+        flex.create_block_mask("causal", 2, None, 8, 8, separate_full_blocks=False)
+    assert len(calls) == 1
+    with pytest.raises(RuntimeError, match="full_dtensor"):
+        fsdp.DataParallelMeshDims(shard="fsdp")
+    # Installed once: a torch that has both (here: after the first call) is left alone.
+    assert torch_compat(fsdp, flex) == []
