@@ -118,9 +118,10 @@ def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace
     nproc = engine_config(flags).tp
     name = peer + (f" {variant}" if variant else "")
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "peer.json"
+        out, prof = Path(tmp) / "peer.json", Path(tmp) / "profile.json"
         cmd = [*torchrun(nproc), "-m", "bench.peers.run", "--peer", peer, "--variant", variant, "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--device", args.device, "--out", str(out), "--",
+               "--warmup", str(args.warmup), "--device", args.device, "--out", str(out),
+               *(["--profile-json", str(prof)] if args.profile_peers else []), "--",
                *flags, *(["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
         poller = GpuPoller()
@@ -129,6 +130,8 @@ def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace
                               timeout=args.peer_timeout)
         smi = poller.stop()
         result = json.loads(out.read_text()) if out.exists() else {"name": name, "kind": "peer"}
+        if prof.exists():
+            result["profile"] = json.loads(prof.read_text())
     result.update({"cmd": cmd, "returncode": proc.returncode, "wall_s": time.perf_counter() - t0,
                    "nvidia_smi_used_gib": smi["used_gib"], "sm_mhz": smi["sm_mhz"], "power_w": smi["power_w"]})
     if proc.returncode != 0 and "error" not in result:
@@ -183,6 +186,14 @@ def print_table(results: list[dict]) -> None:
         print(f"{r['name']:<24}{r['nproc']:>5}{r['median_step_s']:>9.4f}{f'{lo:.4f}-{hi:.4f}':>17}"
               f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{_fmt_mhz(r):>6}"
               f"{_fmt_energy(r):>7}{r['final_loss']:>9.4f}{diff:>10}  {what}")
+    profiled = [r for r in results if r.get("profile")]
+    if profiled:
+        from bench.profile_step import FAMILIES
+        print(f"\nprofiled steps, kernel ms per step by family:\n{'run':<24}" + "".join(f"{f:>14}" for f in FAMILIES)
+              + f"{'total':>9}")
+        for r in profiled:
+            fams = r["profile"]["families"]
+            print(f"{r['name']:<24}" + "".join(f"{fams[f]:>14.1f}" for f in FAMILIES) + f"{r['profile']['total_ms']:>9.1f}")
 
 
 def _set_flag(flags: list[str], flag: str, value: int) -> list[str]:
@@ -263,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-tflops", type=float, default=0.0, help="bf16 dense peak per GPU (0: by GPU name, engine/flops.py)")
     p.add_argument("--max-connections", type=int, default=1, help="CUDA_DEVICE_MAX_CONNECTIONS for multi-process runs (0: unset)")
     p.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds before a peer's job is stopped")
+    p.add_argument("--profile-peers", action="store_true",
+                   help="profile one more step of each peer (bench/profile_step.py's summary, kept in the JSON, "
+                        "families printed after the table)")
     p.add_argument("--sweep", action="store_true", help="the first variant (and peers) over --seqs x --mbs")
     p.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--mbs", type=int, nargs="+", default=[1, 2])

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from engine.atomic import write_text_atomic  # noqa: E402
 from engine.ops.dispatch import OP_NAMES  # noqa: E402
 
 __all__ = ["main", "family", "exposed_ms", "summarize_kernels", "gemm_flops", "gemms_by_shape", "idle_gaps",
-           "markdown", "insert_section"]
+           "markdown", "insert_section", "profile_steps", "FAMILIES"]
 
 STEP_MARK = "temper_profiled_step"  # the record_function around each profiled train_step
 BUBBLE_US, BUBBLE = 10.0, "between queued kernels (gaps < 10 us)"
@@ -268,7 +269,36 @@ def _kernels_from_trace(events: list[dict]) -> list[dict]:
 
 
 def _cpu_ops(prof) -> list[dict]:
-    return [{"name": a.key, "dur": float(a.self_cpu_time_total), "count": a.count} for a in prof.key_averages() if a.self_cpu_time_total > 0]
+    return [{"name": a.key, "dur": float(a.self_cpu_time_total), "count": a.count} for a in prof.key_averages()
+            if a.self_cpu_time_total > 0 and a.key != STEP_MARK]
+
+
+def profile_steps(step: Callable[[], object], steps: int, device: torch.device, trace_dir: str = "") -> tuple[dict, list[float], Path]:
+    """Run `step` `steps` times under torch.profiler, each inside `STEP_MARK` and synchronised: the summary (families,
+    top kernels, GEMMs by shape, idle gaps on CUDA), each step's wall time, and the raw trace's path (this rank's, in
+    trace_dir or a temp folder). Shared by engine steps (main) and the peers' steps (bench/peers/run.py --profile-json)."""
+    on_cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if on_cuda else (lambda: None)
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_cuda else [])
+    times = []
+    sync()
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            with torch.profiler.record_function(STEP_MARK):
+                step()
+                sync()
+            times.append(time.perf_counter() - t0)
+    folder = Path(trace_dir or tempfile.mkdtemp(prefix="profile-trace-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    trace = folder / f"trace_rank{rank}.json"
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    kernels = _kernels_from_trace(events) if on_cuda else _cpu_ops(prof)
+    summary = {**summarize_kernels(kernels, steps), "gemms": gemms_by_shape(events, steps),
+               "idle": idle_gaps(events, steps) if on_cuda else {}}
+    return summary, times, trace
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,31 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     par = init_parallel(env, cfg.tp, device_type, kv_replicas=kv_replicas)
     try:
         trainer = Trainer(cfg, par, dtype, launcher=env.launcher)
-        sync = (lambda: torch.cuda.synchronize(par.device)) if device_type == "cuda" else (lambda: None)
         for _ in range(args.warmup):
             trainer.train_step()
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if device_type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        times = []
-        sync()
-        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                with torch.profiler.record_function(STEP_MARK):
-                    trainer.train_step()
-                    sync()
-                times.append(time.perf_counter() - t0)
+        summary, times, trace = profile_steps(trainer.train_step, args.steps, par.device, args.trace_dir)
         if par.rank != 0:
             return 0
-        trace_dir = Path(args.trace_dir or tempfile.mkdtemp(prefix="profile-trace-"))
-        trace_dir.mkdir(parents=True, exist_ok=True)
-        trace = trace_dir / "trace_rank0.json"
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text()).get("traceEvents", [])
-        kernels = _kernels_from_trace(events) if device_type == "cuda" else _cpu_ops(prof)
-        summary = {**summarize_kernels(kernels, args.steps), "gemms": gemms_by_shape(events, args.steps),
-                   "idle": idle_gaps(events, args.steps) if device_type == "cuda" else {}}
         device = torch.cuda.get_device_name(par.device) if device_type == "cuda" else "cpu"
         title = args.title or (f"{device}, {time.strftime('%Y-%m-%d')}, {' '.join(flags)}; ops "
                                + " ".join(f"{k}={v}" for k, v in sorted(trainer.ops.versions.items())))

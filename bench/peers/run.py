@@ -5,7 +5,9 @@
 
 Everything after `--` are engine flags: the peer is configured from the engine's own resolved config.
 Rank 0 writes the result JSON (bench/peers/common.summarize); a peer that cannot import or run writes
-{"error": ...} and exits 1, so the caller reports why and goes on.
+{"error": ...} and exits 1, so the caller reports why and goes on. --profile-json profiles --profile-steps
+more steps after the timed ones with bench/profile_step.py's summary (families, top kernels, GEMMs by shape,
+idle gaps): where the peer's step goes, in the same table as the engine's profile.
 """
 
 import argparse
@@ -55,6 +57,22 @@ def _build(peer: str, variant: str, cfg, device: torch.device, compile_model: bo
     raise ValueError(f"--peer {peer!r}: use one of {', '.join(PEERS)}")
 
 
+def _profile(step, args: argparse.Namespace, name: str, cfg, device: torch.device, rank: int) -> None:
+    import statistics
+
+    from bench.profile_step import markdown, profile_steps
+
+    summary, times, trace = profile_steps(step, args.profile_steps, device)
+    if rank != 0:
+        return
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    title = (f"{dev_name}, {name} ({' '.join(f'{k}={v}' for k, v in _versions(args.peer).items())}), mbs "
+             f"{cfg.micro_batch_size} x seq {cfg.seq_length}, GAS {cfg.grad_accum_steps}")
+    print(markdown(title, summary, 1e3 * statistics.median(times)))
+    print(f"raw trace (not for git): {trace}")
+    write_text_atomic(Path(args.profile_json), json.dumps({"title": title, "step_s": times, **summary}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
@@ -66,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--no-compile", action="store_true", help="torch-compile peer: run eager (debugging)")
     p.add_argument("--out", required=True)
+    p.add_argument("--profile-json", default="", help="also profile steps after the timed ones; summary JSON here")
+    p.add_argument("--profile-steps", type=int, default=1)
     args = p.parse_args(argv[:split])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
@@ -82,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         times, losses = time_steps(step, steps=args.steps, warmup=args.warmup, device=device)
         result = summarize(name, cfg, times, losses, device, world, peer=args.peer, variant=args.variant,
                            versions={**_versions(args.peer), **notes})
+        if args.profile_json:
+            _profile(step, args, name, cfg, device, rank)
         code = 0
     except Exception as err:  # guard: allow broad-except -- reported to bench/mfu.py in the JSON, and exit 1
         result["error"] = f"{type(err).__name__}: {err}"

@@ -64,27 +64,38 @@ def torch_compat(fsdp=None, flex=None) -> list[str]:
 
 
 def _model_config(cfg: EngineConfig, attn_backend: str):
+    """torchtitan's llama3 config sized to the engine's shapes, with its llama3 initialisation (trunc-normal
+    0.02, depth-scaled on the residual outputs, embedding N(0, 1), LM head dim^-0.5): the loss starts where
+    every other row's does (ln V), so nothing about the step runs on out-of-range values."""
+    from functools import partial
+
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
     from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
+    from torchtitan.models.common.param_init import depth_scaled_std
     from torchtitan.models.llama3 import Llama3Model, Llama3TransformerBlock
 
     h, vocab = cfg.hidden_size, cfg.padded_vocab_size
-    init = {"weight": torch.nn.init.normal_}
+
+    def normal(std: float) -> dict:
+        return {"weight": partial(torch.nn.init.trunc_normal_, std=std, a=-3 * std, b=3 * std)}
+
     ones = {"weight": torch.nn.init.ones_}
     layers = [Llama3TransformerBlock.Config(
         attention_norm=RMSNorm.Config(normalized_shape=h, eps=cfg.rms_norm_eps, param_init=ones),
         ffn_norm=RMSNorm.Config(normalized_shape=h, eps=cfg.rms_norm_eps, param_init=ones),
         attention=make_gqa_config(dim=h, n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                                  wqkv_param_init=init, wo_param_init=init, fuse_qkv=True,
-                                  inner_attention=get_attention_config(attn_backend),
+                                  wqkv_param_init=normal(0.02), wo_param_init=normal(depth_scaled_std(0.02, i)),
+                                  fuse_qkv=True, inner_attention=get_attention_config(attn_backend),
                                   rope=ComplexRoPE.Config(dim=cfg.head_dim, max_seq_len=cfg.seq_length,
-                                                                         theta=cfg.rope_theta)),
-        feed_forward=make_ffn_config(dim=h, hidden_dim=cfg.ffn_hidden_size, w1_param_init=init, w2w3_param_init=init),
-    ) for _ in range(cfg.num_layers)]
+                                                          theta=cfg.rope_theta)),
+        feed_forward=make_ffn_config(dim=h, hidden_dim=cfg.ffn_hidden_size, w1_param_init=normal(0.02),
+                                     w2w3_param_init=normal(depth_scaled_std(0.02, i))),
+    ) for i in range(cfg.num_layers)]
     return Llama3Model.Config(dim=h, vocab_size=vocab, layers=layers,
-                              tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=h, param_init=init),
+                              tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=h,
+                                                              param_init={"weight": torch.nn.init.normal_}),
                               norm=RMSNorm.Config(normalized_shape=h, eps=cfg.rms_norm_eps, param_init=ones),
-                              lm_head=Linear.Config(in_features=h, out_features=vocab, param_init=init))
+                              lm_head=Linear.Config(in_features=h, out_features=vocab, param_init=normal(h ** -0.5)))
 
 
 def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, attn_backend: str = "flex", seed: int = 0):

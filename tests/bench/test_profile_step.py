@@ -1,7 +1,10 @@
 """bench/profile_step.py: kernel families, exposed communication, and a real CPU profile into a doc section."""
 
+import json
 import subprocess
 import sys
+
+import pytest
 
 from bench.profile_step import STEP_MARK, exposed_ms, family, gemm_flops, gemms_by_shape, idle_gaps, markdown, summarize_kernels
 from tests.conftest import REPO
@@ -106,3 +109,20 @@ def test_gpu_idle_inside_a_step_is_charged_to_what_the_host_was_doing():
         (12, 0, "aten::to"), (12, 60, "aten::item > cudaStreamSynchronize"), (5, 95, "between queued kernels (gaps < 10 us)")]
     assert "0.012 ms at 0.1 ms (aten::item > cudaStreamSynchronize)" in text
     assert idle_gaps([e for e in ev if e["name"] != STEP_MARK], steps=2) == {}  # no marked step: nothing to say
+
+
+def test_a_peers_step_is_profiled_into_the_engines_summary(tmp_path):
+    """bench/peers/run.py --profile-json: the peer's profiled step in profile_step's summary (one mechanism for both)."""
+    from bench.peers.run import main as run_peer
+
+    out, prof = tmp_path / "peer.json", tmp_path / "profile.json"
+    code = run_peer(["--peer", "torch-compile", "--variant", "bf16", "--no-compile", "--device", "cpu", "--steps", "1",
+                     "--warmup", "0", "--out", str(out), "--profile-json", str(prof), "--profile-steps", "2", "--",
+                     "--preset", "tiny", "--seq-length", "32", "--micro-batch-size", "2", "--grad-accum-steps", "2",
+                     "--device", "cpu"])
+    assert code == 0, json.loads(out.read_text()).get("traceback")
+    summary = json.loads(prof.read_text())
+    assert summary["title"].startswith("cpu, torch-compile bf16") and len(summary["step_s"]) == 2
+    assert summary["families"]["GEMM"] > 0 and summary["families"]["optimizer"] > 0
+    assert sum(summary["families"].values()) == pytest.approx(summary["total_ms"])
+    assert not any(k["name"] == "temper_profiled_step" for k in summary["top"])  # the step's own mark is no kernel
