@@ -7,8 +7,10 @@
 #   bash bench/ops_session.sh step     one GPU: the 4-layer 8B slice's profile (families, top kernels, GEMMs by
 #                                      shape with TFLOP/s) into docs/benchmarks.md, the same GEMMs alone and back to
 #                                      back (bench/step_gemms.py: SM clock, power), then MFU against torch.compile
-#   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core at TP 2 (its
-#                                      wheels staged too), and the TP 2 profile (exposed communication)
+#   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
+#                                      at TP 2 (their wheels staged too), one job
+#   bash bench/ops_session.sh tp2-overlap  two GPUs: the TP 2 backward overlap on/off, and the TP 2 profile
+#                                      (exposed communication); a second call, each fits the 10-minute limit
 # Expects the CuTeDSL wheels on PYTHONPATH (../shared/gpu: `source .gpu/b/env.sh`) and runs from the
 # repository root. Compiled kernels are cached in TEMPER_KERNEL_CACHE (default /tmp/temper-kernels
 # here, so consecutive calls on one warm machine share them). Logs go to $OUT (or ./ops-session).
@@ -45,11 +47,16 @@ case "${1:-check}" in
       --out "$OUT/mfu_8b4l.json" 2>&1 | tail -8
     ;;
   tp2)
-    stamp "full 8B at TP 2 against megatron-core at TP 2 (one job, two GPUs)"
-    timeout 420 python3 bench/mfu.py --common "$FULL_TP2" --steps 4 --warmup 3 --peer megatron-core --peer-timeout 240 \
-      --out "$OUT/mfu_8b_tp2.json" 2>&1 | tail -8
+    stamp "full 8B at TP 2 against megatron-core and torchtitan at TP 2 (one job, two GPUs)"
+    timeout 570 python3 bench/mfu.py --common "$FULL_TP2" --steps 4 --warmup 3 --peer megatron-core --peer torchtitan \
+      --peer-timeout 200 --out "$OUT/mfu_8b_tp2.json" 2>&1 | tail -8
+    ;;
+  tp2-overlap)
+    stamp "TP 2 backward overlap on / off (one job, two GPUs)"
+    timeout 330 python3 bench/mfu.py --common "$FULL_TP2" --steps 4 --warmup 3 --variant overlap= \
+      --variant no-overlap="--no-tp-comm-overlap" --out "$OUT/mfu_8b_tp2_overlap.json" 2>&1 | tail -6
     stamp "profile at TP 2 (section 8b-tp2)"
-    timeout 150 torchrun --standalone --nproc-per-node 2 bench/profile_step.py --steps 1 --warmup 2 --section 8b-tp2 \
+    timeout 200 torchrun --standalone --nproc-per-node 2 bench/profile_step.py --steps 1 --warmup 2 --section 8b-tp2 \
       --insert docs/benchmarks.md --json "$OUT/profile_8b_tp2.json" -- $FULL_TP2 2>&1 | grep -B2 -A10 "communication exposed"
     cp docs/benchmarks.md "$OUT/"
     ;;
