@@ -49,8 +49,8 @@ def _build(peer: str, variant: str, cfg, device: torch.device, compile_model: bo
         return build_step(cfg, variant or "amp", device, compile_model=compile_model)[1], {}
     if peer == "torchtitan":
         from bench.peers.titan import build_step
-        _, step, stand_ins = build_step(cfg, variant, device)
-        return step, ({"stand-ins": "+".join(stand_ins)} if stand_ins else {})
+        _, step, notes = build_step(cfg, variant, device)
+        return step, notes
     if peer == "megatron-core":
         from bench.peers.megatron import build_step
         return build_step(cfg, variant, device), {}

@@ -27,29 +27,30 @@ __all__ = ["build_step", "torch_compat"]
 
 
 def torch_compat(fsdp=None, flex=None) -> list[str]:
-    """Make torch < 2.12 offer what torchtitan 0.3.x's llama3 path imports from 2.12; what was installed.
+    """Make torch < 2.12 offer what torchtitan 0.3.x's llama3 path imports from 2.12; the stand-ins in place.
 
-    - `torch.distributed.fsdp.DataParallelMeshDims`: torchtitan passes one to fully_shard only under
-      spmd_backend="full_dtensor" (the default backend passes None); the stand-in raises if anything builds one.
+    - `torch.distributed.fsdp.DataParallelMeshDims`: torchtitan builds one only for a mesh of more than one rank
+      (then build_step picks its partial_dtensor backend, which does not); the stand-in raises if anything builds one.
     - `create_block_mask(separate_full_blocks=...)`: torch < 2.12 always stores fully unmasked blocks apart,
       which is what True asks for; the wrapper drops True and refuses False (torchtitan's batch-invariant mode).
-    Must run before torchtitan is imported (it binds both at import). `fsdp`/`flex` default to torch's modules.
+    Must run before torchtitan is imported (it binds both at import); idempotent, and a later call reports the
+    same stand-ins. `fsdp`/`flex` default to torch's modules.
     """
     if fsdp is None:
         import torch.distributed.fsdp as fsdp
     if flex is None:
         import torch.nn.attention.flex_attention as flex
-    installed = []
     if not hasattr(fsdp, "DataParallelMeshDims"):
         class DataParallelMeshDims:
             """Stand-in for torch 2.12's type; building one means a path this peer does not support."""
 
+            stand_in = True
+
             def __init__(self, *args, **kwargs):
-                raise RuntimeError(f"torchtitan asked for DataParallelMeshDims (spmd_backend full_dtensor), which "
-                                   f"torch {torch.__version__} lacks; the torchtitan peer runs the default backend")
+                raise RuntimeError(f"torchtitan asked for DataParallelMeshDims (fully_shard over a multi-rank SPMD "
+                                   f"mesh), which torch {torch.__version__} lacks")
 
         fsdp.DataParallelMeshDims = DataParallelMeshDims
-        installed.append("DataParallelMeshDims")
     original = flex.create_block_mask
     if "separate_full_blocks" not in inspect.signature(original).parameters:
         def create_block_mask(*args, separate_full_blocks: bool = True, **kwargs):
@@ -58,9 +59,11 @@ def torch_compat(fsdp=None, flex=None) -> list[str]:
                                    f"this is {torch.__version__}")
             return original(*args, **kwargs)
 
+        create_block_mask.stand_in = True
         flex.create_block_mask = create_block_mask
-        installed.append("create_block_mask(separate_full_blocks)")
-    return installed
+    return [name for name, obj in (("DataParallelMeshDims", fsdp.DataParallelMeshDims),
+                                   ("create_block_mask(separate_full_blocks)", flex.create_block_mask))
+            if getattr(obj, "stand_in", False)]
 
 
 def _model_config(cfg: EngineConfig, attn_backend: str):
@@ -99,8 +102,8 @@ def _model_config(cfg: EngineConfig, attn_backend: str):
 
 
 def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, attn_backend: str = "flex", seed: int = 0):
-    """(model, step, stand-ins installed); torch.distributed is initialised (bench/peers/run.py launches via
-    torchrun)."""
+    """(model, step, notes for the row: its SPMD backend, the stand-ins installed); torch.distributed is
+    initialised (bench/peers/run.py launches via torchrun)."""
     if variant not in ("", "default"):
         raise ValueError(f"torchtitan has one variant (fp32 master + bf16 compute), not {variant!r}")
     stand_ins = torch_compat()
@@ -115,7 +118,12 @@ def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, attn_ba
     from bench.peers.common import check_matmul_params, linear_params, synthetic_batches
 
     world = dist.get_world_size()
-    parallelism = ParallelismConfig(tensor_parallel_degree=cfg.tp, data_parallel_shard_degree=world // cfg.tp)
+    # torchtitan's default SPMD backend hands fully_shard a DataParallelMeshDims whenever its mesh has more than one
+    # rank, which only torch 2.12's fully_shard takes; there, on an older torch, its partial_dtensor backend (DTensor
+    # on the model-parallel axes, FSDP on its own mesh) runs the same parallelism.
+    backend = "partial_dtensor" if world > 1 and "DataParallelMeshDims" in stand_ins else "spmd_types"
+    parallelism = ParallelismConfig(tensor_parallel_degree=cfg.tp, data_parallel_shard_degree=world // cfg.tp,
+                                    spmd_backend=backend)
     training = TrainingConfig(local_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_length, max_norm=cfg.grad_clip,
                               mixed_precision_param="bfloat16")
     compile_config = CompileConfig(enable=device.type == "cuda", components=["model", "loss"])
@@ -155,5 +163,6 @@ def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, attn_ba
         optimizers.step()
         return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
 
-    return model, step, stand_ins
+    notes = {"spmd_backend": backend, **({"stand-ins": "+".join(stand_ins)} if stand_ins else {})}
+    return model, step, notes
 

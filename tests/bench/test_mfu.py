@@ -152,7 +152,19 @@ def test_torchtitan_stand_ins_change_nothing_but_the_missing_names():
     with pytest.raises(RuntimeError, match="separate_full_blocks=False"):
         flex.create_block_mask("causal", 2, None, 8, 8, separate_full_blocks=False)
     assert len(calls) == 1
-    with pytest.raises(RuntimeError, match="full_dtensor"):
+    with pytest.raises(RuntimeError, match="multi-rank SPMD mesh"):
         fsdp.DataParallelMeshDims(shard="fsdp")
-    # Installed once: a torch that has both (here: after the first call) is left alone.
-    assert torch_compat(fsdp, flex) == []
+    # Installed once; a later call reports the same stand-ins (build_step picks its backend by them), and a
+    # torch that has both names gets none.
+    wrapped = flex.create_block_mask
+    assert torch_compat(fsdp, flex) == ["DataParallelMeshDims", "create_block_mask(separate_full_blocks)"]
+    assert flex.create_block_mask is wrapped
+
+    def new_create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", separate_full_blocks=True):
+        return "mask"
+
+    class DataParallelMeshDims:
+        pass
+
+    assert torch_compat(SimpleNamespace(DataParallelMeshDims=DataParallelMeshDims),
+                        SimpleNamespace(create_block_mask=new_create_block_mask)) == []
