@@ -273,10 +273,12 @@ def _cpu_ops(prof) -> list[dict]:
             if a.self_cpu_time_total > 0 and a.key != STEP_MARK]
 
 
-def profile_steps(step: Callable[[], object], steps: int, device: torch.device, trace_dir: str = "") -> tuple[dict, list[float], Path]:
+def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
+                  trace_dir: str = "") -> tuple[dict, list[float], Path | None]:
     """Run `step` `steps` times under torch.profiler, each inside `STEP_MARK` and synchronised: the summary (families,
-    top kernels, GEMMs by shape, idle gaps on CUDA), each step's wall time, and the raw trace's path (this rank's, in
-    trace_dir or a temp folder). Shared by engine steps (main) and the peers' steps (bench/peers/run.py --profile-json)."""
+    top kernels, GEMMs by shape, idle gaps on CUDA), each step's wall time, and the raw trace's path (trace_dir or a
+    temp folder). Every rank profiles (so collectives line up); only rank 0 writes and summarises its trace, the
+    others get an empty summary and no path. Shared by engine steps (main) and the peers' steps (bench/peers/run.py --profile-json)."""
     on_cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if on_cuda else (lambda: None)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_cuda else [])
@@ -289,10 +291,11 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device, 
                 step()
                 sync()
             times.append(time.perf_counter() - t0)
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return {}, times, None  # rank 0's trace is the one summarised
     folder = Path(trace_dir or tempfile.mkdtemp(prefix="profile-trace-"))
     folder.mkdir(parents=True, exist_ok=True)
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    trace = folder / f"trace_rank{rank}.json"
+    trace = folder / "trace_rank0.json"
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text()).get("traceEvents", [])
     kernels = _kernels_from_trace(events) if on_cuda else _cpu_ops(prof)
