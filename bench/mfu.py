@@ -23,7 +23,9 @@ bf16 autocast; bench/peers/compiled.py), `torchtitan` (bench/peers/titan.py), `m
 (bench/peers/megatron.py). Each is configured from the same engine flags (shapes, mbs, seq, GAS,
 vocabulary) and its MFU uses the engine's FLOP count (engine/flops.py: 6 x matmul params incl. the LM
 head + 6 x L x h x s per token, against --peak-tflops per GPU or the GPU's datasheet peak). A peer
-that cannot import or run is reported with the reason; the others still run.
+that cannot import or run is reported with the reason; the others still run. So is a run that hangs: a peer
+past --peer-timeout (an engine run past --engine-timeout) is stopped with all its processes, torchrun's
+workers included (harness/jobs/process.py), and the job goes on to the next row.
 
 Engine variants of one job share seed and data: `loss diff` is each one's largest relative per-step
 loss difference from the first (TP 2 against TP 1: ~1e-3 in bf16, tolerance 1e-2). Prints a table last (ratio = the engine's first variant's tokens/s / the row's, which is the MFU ratio) and writes JSON (--out).
@@ -36,16 +38,17 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import GpuPoller, launcher, torchrun  # noqa: E402
+from harness.jobs.process import Lines, Process  # noqa: E402  (the one process runner)
 from bench.peers.common import engine_config  # noqa: E402
 from engine.atomic import write_text_atomic  # noqa: E402
 from engine.flops import flops_per_token, mfu, peak_flops  # noqa: E402
@@ -63,6 +66,27 @@ def _env(args: argparse.Namespace, nproc: int) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class _Ran:
+    returncode: int | None
+    stdout: str
+    stderr: str
+    wall_s: float
+    timed_out: bool
+
+    def tail(self, out_chars: int = 2000, err_chars: int = 6000) -> str:
+        return (self.stdout[-out_chars:] + "\n" + self.stderr[-err_chars:]).strip()
+
+
+def _run(cmd: list[str], nproc: int, args: argparse.Namespace, timeout_s: float) -> _Ran:
+    """One engine or peer job through the harness's process runner: on timeout every process of it, torchrun's
+    workers included (they lead sessions of their own), is stopped, so a hung run frees the GPUs and the job
+    goes on to the next row."""
+    out, err = Lines(), Lines()
+    result = Process(cmd, cwd=REPO, env=_env(args, nproc), stdout=out, stderr=err, timeout_s=timeout_s).wait()
+    return _Ran(result.returncode, "".join(out.lines), "".join(err.lines), result.elapsed_s, result.timed_out)
+
+
 def _header_value(stdout: str, prefix: str) -> str:
     return next((line[len(prefix):].strip() for line in stdout.splitlines() if line.startswith(prefix)), "")
 
@@ -76,15 +100,13 @@ def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
                "--eval-samples", "0", "--no-save-final", "--warmup-steps", "0", "--run-dir", tmp, *flags]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
         poller = GpuPoller()
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, env=_env(args, nproc), capture_output=True, text=True)
-        wall = time.perf_counter() - t0
+        proc = _run(cmd, nproc, args, args.engine_timeout)
         smi = poller.stop()
         metrics = Path(tmp) / "metrics.jsonl"
         records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     steps = [r for r in records if r.get("kind") == "loss"]
     run = _header_value(proc.stdout, "[RUN] temper engine ")
-    result = {"name": name, "kind": "engine", "cmd": cmd, "nproc": nproc, "returncode": proc.returncode, "wall_s": wall,
+    result = {"name": name, "kind": "engine", "cmd": cmd, "nproc": nproc, "returncode": proc.returncode, "wall_s": proc.wall_s,
               "device": run.split("device=", 1)[1].split(" host=")[0] if "device=" in run else "?",
               "run_header": run, "ops": _header_value(proc.stdout, "[RUN] ops "),
               "steps": [{"step": r["step"], "loss": r["global_loss"], "grad_norm": r["grad_norm"], "tokens": r["tokens"],
@@ -94,8 +116,12 @@ def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
               # evaluations, when the flags ask for them (an --eval-samples N after the default 0)
               "evals": [{"step": r["step"], "val_loss": r["val_loss"], "val_bpb": r["val_bpb"]}
                         for r in records if r.get("kind") == "eval"]}
+    if proc.timed_out:
+        # the reason last: the table prints an error's last line
+        result["error"] = f"{proc.tail()}\nstopped after --engine-timeout {args.engine_timeout:g} s"
+        return result
     if proc.returncode != 0 or len(steps) <= args.warmup:
-        result["error"] = (proc.stdout[-2000:] + "\n" + proc.stderr[-6000:]).strip() or "no steps were timed"
+        result["error"] = proc.tail() or "no steps were timed"
         return result
     times = [s["time_s"] for s in result["steps"][args.warmup:]]
     med = statistics.median(times)
@@ -125,17 +151,17 @@ def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace
                *flags, *(["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
         poller = GpuPoller()
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, env=_env(args, nproc), capture_output=True, text=True,
-                              timeout=args.peer_timeout)
+        proc = _run(cmd, nproc, args, args.peer_timeout)
         smi = poller.stop()
         result = json.loads(out.read_text()) if out.exists() else {"name": name, "kind": "peer"}
         if prof.exists():
             result["profile"] = json.loads(prof.read_text())
-    result.update({"cmd": cmd, "returncode": proc.returncode, "wall_s": time.perf_counter() - t0,
+    result.update({"cmd": cmd, "returncode": proc.returncode, "wall_s": proc.wall_s,
                    "nvidia_smi_used_gib": smi["used_gib"], "sm_mhz": smi["sm_mhz"], "power_w": smi["power_w"]})
-    if proc.returncode != 0 and "error" not in result:
-        result["error"] = (proc.stdout[-2000:] + "\n" + proc.stderr[-4000:]).strip()
+    if proc.timed_out:
+        result["error"] = f"{proc.tail(2000, 4000)}\nstopped after --peer-timeout {args.peer_timeout:g} s"
+    elif proc.returncode != 0 and "error" not in result:
+        result["error"] = proc.tail(2000, 4000)
     return result
 
 
@@ -274,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-tflops", type=float, default=0.0, help="bf16 dense peak per GPU (0: by GPU name, engine/flops.py)")
     p.add_argument("--max-connections", type=int, default=1, help="CUDA_DEVICE_MAX_CONNECTIONS for multi-process runs (0: unset)")
     p.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds before a peer's job is stopped")
+    p.add_argument("--engine-timeout", type=float, default=3600.0, help="seconds before an engine run is stopped")
     p.add_argument("--profile-peers", action="store_true",
                    help="profile one more step of each peer (bench/profile_step.py's summary, kept in the JSON, "
                         "families printed after the table)")

@@ -11,6 +11,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,6 +99,31 @@ def test_mfu_end_to_end_on_cpu_reports_a_peer_that_cannot_run(tmp_path):
     assert len(engine["steps"]) == 3 and all(s["loss"] > 0 for s in engine["steps"])
     assert peer["name"] == "megatron-core" and peer["error"]  # not importable here, or CUDA only: said, not fatal
     assert "megatron-core" in proc.stdout and "failed:" in proc.stdout
+
+
+def _peer_processes() -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # not a process, or it exited while we looked
+            continue
+        if "bench.peers.run" in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_a_peer_past_its_timeout_is_stopped_with_its_workers_and_the_job_goes_on(tmp_path):
+    """A hung peer (here: any peer given 2 s; torchrun and torch's import alone take longer) must not end the job
+    or keep GPUs busy: it is stopped with torchrun's workers, reported, and the next row still runs."""
+    proc, data = _mfu(tmp_path, "--peer", "torch-compile", "--peer-timeout", "2")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    engine, *peers = data["results"]
+    assert "error" not in engine and [p["name"] for p in peers] == ["torch-compile bf16", "torch-compile amp"]
+    for peer in peers:
+        assert peer["error"].endswith("stopped after --peer-timeout 2 s"), peer["error"][-300:]
+    assert proc.stdout.count("failed: stopped after --peer-timeout 2 s") == 2
+    assert _peer_processes() == []
 
 
 @pytest.mark.slow
