@@ -9,7 +9,8 @@
 #                                      back (bench/step_gemms.py: SM clock, power), then MFU against torch.compile
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
-#   bash bench/ops_session.sh tp2-overlap  two GPUs: the TP 2 backward overlap on/off, and the TP 2 profile
+#   bash bench/ops_session.sh tp2-overlap  two GPUs: the TP 2 backward overlap on/off, the forward all-reduces
+#                                      in row chunks (--tp-fwd-chunks 2), and the TP 2 profile
 #                                      (exposed communication); a second call, each fits the 10-minute limit
 # Expects the CuTeDSL wheels on PYTHONPATH (../shared/gpu: `source .gpu/b/env.sh`) and runs from the
 # repository root. Compiled kernels are cached in TEMPER_KERNEL_CACHE (default /tmp/temper-kernels
@@ -52,11 +53,12 @@ case "${1:-check}" in
       --peer-timeout 200 --out "$OUT/mfu_8b_tp2.json" 2>&1 | tail -8
     ;;
   tp2-overlap)
-    stamp "TP 2 backward overlap on / off (one job, two GPUs)"
-    timeout 330 python3 bench/mfu.py --common "$FULL_TP2" --steps 4 --warmup 3 --variant overlap= \
-      --variant no-overlap="--no-tp-comm-overlap" --out "$OUT/mfu_8b_tp2_overlap.json" 2>&1 | tail -6
+    stamp "TP 2 backward overlap on / off, forward all-reduces in 2 row chunks (one job, two GPUs)"
+    timeout 400 python3 bench/mfu.py --common "$FULL_TP2" --steps 4 --warmup 3 --variant overlap= \
+      --variant no-overlap="--no-tp-comm-overlap" --variant fwd-chunks2="--tp-fwd-chunks 2" \
+      --out "$OUT/mfu_8b_tp2_overlap.json" 2>&1 | tail -7
     stamp "profile at TP 2 (section 8b-tp2)"
-    timeout 200 torchrun --standalone --nproc-per-node 2 bench/profile_step.py --steps 1 --warmup 2 --section 8b-tp2 \
+    timeout 180 torchrun --standalone --nproc-per-node 2 bench/profile_step.py --steps 1 --warmup 2 --section 8b-tp2 \
       --insert docs/benchmarks.md --json "$OUT/profile_8b_tp2.json" -- $FULL_TP2 2>&1 | grep -B2 -A10 "communication exposed"
     cp docs/benchmarks.md "$OUT/"
     ;;

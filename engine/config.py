@@ -162,6 +162,9 @@ class EngineConfig:
     tp: int = _f(1, "tensor-parallel size (consecutive ranks); data-parallel size = world size / tp", "parallel")
     sequence_parallel: bool = _f(False, "shard norms and residuals along the sequence across the TP group", "parallel")
     tp_comm_overlap: bool = _f(True, "overlap TP backward all-reduces with weight-gradient GEMMs (QKV: its own wgrad, as Megatron; FC1: FC2's wgrad)", "parallel")
+    tp_fwd_chunks: int = _f(1, "row-parallel forward (O, FC2) at TP > 1 without sequence parallelism: the GEMM in N row "
+                            "chunks, each chunk's all-reduce launched at once so it runs beside the next chunk's GEMM "
+                            "(1: one GEMM, then its all-reduce)", "parallel")
     ddp_bucket_mb: float = _f(160.0, "data-parallel gradient bucket size in MB (10^6 bytes) of fp32 gradients; 160 = 40M elements", "parallel")
     overlap_grad_reduce: bool = _f(True, "reduce-scatter each gradient bucket as soon as the last micro-batch's backward fills it", "parallel")
     grad_accum_fusion: bool = _f(True, "weight-gradient GEMMs of QKV, O, FC1, FC2 and the LM head and the embedding's "
@@ -375,7 +378,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
               "log_every", "lr", "init_std", "dim_model_base", "skip_spike_window", "skip_spike_max_consecutive",
-              "rope_theta", "scale_emb", "scale_depth")
+              "rope_theta", "scale_emb", "scale_depth", "tp_fwd_chunks")
     _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_samples",
               "save_every", "save_last", "weight_decay", "grad_clip", "peak_tflops", "rms_norm_eps", "adam_eps",
               allow_zero=True)
@@ -434,6 +437,13 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
         raise ConfigError("--tp", cfg.tp, f"use a TP size that divides --ffn-hidden-size {cfg.ffn_hidden_size}", "does not divide the FFN")
     if cfg.sequence_parallel and cfg.seq_length % cfg.tp:
         raise ConfigError("--seq-length", cfg.seq_length, f"use a multiple of --tp {cfg.tp} with --sequence-parallel", "does not split across TP")
+    if cfg.tp_fwd_chunks > 1 and cfg.sequence_parallel and cfg.tp > 1:
+        raise ConfigError("--tp-fwd-chunks", cfg.tp_fwd_chunks, "use 1 with --sequence-parallel, or leave out --sequence-parallel",
+                          "splits the all-reduce, which sequence parallelism replaces by a reduce-scatter")
+    if cfg.tp_fwd_chunks > cfg.micro_batch_size * cfg.seq_length:
+        raise ConfigError("--tp-fwd-chunks", cfg.tp_fwd_chunks,
+                          f"use at most the micro-batch's {cfg.micro_batch_size * cfg.seq_length} tokens (2 to 4 is typical)",
+                          "leaves chunks without rows")
     dp = world_size // cfg.tp
 
     # Batch: global = mbs x GAS x DP; either of GAS / global may be given, or both if consistent.

@@ -8,7 +8,8 @@ asynchronously, computes the weight gradient meanwhile, and only then waits. Two
 - QKV (`column_parallel_linear`): a custom linear, exactly Megatron's scheme: dgrad, launch its
   all-reduce / reduce-scatter, wgrad, wait. Under sequence parallelism only this rank's rows of
   the input are saved; the full input is all-gathered again in backward, overlapped with dgrad.
-- FC1 (`mlp_region` + `linear_deferred_wgrad`): FC1 is `ops.gemm_fc1(x, w)`, an op whose backward
+- FC1 (`mlp_region` + FC2's `row_parallel_linear` with the region's hand-over as its weight-gradient sink):
+  FC1 is `ops.gemm_fc1(x, w)`, an op whose backward
   is one autograd node computing dgrad and wgrad together (the fused CuTeDSL versions are one
   custom Function; torch gives a custom Function a static `needs_input_grad`, so asking autograd
   for dgrad and wgrad separately would run such a kernel's backward twice, and for the baseline
@@ -19,6 +20,12 @@ asynchronously, computes the weight gradient meanwhile, and only then waits. Two
   and returns FC2's weight gradient as an output of its own (the FC2 weight enters the layer
   through that node). Autograd's dependency order guarantees the region node runs after FC2's
   and the op's nodes. Same FLOPs as without overlap, the op contract untouched.
+
+The forward's collectives are the row-parallel layers' (O, FC2) output all-reduces. `row_parallel_linear` writes the
+GEMM's output itself and all-reduces it in place (no copy of it first); with `fwd_chunks` N > 1 (--tp-fwd-chunks) the
+GEMM runs in N row chunks and each chunk's all-reduce is launched as soon as the chunk is computed, so it runs on
+NCCL's stream beside the next chunk's GEMM (the forward counterpart of the backward overlap; every row's sum is the
+same dot products as in one GEMM). Under sequence parallelism the output is reduce-scattered in one piece.
 
 With `overlap` off, the same layers use the plain `copy_to_tp` / `gather_from_sp` operators. With
 TP = 1 the model never calls any of this (plain F.linear, bitwise the single-process engine).
@@ -36,18 +43,19 @@ from engine.distributed.collectives import all_gather_new, reduce_scatter_new
 from engine.distributed.comm import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
 from engine.distributed.wgrad import fused_linear, linear_wgrad_to, main_grad_of
 
-__all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "mlp_region", "linear_deferred_wgrad",
+__all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "row_parallel_linear", "mlp_region",
            "WgradHandOver"]
 
 
 @dataclass(frozen=True)
 class TPComm:
-    """How a layer talks to its TP group: size, group, sequence parallelism, backward overlap."""
+    """How a layer talks to its TP group: size, group, sequence parallelism, backward overlap, forward row chunks."""
 
     size: int
     group: "dist.ProcessGroup | None"
     sequence_parallel: bool = False
     overlap: bool = True
+    fwd_chunks: int = 1
 
 
 def column_input(x: torch.Tensor, tp: TPComm) -> torch.Tensor:
@@ -116,6 +124,51 @@ def column_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm) -> torc
     return fused_linear(column_input(x, tp), w)
 
 
+class _RowParallelLinear(torch.autograd.Function):
+    """y = sum over the TP group of x @ w^T (x: this rank's slice of the features, w: its column block), all-reduced in
+    place in `tp.fwd_chunks` row chunks as they are computed. Backward is a linear's (the sum's gradient is the identity:
+    every rank gets the whole grad_y); the weight gradient goes to `sink` when there is one (see _LinearWgradTo)."""
+
+    @staticmethod
+    def forward(ctx, x, w, sink, tp):  # type: ignore[override]
+        ctx.sink = sink
+        ctx.save_for_backward(x, w)
+        x2 = x.reshape(-1, x.shape[-1])
+        n = x2.shape[0]
+        y = torch.empty(n, w.shape[0], dtype=x2.dtype, device=x2.device)
+        works = []
+        for i in range(tp.fwd_chunks):
+            rows = slice(i * n // tp.fwd_chunks, (i + 1) * n // tp.fwd_chunks)
+            torch.mm(x2[rows], w.t(), out=y[rows])
+            works.append(dist.all_reduce(y[rows], group=tp.group, async_op=True))
+        for work in works:  # the compute stream waits for NCCL's; the host does not
+            work.wait()
+        return y.view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_y):  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        grad_x = grad_y.matmul(w) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            if ctx.sink is not None:
+                grad_w = ctx.sink.weight_grad(grad_y, x, w)
+            else:
+                grad_w = grad_y.reshape(-1, grad_y.shape[-1]).t().mm(x.reshape(-1, x.shape[-1]))
+        return grad_x, grad_w, None, None
+
+
+def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm, sink=None) -> torch.Tensor:
+    """Row-parallel linear for TP > 1, the end of a TP region: [.., in / tp] -> the sum over TP [.., out] (SP: this
+    rank's rows of it, [n / tp, out]). The weight gradient goes to `sink` (the MLP region's hand-over) or else to w's
+    MainGrad when gradient-accumulation fusion is on."""
+    if sink is None and w.requires_grad:
+        sink = main_grad_of(w)
+    if tp.sequence_parallel:
+        return row_output(linear_wgrad_to(x, w, sink) if sink is not None else F.linear(x, w), tp)
+    return _RowParallelLinear.apply(x, w, sink, tp)
+
+
 class WgradHandOver:
     """Carries FC2's (grad_output, input) from its backward node to the MLP region's node."""
 
@@ -174,12 +227,7 @@ class _MLPRegion(torch.autograd.Function):
 
 def mlp_region(x: torch.Tensor, w_next: torch.Tensor, tp: TPComm) -> tuple[torch.Tensor, torch.Tensor, WgradHandOver]:
     """Start of the MLP's TP region with FC2's weight routed through it (see the module docstring).
-    Returns (FC1 input, FC2 weight to use, the hand-over for `linear_deferred_wgrad`)."""
+    Returns (FC1 input, FC2 weight to use, the hand-over: FC2's weight-gradient sink for `row_parallel_linear`)."""
     hand = WgradHandOver()
     x_out, w_alias = _MLPRegion.apply(x, w_next, hand, tp)
     return x_out, w_alias, hand
-
-
-def linear_deferred_wgrad(x: torch.Tensor, w: torch.Tensor, hand_over: WgradHandOver) -> torch.Tensor:
-    """F.linear(x, w) whose weight gradient is computed later by the `mlp_region` that produced w."""
-    return linear_wgrad_to(x, w, hand_over)

@@ -25,8 +25,8 @@ from torch import nn
 
 from engine.config import EngineConfig
 from engine.distributed import (ParallelState, TPComm, column_input, column_parallel_linear, copy_to_tp,
-                                fused_embedding, fused_linear, linear_deferred_wgrad, main_grad_of, mlp_region,
-                                reduce_from_tp, row_output)
+                                fused_embedding, fused_linear, main_grad_of, mlp_region, reduce_from_tp, row_output,
+                                row_parallel_linear)
 from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
 from engine.ops import OpSet
@@ -37,7 +37,7 @@ __all__ = ["RMSNormWeight", "Rotary", "Attention", "MLP", "VocabEmbedding", "Dec
 
 def tp_comm(cfg: EngineConfig, par: ParallelState) -> TPComm:
     return TPComm(size=par.tp_size, group=par.tp_group, sequence_parallel=cfg.sequence_parallel and par.tp_size > 1,
-                  overlap=cfg.tp_comm_overlap)
+                  overlap=cfg.tp_comm_overlap, fwd_chunks=cfg.tp_fwd_chunks)
 
 
 def kv_head_range(num_kv_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -137,10 +137,10 @@ class Attention(nn.Module):
         else:
             out = self.ops.attention(q, k, v, softmax_scale=self.softmax_scale, cu_seqlens=documents.cu_seqlens,
                                      max_seqlen=documents.max_seqlen)
-        out = fused_linear(out.reshape(b, s, self.q_heads * d), self.o)
+        out = out.reshape(b, s, self.q_heads * d)
         if self.tp.size == 1:
-            return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
-        return row_output(out, self.tp)
+            return reduce_from_tp(fused_linear(out, self.o), self.par.tp_group, self.par.tp_size)
+        return row_parallel_linear(out, self.o, self.tp)
 
 
 class MLP(nn.Module):
@@ -173,10 +173,8 @@ class MLP(nn.Module):
             return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
         if self.tp.overlap:  # FC1's input-gradient collective overlaps FC2's weight-gradient GEMM
             x, fc2, hand_over = mlp_region(x, self.fc2, self.tp)
-            out = linear_deferred_wgrad(self._fc1(x), fc2, hand_over)
-        else:
-            out = fused_linear(self._fc1(column_input(x, self.tp)), self.fc2)
-        return row_output(out, self.tp)
+            return row_parallel_linear(self._fc1(x), fc2, self.tp, sink=hand_over)
+        return row_parallel_linear(self._fc1(column_input(x, self.tp)), self.fc2, self.tp)
 
 
 class VocabEmbedding(nn.Module):

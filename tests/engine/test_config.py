@@ -74,6 +74,10 @@ def test_help_lists_fields_with_defaults():
     ({"lr_schedule": "step"}, 1, "--lr-schedule", "cosine, wsd, constant, linear"),
     ({"warmup_steps": 100, "num_steps": 10}, 1, "--warmup-steps", "at most --num-steps"),
     ({"device": "tpu"}, 1, "--device", "auto, cpu, cuda"),
+    ({"tp_fwd_chunks": 0}, 1, "--tp-fwd-chunks", "use a positive number"),
+    ({"tp": 2, "sequence_parallel": True, "tp_fwd_chunks": 2}, 2, "--tp-fwd-chunks", "use 1 with --sequence-parallel"),
+    ({"preset": "tiny", "seq_length": 8, "micro_batch_size": 2, "tp_fwd_chunks": 17}, 1, "--tp-fwd-chunks",
+     "at most the micro-batch's 16 tokens"),
 ])
 def test_bad_input_names_field_and_fix(overrides, world, field, fragment):
     with pytest.raises(ConfigError) as info:

@@ -10,7 +10,8 @@ to float32 rounding, which Adam can amplify a little over 20 steps:
 - DP = 2 x GAS 1 against DP = 1 x GAS 2: 1e-6 (the fp32 sum of two micro-batch gradients is the
   same two numbers added in either order; observed: losses equal bit for bit, grad norms 1e-7,
   whose squares are summed per rank first);
-- overlap on / off: the same collectives on the same numbers, bit for bit.
+- overlap on / off: the same collectives on the same numbers, bit for bit; so is the forward's row-chunked
+  GEMM + all-reduce (--tp-fwd-chunks; each row the same dot products, fp32 on one thread per rank).
 - gradient-accumulation fusion on / off (TP 2, 5 steps): 1e-5, as a layout change (fp32 sums of the same
   products in another kernel).
 - validation loss (12 fixed samples, whatever the layout): at step 0 (the same weights bit for bit) mbs 4,
@@ -35,6 +36,8 @@ SCENARIOS = [
     ("tp2", TP2, 20),
     ("tp2_sp", {"tp": 2, "sequence_parallel": True}, 20),
     ("tp2_no_overlap", {"tp": 2, "tp_comm_overlap": False}, 5),
+    ("tp2_fwd_chunks", {"tp": 2, "tp_fwd_chunks": 3}, 5),  # 3 row chunks of the 256 rows: uneven (85, 85, 86)
+    ("tp2_fwd_chunks_plain", {"tp": 2, "tp_fwd_chunks": 2, "tp_comm_overlap": False, "grad_accum_fusion": False}, 5),
     ("tp2_kv1", {"tp": 2, "num_kv_heads": 1}, 10),  # one KV head replicated on both TP ranks
     ("tp2_unfused", {"tp": 2, "grad_accum_fusion": False}, 5),  # weight gradients through param.grad + add
     ("dp2", {"micro_batch_size": 2, "ddp_bucket_mb": 0.3}, 20),  # ~6 buckets
@@ -128,6 +131,14 @@ def test_replicated_kv_heads_match_single_process(world2, single):
 
 def test_tp_comm_overlap_is_the_same_math(world2):
     assert world2["tp2_no_overlap"]["steps"] == world2["tp2"]["steps"][:5]
+
+
+def test_row_chunked_forward_all_reduces_are_the_same_math(world2):
+    """--tp-fwd-chunks: O's and FC2's GEMMs in row chunks, each all-reduced as it is computed. Every output row is the
+    same dot products as in one GEMM, summed over the same two ranks: bit for bit the same losses and grad norms,
+    with the backward overlap and fusion (the default path's weight-gradient sinks) and without either."""
+    assert world2["tp2_fwd_chunks"]["steps"] == world2["tp2"]["steps"][:5]
+    assert world2["tp2_fwd_chunks_plain"]["steps"] == world2["tp2_unfused"]["steps"][:5]
 
 
 def test_gradient_accumulation_fusion_is_the_same_math(world2, single):
