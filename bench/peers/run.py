@@ -57,7 +57,7 @@ def _build(peer: str, variant: str, cfg, device: torch.device, compile_model: bo
     raise ValueError(f"--peer {peer!r}: use one of {', '.join(PEERS)}")
 
 
-def _profile(step, args: argparse.Namespace, name: str, cfg, device: torch.device, rank: int) -> None:
+def _profile(step, args: argparse.Namespace, result: dict, cfg, device: torch.device, rank: int) -> None:
     import statistics
 
     from bench.profile_step import markdown, profile_steps
@@ -66,7 +66,7 @@ def _profile(step, args: argparse.Namespace, name: str, cfg, device: torch.devic
     if rank != 0:
         return
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    title = (f"{dev_name}, {name} ({' '.join(f'{k}={v}' for k, v in _versions(args.peer).items())}), mbs "
+    title = (f"{dev_name}, {result['name']} ({' '.join(f'{k}={v}' for k, v in result['versions'].items())}), mbs "
              f"{cfg.micro_batch_size} x seq {cfg.seq_length}, GAS {cfg.grad_accum_steps}")
     print(markdown(title, summary, 1e3 * statistics.median(times)))
     print(f"raw trace (not for git): {trace}")
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         result = summarize(name, cfg, times, losses, device, world, peer=args.peer, variant=args.variant,
                            versions={**_versions(args.peer), **notes})
         if args.profile_json:
-            _profile(step, args, name, cfg, device, rank)
+            _profile(step, args, result, cfg, device, rank)
         code = 0
     except Exception as err:  # guard: allow broad-except -- reported to bench/mfu.py in the JSON, and exit 1
         result["error"] = f"{type(err).__name__}: {err}"

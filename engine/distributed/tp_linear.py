@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from engine.distributed.collectives import all_gather_new, reduce_scatter_new
 from engine.distributed.comm import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
-from engine.distributed.wgrad import fused_linear, linear_wgrad_to, main_grad_of
+from engine.distributed.wgrad import fused_linear, linear_grads, linear_wgrad_to, main_grad_of
 
 __all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "row_parallel_linear", "mlp_region",
            "WgradHandOver"]
@@ -127,7 +127,7 @@ def column_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm) -> torc
 class _RowParallelLinear(torch.autograd.Function):
     """y = sum over the TP group of x @ w^T (x: this rank's slice of the features, w: its column block), all-reduced in
     place in `tp.fwd_chunks` row chunks as they are computed. Backward is a linear's (the sum's gradient is the identity:
-    every rank gets the whole grad_y); the weight gradient goes to `sink` when there is one (see _LinearWgradTo)."""
+    every rank gets the whole grad_y): `linear_grads`, the weight gradient through `sink` when there is one."""
 
     @staticmethod
     def forward(ctx, x, w, sink, tp):  # type: ignore[override]
@@ -148,14 +148,7 @@ class _RowParallelLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
         x, w = ctx.saved_tensors
-        grad_x = grad_y.matmul(w) if ctx.needs_input_grad[0] else None
-        grad_w = None
-        if ctx.needs_input_grad[1]:
-            if ctx.sink is not None:
-                grad_w = ctx.sink.weight_grad(grad_y, x, w)
-            else:
-                grad_w = grad_y.reshape(-1, grad_y.shape[-1]).t().mm(x.reshape(-1, x.shape[-1]))
-        return grad_x, grad_w, None, None
+        return (*linear_grads(grad_y, x, w, ctx.sink, ctx.needs_input_grad), None, None)
 
 
 def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm, sink=None) -> torch.Tensor:

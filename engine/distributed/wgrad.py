@@ -25,8 +25,8 @@ computed inside its op's autograd node and returned.
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear_wgrad_to",
-           "fused_linear", "fused_embedding"]
+__all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear_grads",
+           "linear_wgrad_to", "fused_linear", "fused_embedding"]
 
 
 class MainGrad:
@@ -107,6 +107,20 @@ def placeholder(w: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(w)
 
 
+def linear_grads(grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, sink, needs_input_grad) -> tuple:
+    """(grad_x, grad_w) of y = F.linear(x, w), each only where autograd asks for it. The weight gradient goes through
+    `sink.weight_grad(grad_y, x, w)` when there is a sink (what that returns is what autograd gets), else it is
+    grad_y^T x."""
+    grad_x = grad_y.matmul(w) if needs_input_grad[0] else None
+    grad_w = None
+    if needs_input_grad[1]:
+        if sink is not None:
+            grad_w = sink.weight_grad(grad_y, x, w)
+        else:
+            grad_w = grad_y.reshape(-1, grad_y.shape[-1]).t().mm(x.reshape(-1, x.shape[-1]))
+    return grad_x, grad_w
+
+
 class _LinearWgradTo(torch.autograd.Function):
     """F.linear(x, w) whose weight gradient goes to `sink`: `sink.weight_grad(grad_y, x, w)` does what it does with
     it and returns what autograd gets for w (a MainGrad adds it and returns a placeholder; the MLP region's
@@ -121,9 +135,7 @@ class _LinearWgradTo(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
         x, w = ctx.saved_tensors
-        grad_x = grad_y.matmul(w) if ctx.needs_input_grad[0] else None
-        grad_w = ctx.sink.weight_grad(grad_y, x, w) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_w, None
+        return (*linear_grads(grad_y, x, w, ctx.sink, ctx.needs_input_grad), None)
 
 
 def linear_wgrad_to(x: torch.Tensor, w: torch.Tensor, sink) -> torch.Tensor:
