@@ -7,6 +7,9 @@
 #   bash bench/ops_session.sh step     one GPU: the 4-layer 8B slice's profile (families, top kernels, GEMMs by
 #                                      shape with TFLOP/s) into docs/benchmarks.md, the same GEMMs alone and back to
 #                                      back (bench/step_gemms.py: SM clock, power), then MFU against torch.compile
+#   bash bench/ops_session.sh graphs-test  one GPU: --cuda-graphs bit for bit against eager (GPU tests)
+#   bash bench/ops_session.sh graphs   one GPU: the slice's MFU with CUDA graphs off / on, twice each, beside
+#                                      torch.compile (one job; a second call)
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
 #   bash bench/ops_session.sh tp2-overlap  two GPUs: the TP 2 backward overlap on/off, the forward all-reduces
@@ -46,6 +49,17 @@ case "${1:-check}" in
     stamp "MFU of the slice against torch.compile (one job)"
     timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 6 --warmup 3 --peer torch-compile \
       --out "$OUT/mfu_8b4l.json" 2>&1 | tail -8
+    ;;
+  graphs-test)
+    stamp "--cuda-graphs against eager, bit for bit (0.5B: defaults; baseline ops, unfused, recompute)"
+    timeout 500 python3 -m pytest tests/engine/test_cuda_graphs.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$OUT/graphs_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|Error" | tail -12
+    ;;
+  graphs)
+    stamp "MFU of the slice, CUDA graphs off / on twice each, beside torch.compile (one job)"
+    timeout 560 python3 bench/mfu.py --common "$SLICE" --steps 6 --warmup 3 --variant eager= \
+      --variant graphs="--cuda-graphs" --variant eager-2= --variant graphs-2="--cuda-graphs" --peer torch-compile \
+      --out "$OUT/mfu_8b4l_graphs.json" 2>&1 | tail -10
     ;;
   tp2)
     stamp "full 8B at TP 2 against megatron-core and torchtitan at TP 2 (one job, two GPUs)"

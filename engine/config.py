@@ -182,6 +182,9 @@ class EngineConfig:
 
     # --- performance
     activation_checkpointing: bool = _f(False, "recompute each decoder layer in backward (saves memory, costs ~1/3 more compute)", "perf")
+    cuda_graphs: bool = _f(False, "capture one micro-batch's forward and backward as a CUDA graph and replay it for every "
+                           "later micro-batch (one launch instead of hundreds; same bits as without; one CUDA GPU: TP 1, "
+                           "DP 1, no --document-mask; engine/cuda_graph.py)", "perf")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -445,6 +448,13 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
                           f"use at most the micro-batch's {cfg.micro_batch_size * cfg.seq_length} tokens (2 to 4 is typical)",
                           "leaves chunks without rows")
     dp = world_size // cfg.tp
+    if cfg.cuda_graphs and (cfg.tp > 1 or dp > 1):
+        raise ConfigError("--cuda-graphs", True, "train on one GPU (TP 1, DP 1), or leave out --cuda-graphs",
+                          f"replays one captured micro-batch, which holds no TP or DP communication (this launch: "
+                          f"TP {cfg.tp} x DP {dp})")
+    if cfg.cuda_graphs and cfg.document_mask:
+        raise ConfigError("--cuda-graphs", True, "leave out --document-mask or --cuda-graphs",
+                          "replays one attention layout, and --document-mask changes it every micro-batch")
 
     # Batch: global = mbs x GAS x DP; either of GAS / global may be given, or both if consistent.
     mbs, gas, gbs = cfg.micro_batch_size, cfg.grad_accum_steps, cfg.global_batch_size

@@ -39,6 +39,7 @@ from engine.atomic import check_writable_dir, write_text_atomic
 from engine.checkpoint import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
                                refuse_earlier_run, save_checkpoint, select_checkpoint)
 from engine.config import EngineConfig, resolve, to_dict
+from engine.cuda_graph import MicroBatchGraph
 from engine.data.mix import MixLoader, make_loader, mix_line
 from engine.data.sources import build_data, default_cache_dir
 from engine.distributed import ParallelState, init_parallel, shutdown_parallel
@@ -59,10 +60,14 @@ __all__ = ["pretrain", "resolve_device", "make_reproducible", "Trainer"]
 
 
 def resolve_device(cfg: EngineConfig) -> tuple[str, torch.dtype]:
-    """Device type and compute dtype for `auto` settings; a requested CUDA that is absent is an error."""
+    """Device type and compute dtype for `auto` settings; a requested CUDA that is absent is an error, and so is
+    --cuda-graphs without CUDA."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device", "cuda", "run on a machine with a CUDA GPU or pass --device cpu", "is not available")
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.cuda_graphs and device != "cuda":
+        raise ConfigError("--cuda-graphs", True, "run on a CUDA GPU (--device cuda), or leave out --cuda-graphs",
+                          f"captures CUDA graphs, and this run's device is {device}")
     dtype_name = cfg.compute_dtype if cfg.compute_dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
     return device, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
 
@@ -160,6 +165,7 @@ class Trainer:
         self.grad_sync = GradSync(self.buffers, par, grad_sums, overlap=cfg.overlap_grad_reduce)
         self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
         self.spike_guard = LossSpikeGuard(cfg, par)
+        self.micro_graph = MicroBatchGraph(self.model) if cfg.cuda_graphs else None
         self.step = 0
         self.elapsed_s = 0.0  # training seconds so far, agreed by all ranks (the slowest's), over resumes
         if self.resume_from is not None:
@@ -282,6 +288,10 @@ class Trainer:
         count = dist.all_reduce(valid, group=self.par.dp_group, async_op=True) if self.par.dp_size > 1 else None
         self.buffers.zero_grads()
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)
+        if self.micro_graph is not None:  # --cuda-graphs: each micro-batch one replay (one process: nothing to wait for)
+            for inputs, labels, _ in micro:
+                loss_sum += self.micro_graph(inputs, labels, valid)
+            micro = []  # nothing left for the eager loop
         for i, (inputs, labels, documents) in enumerate(micro):
             loss = self.model(inputs, labels, documents)
             if count is not None:

@@ -71,6 +71,11 @@ def test_truncated_checkpoint_shards(tmp_path):
     assert_rejected(tmp_path, "--resume", str(ckpt), fragment="--resume")
 
 
+def test_cuda_graphs_without_cuda(tmp_path):
+    assert_rejected(tmp_path, "--cuda-graphs", "--device", "cpu",
+                    fragment="--cuda-graphs=True captures CUDA graphs, and this run's device is cpu: run on a CUDA GPU")
+
+
 def test_override_schedule_without_resume(tmp_path):
     assert_rejected(tmp_path, "--override-schedule", fragment="--override-schedule=True")
 

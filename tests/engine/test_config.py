@@ -78,6 +78,9 @@ def test_help_lists_fields_with_defaults():
     ({"tp": 2, "sequence_parallel": True, "tp_fwd_chunks": 2}, 2, "--tp-fwd-chunks", "use 1 with --sequence-parallel"),
     ({"preset": "tiny", "seq_length": 8, "micro_batch_size": 2, "tp_fwd_chunks": 17}, 1, "--tp-fwd-chunks",
      "at most the micro-batch's 16 tokens"),
+    ({"cuda_graphs": True, "tp": 2}, 2, "--cuda-graphs", "(this launch: TP 2 x DP 1): train on one GPU"),
+    ({"cuda_graphs": True}, 2, "--cuda-graphs", "(this launch: TP 1 x DP 2): train on one GPU"),
+    ({"cuda_graphs": True, "document_mask": True}, 1, "--cuda-graphs", "leave out --document-mask or --cuda-graphs"),
 ])
 def test_bad_input_names_field_and_fix(overrides, world, field, fragment):
     with pytest.raises(ConfigError) as info:
