@@ -322,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.distributed import init_parallel, shutdown_parallel
     from engine.env import launch_env
     from engine.train import Trainer, make_reproducible, resolve_device
+    from engine.runinfo import device_name
 
     env = launch_env()
     cfg = engine_config(flags, env.world_size)
@@ -339,8 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         summary, times, trace = profile_steps(trainer.train_step, args.steps, par.device, args.trace_dir)
         if par.rank != 0:
             return 0
-        device = torch.cuda.get_device_name(par.device) if device_type == "cuda" else "cpu"
-        title = args.title or (f"{device}, {time.strftime('%Y-%m-%d')}, {' '.join(flags)}; ops "
+        title = args.title or (f"{device_name(par.device)}, {time.strftime('%Y-%m-%d')}, {' '.join(flags)}; ops "
                                + " ".join(f"{k}={v}" for k, v in sorted(trainer.ops.versions.items())))
         text = markdown(title, summary, 1e3 * statistics.median(times))
         print(text)

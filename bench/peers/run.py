@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from bench.peers.common import engine_config, summarize, time_steps
 from engine.atomic import write_text_atomic
+from engine.runinfo import device_name
 
 __all__ = ["main", "PEERS"]
 
@@ -65,8 +66,7 @@ def _profile(step, args: argparse.Namespace, result: dict, cfg, device: torch.de
     summary, times, trace = profile_steps(step, args.profile_steps, device)
     if rank != 0:
         return
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    title = (f"{dev_name}, {result['name']} ({' '.join(f'{k}={v}' for k, v in result['versions'].items())}), mbs "
+    title = (f"{device_name(device)}, {result['name']} ({' '.join(f'{k}={v}' for k, v in result['versions'].items())}), mbs "
              f"{cfg.micro_batch_size} x seq {cfg.seq_length}, GAS {cfg.grad_accum_steps}")
     print(markdown(title, summary, 1e3 * statistics.median(times)))
     print(f"raw trace (not for git): {trace}")
