@@ -4,7 +4,7 @@ The pytest a gate runs imports candidate code (the engine, its new test files), 
 is within the candidate's reach: a junit file it can rewrite at exit (then `os._exit(0)`), an exit code it can
 choose. What the judge reads instead is this plugin's lines on the job's stdout, the pipe the judge owns:
 
-    -p harness.judge.pytest_report --judge-token-file=PATH --judge-canaries=CANARY_FILE
+    -p harness.judge.pytest_report --judge-token-file=PATH --judge-canaries=CANARY_FILE [--judge-barrier=FILE]
 
 At import, before pytest loads any conftest or test module (so before any candidate code), the plugin reads the
 token from PATH and deletes the file, and takes its own copy of stdout. Each test phase's report then goes out as
@@ -13,9 +13,11 @@ from then on lives only in this module (reaching it means reading the process's 
 `isolation` guard forbids). The judge (`parse_reports`) refuses lines that mention the prefix without the token,
 a phase reported twice, and a session without its end.
 
-What the plugin cannot see: a report object altered before it is made (a patched pytest, inside the process).
-The judge adds canary tests of its own for that (harness/judge/runner.py) and the guard forbids the engine to
-import or reach pytest. The canaries run whatever a milestone's pytest arguments select (`-k gemm_fc1`,
+With `--judge-barrier` (every acceptance run) the plugin also puts the judge's import barrier in place before any
+conftest or test module loads (harness/judge/barrier.py): no candidate module is ever imported into this process,
+so nothing can alter a report object before it is made; tests run candidate code in a child that hands back data
+(harness/judge/candidate.py). The canaries below stay as a second layer, and the only layer for the candidate's
+own new test files, which import the engine in a pytest process of their own (their passes count for nothing). The canaries run whatever a milestone's pytest arguments select (`-k gemm_fc1`,
 `-m "not slow"`): the plugin puts back any canary that a selection took out of the collected items.
 """
 
@@ -25,6 +27,8 @@ import sys
 from dataclasses import dataclass, field
 
 import pytest
+
+from harness.judge.barrier import OPTION as BARRIER, install_from_file
 
 __all__ = ["OPTION", "CANARIES", "PREFIX", "TestOutcome", "Reports", "parse_reports", "signed_prefix", "outcome_of", "pytest_addoption",
            "pytest_collection_modifyitems", "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_collectreport",
@@ -39,9 +43,12 @@ _RAISED: dict[tuple[str, str], list[tuple[str, int]]] = {}  # (node id, phase) -
 
 def _take_token() -> None:
     """Read and delete the token file named on the command line; keep a copy of stdout. Runs at import."""
+    barrier = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith(BARRIER + "=")), None)
+    if barrier is not None:
+        install_from_file(barrier)
     path = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith(OPTION + "=")), None)
     if path is None:
-        return  # imported by the judge itself (parse_reports), not as a plugin
+        return  # imported by the judge itself (parse_reports), or to collect the base's tests
     with open(path, encoding="utf-8") as fh:
         _STATE["token"] = fh.read().strip()
     os.unlink(path)
@@ -61,6 +68,7 @@ def _emit(payload: dict[str, object]) -> None:
 def pytest_addoption(parser) -> None:  # noqa: ANN001 -- pytest's Parser
     parser.addoption(OPTION, default="", help="the judge's token file (read and deleted at start)")
     parser.addoption(CANARIES, default="", help="the judge's canary test file: its tests run whatever -k / -m select")
+    parser.addoption(BARRIER, default="", help="the judge's import barrier (harness/judge/barrier.py), set at start")
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.jobs import JobSpec, Sandbox, launch, probe
+from harness.judge.barrier import OPTION as BARRIER, write_barrier
 from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, load_base
 from harness.judge.hardware import check_requires, wait_watching_gpus
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
@@ -268,9 +269,14 @@ class GateRunner:
             tree = scratch.worktree
             self._overlay_hidden(tree)
             env = self._pytest_env(tree, tree.parent, 0)
+            env["PYTHONPATH"] += os.pathsep + str(_JUDGE_ROOT)
+            # Collected as the judged run collects them: behind the import barrier, so a base whose acceptance tests
+            # import candidate code fails here, before any candidate is judged.
+            barrier = write_barrier(_neutral(tree.parent) / "barrier.json", tree, tree_manifest(tree), self.milestone.is_editable)
             for gate in gates:
                 self.progress("gate", f"collecting the base's tests for {gate.name} ...")
-                argv = [*self._pytest_argv(tree, tree.parent), "--collect-only", "-q", *gate.selectors, *gate.args]
+                argv = [*self._pytest_argv(tree, tree.parent), "-p", "harness.judge.pytest_report", f"{BARRIER}={barrier}",
+                        "--collect-only", "-q", *gate.selectors, *gate.args]
                 proc = subprocess.run(argv, cwd=tree, env=child_env(env), capture_output=True, text=True,
                                       timeout=gate.timeout_s, stdin=subprocess.DEVNULL)
                 write_atomic(log_dir / f"{gate.name}-base-collect.log", scrub_text(proc.stdout + proc.stderr))
@@ -400,11 +406,14 @@ class GateRunner:
     # ------------------------------------------------------------------ pytest
 
     def _pytest_run(self, name: str, targets: list[str], args: list[str], judging: _Judging, timeout_s: float,
-                    ignore: tuple[str, ...] = (), files: int | None = None) -> tuple[Any, list[tuple[str, str, str]] | None, list[str]]:
+                    ignore: tuple[str, ...] = (), files: int | None = None,
+                    barrier: bool = True) -> tuple[Any, list[tuple[str, str, str]] | None, list[str]]:
         """One sandboxed pytest process: (job result, its tests as (node id, status, message) or None when the
-        run cannot be read, problems). Outcomes come from the judge's plugin on the judge's pipe, signed with a
-        token only that plugin holds (harness/judge/pytest_report.py), never from a file the process wrote; the
-        judge's canary tests run in the same process and must come out as written (harness/judge/canary.py)."""
+        run cannot be read, problems). With `barrier` (the acceptance tests) the process never imports candidate
+        code (harness/judge/barrier.py): the tests run it in children that hand back data. Outcomes come from the
+        judge's plugin on the judge's pipe, signed with a token only that plugin holds (harness/judge/pytest_report.py),
+        never from a file the process wrote; the judge's canary tests run in the same process and must come out as
+        written (harness/judge/canary.py)."""
         from harness.judge.canary import canary_problems, write_canaries
         from harness.judge.pytest_report import CANARIES, OPTION, parse_reports
 
@@ -414,8 +423,13 @@ class GateRunner:
         token_file.write_text(token, encoding="utf-8")
         canaries = write_canaries(_neutral(judging.holder))
         log = judging.log_dir / f"{name}.log"
+        fence = []
+        if barrier:
+            def is_candidate(rel: str) -> bool:
+                return rel in judging.policy.changed or self.milestone.is_editable(rel)
+            fence = [f"{BARRIER}={write_barrier(_neutral(judging.holder) / 'barrier.json', judging.tree, judging.expected, is_candidate)}"]
         # The tests' tmp_path root in the run's own folder: gone with the judging, never shared with another one.
-        argv = [*self._pytest_argv(judging.tree, judging.holder), "-p", "harness.judge.pytest_report",
+        argv = [*self._pytest_argv(judging.tree, judging.holder), "-p", "harness.judge.pytest_report", *fence,
                 f"{OPTION}={token_file}", f"{CANARIES}={canaries.path}", f"--basetemp={scratch / 'tmp'}", *targets, str(canaries.path), *args, "-q", "-rfE",
                 *(f"--ignore={judging.tree / p}" for p in ignore)]
         # The checkout's code first; then the judge's own, for its plugin (a checkout need not hold harness/).
@@ -516,7 +530,7 @@ class GateRunner:
         """The candidate's own new test files, in a pytest process of their own (so nothing they do at import
         reaches the acceptance tests); a failure rejects, a pass counts toward nothing."""
         result, cases, problems = self._pytest_run(f"{gate.name}-new-tests", list(judging.policy.new_tests),
-                                                   list(gate.args), judging, gate.timeout_s)
+                                                   list(gate.args), judging, gate.timeout_s, barrier=False)
         tail = _pytest_tail(result.read_log())
         failing = [(node, message) for node, status, message in cases or [] if status in ("failed", "error")]
         if result.state == "timeout" or cases is None or failing or problems:
