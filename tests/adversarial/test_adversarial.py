@@ -33,6 +33,7 @@ import pytest
 from harness.settings import data_dir
 from tests.adversarial.cases import CASES, GPU_TWINS, HONEST, TWIN_MILESTONES, Case, build_patch, git
 from tests.adversarial.training import TRAINING_CASES, TRAINING_TWINS
+from tests.adversarial.v3_inprocess import INPROCESS_CASES, PROBE as INPROCESS_PROBE
 from tests.judge.op_milestones import write_milestones
 
 __all__: list[str] = []
@@ -43,11 +44,11 @@ pytestmark = pytest.mark.timeout(1800)
 REPO = Path(__file__).resolve().parents[2]
 UNSANDBOXED = not (REPO / "harness" / "jobs" / "sandbox.py").is_file()
 TIMEOUT_S = 1500
-ALL_CASES = CASES + TRAINING_CASES
+ALL_CASES = CASES + TRAINING_CASES + INPROCESS_CASES
 TWIN_EDITS = {**HONEST, **TRAINING_TWINS}
 # perf with a goal every honest engine meets: perf's own jobs and checks, so that the GPU cheats' honest twin
 # can be accepted while perf's MFU bar is an open goal (main measures 42.9 % of 45 %).
-PROBES = {"perf-probe": ("perf", "value = 0.45", "value = 0.0")}
+PROBES = {"perf-probe": ("perf", "value = 0.45", "value = 0.0"), INPROCESS_PROBE[0]: INPROCESS_PROBE[1]}
 
 
 @dataclass(frozen=True)
