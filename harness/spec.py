@@ -38,6 +38,7 @@ __all__ = [
     "JobGate",
     "OpBench",
     "OP_TASKS",
+    "SHAPE_KEYS",
     "MetricsGate",
     "MetricRule",
     "Gate",
@@ -105,6 +106,14 @@ GUARD_RULES = ("ssot", "dag", "public-surface", "fail-fast", "isolation")
 # stress) run the judge's own harness/opbench.py instead, configured by the gate's `bench` table.
 _TASK_COMMAND = {"train": "pretrain", "prepare": "prepare"}
 OP_TASKS = ("bench", "stress")
+# The dimensions a milestone names for its timed shape (a bench gate's `shape` table), per op.
+SHAPE_KEYS: dict[str, tuple[str, ...]] = {
+    "attention": ("batch", "seq", "heads_q", "heads_kv", "head_dim"),
+    "rmsnorm": ("tokens", "hidden"),
+    "gemm_fc1": ("tokens", "hidden", "ffn"),
+    "gemm_output": ("tokens", "hidden", "vocab_local", "vocab_size"),
+    "rope": ("batch", "seq", "heads_q", "heads_kv", "head_dim"),
+}
 
 OPS: dict[str, str] = {"<": "less than", "<=": "at most", ">": "more than", ">=": "at least", "==": "exactly"}
 
@@ -750,8 +759,6 @@ def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate]) -> list[
 
 
 def _op_shape_keys(op: str) -> tuple[str, ...]:
-    from harness.judge.opcases import SHAPE_KEYS
-
     return SHAPE_KEYS[op]
 
 

@@ -20,9 +20,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["OPTION", "CandidateImportError", "CandidateBarrier", "write_barrier", "install_from_file"]
+__all__ = ["BARRIER_OPTION", "CandidateImportError", "CandidateBarrier", "write_barrier", "install_from_file"]
 
-OPTION = "--judge-barrier"
+BARRIER_OPTION = "--judge-barrier"
 
 
 class CandidateImportError(ImportError):

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from harness.settings import child_env, python_path
 from harness.judge.tensorfile import DTYPES, TensorFileError, decode_tensors, encode_tensors
 
 __all__ = ["Candidate", "CandidateError", "encode", "decode", "MAX_FRAME"]
@@ -161,8 +162,8 @@ class Candidate:
     def __enter__(self) -> Candidate:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        env = {**os.environ, **(self.env or {})}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.root), env.get("PYTHONPATH", "")) if p)
+        path = os.pathsep.join(dict.fromkeys([str(self.root), *python_path()]))
+        env = child_env({**(self.env or {}), "PYTHONPATH": path})
         self._log = tempfile.TemporaryFile()
         self._proc = subprocess.Popen([sys.executable, "-m", "harness.judge.candidate", str(to_child_r), str(from_child_w)],
                                       cwd=self.root, env=env, stdin=subprocess.DEVNULL, stdout=self._log,

@@ -49,19 +49,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from harness.spec import SHAPE_KEYS
+
 __all__ = ["OPS", "DTYPES", "SHAPE_KEYS", "MAGNITUDES", "ROPE_THETAS", "Case", "GradSink", "draw_cases", "timing_case",
            "make_inputs", "rope_tables", "redraw", "call_op", "reference", "grad_names", "result_names", "fused_grad"]
 
 OPS = ("attention", "rmsnorm", "gemm_fc1", "gemm_output", "rope")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # a bench's `dtype` names
-# The dimensions a milestone names for its timed shape (a bench gate's `shape` table).
-SHAPE_KEYS: dict[str, tuple[str, ...]] = {
-    "attention": ("batch", "seq", "heads_q", "heads_kv", "head_dim"),
-    "rmsnorm": ("tokens", "hidden"),
-    "gemm_fc1": ("tokens", "hidden", "ffn"),
-    "gemm_output": ("tokens", "hidden", "vocab_local", "vocab_size"),
-    "rope": ("batch", "seq", "heads_q", "heads_kv", "head_dim"),
-}
 # The activation scales of the large-magnitude cases (1.0 elsewhere). attention: q, k of std 6 give scores of
 # std 36 and row maxima past 88, where exp overflows fp32; gemm_output: logits of std 30, the same past 88;
 # rmsnorm: 1e3 puts the sum of squares past fp16's 65504, 1e-3 puts the mean square at eps; gemm_fc1: 8;

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harness.judge.barrier import OPTION as BARRIER, install_from_file
+from harness.judge.barrier import BARRIER_OPTION as BARRIER, install_from_file
 
 __all__ = ["OPTION", "CANARIES", "PREFIX", "TestOutcome", "Reports", "parse_reports", "signed_prefix", "outcome_of", "pytest_addoption",
            "pytest_collection_modifyitems", "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_collectreport",

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.jobs import JobSpec, Sandbox, launch, probe
-from harness.judge.barrier import OPTION as BARRIER, write_barrier
+from harness.judge.barrier import BARRIER_OPTION as BARRIER, write_barrier
 from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, load_base
 from harness.judge.hardware import check_requires, wait_watching_gpus
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
@@ -203,21 +203,20 @@ class GateRunner:
                        flags=tuple(dict.fromkeys(judging.flags)), seed=seed)
 
     def read_log(self, job_id: str, tail: int = 200, grep: str = "") -> str:
-        """Last `tail` lines (matching `grep`) of a job or pytest log of this run."""
-        from harness.tools import ToolError
-
+        """Last `tail` lines (matching `grep`) of a job or pytest log of this run. ValueError names a job id or a
+        pattern it cannot use (the agent's read_log tool passes it on as a tool error)."""
         path = self.logs.get(job_id)
         if path is None and _JOB_ID.fullmatch(job_id) and (self.record.dir / "jobs" / job_id / "log").is_file():
             path = self.record.dir / "jobs" / job_id / "log"
         if path is None:
             known = ", ".join(sorted(self.logs)) or "none yet (run_gates or submit first)"
-            raise ToolError(f"no job {job_id!r}; known job ids: {known}")
+            raise ValueError(f"no job {job_id!r}; known job ids: {known}")
         lines = _read(path).splitlines()
         if grep:
             try:
                 pattern = re.compile(grep)
             except re.error as err:
-                raise ToolError(f"grep {grep!r} is not a regular expression: {err}") from None
+                raise ValueError(f"grep {grep!r} is not a regular expression: {err}") from None
             lines = [line for line in lines if pattern.search(line)]
         shown = lines[-max(tail, 1):]
         return f"[{path.name} of {job_id}: last {len(shown)} of {len(lines)} lines]\n" + "\n".join(shown)

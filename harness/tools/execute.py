@@ -324,7 +324,10 @@ def _run_gates(ctx: ToolContext) -> str:
 def _read_log(ctx: ToolContext, job_id: str, tail: int = 200, grep: str = "") -> str:
     if ctx.read_job_log is None:
         raise ToolError("read_log is not available in this run")
-    return ctx.read_job_log(job_id, tail, grep)
+    try:
+        return ctx.read_job_log(job_id, tail, grep)
+    except ValueError as err:  # an unknown job id or a bad pattern: the model can fix it
+        raise ToolError(str(err)) from None
 
 
 _HANDLERS: dict[str, Callable[..., str]] = {

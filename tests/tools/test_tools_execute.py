@@ -74,7 +74,7 @@ def test_callbacks_and_their_absence(tree: Path) -> None:
     def read_job_log(job_id: str, tail: int, grep: str) -> str:
         seen.append((job_id, tail, grep))
         if job_id != "job-1":
-            raise ToolError(f"no job {job_id!r}; known jobs: job-1")
+            raise ValueError(f"no job {job_id!r}; known jobs: job-1")  # as GateRunner.read_log does
         return "step 10 loss 3.2"
 
     ctx = ToolContext(root=tree, run_gates=lambda: "gate pytest: 2 failed", read_job_log=read_job_log)
