@@ -39,8 +39,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
         else:
+            bare = {"nargs": "?", "const": f.metadata["bare"]} if f.metadata.get("bare") else {}
             group.add_argument(flag_name(f.name), dest=f.name, type=kind, default=argparse.SUPPRESS,
-                               metavar=kind.__name__.upper(), help=help_text)
+                               metavar=kind.__name__.upper(), help=help_text, **bare)
 
 
 def _toml(value: Any) -> str:

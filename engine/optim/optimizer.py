@@ -31,7 +31,25 @@ from engine.config import EngineConfig
 from engine.distributed import ParallelState
 from engine.optim.buffers import Entry, FlatBuffers
 
-__all__ = ["Segment", "MixedPrecisionAdamW"]
+__all__ = ["Segment", "MixedPrecisionAdamW", "make_adamw", "adam_step_tensor"]
+
+
+def make_adamw(tensors: list[tuple[str, int, torch.Tensor]], cfg: EngineConfig, lr_multipliers: Mapping[str, float],
+               device: torch.device) -> torch.optim.AdamW:
+    """torch's AdamW over (parameter name, the parameter's ndim, tensor to step), one param group per (lr multiplier,
+    decay): decay for ndim >= 2. `step` sets each group's lr to lr x its "lr_mult". Fused on CUDA, foreach on CPU."""
+    groups: dict[tuple[float, bool], list[torch.Tensor]] = {}
+    for name, ndim, tensor in tensors:
+        groups.setdefault((float(lr_multipliers[name]), ndim >= 2), []).append(tensor)
+    param_groups = [{"params": params, "lr_mult": mult, "weight_decay": cfg.weight_decay if decay else 0.0}
+                    for (mult, decay), params in sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0]))]
+    impl = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, **impl)
+
+
+def adam_step_tensor(adam_step: int, device: torch.device) -> torch.Tensor:
+    """AdamW's step counter as fused (CUDA: on the device) and foreach (CPU) AdamW keep it: a float32 scalar."""
+    return torch.tensor(float(adam_step), dtype=torch.float32, device=device if device.type == "cuda" else "cpu")
 
 
 @dataclass
@@ -81,14 +99,8 @@ class MixedPrecisionAdamW:
                     self.grad_segments.append(Segment(e, a, b, buffers.grads[a:b], master))
         self.segments = [s for s in self.grad_segments if s.master is not None]  # the ones AdamW steps
         self.norm_views = self._counted_views()
-        groups: dict[tuple[float, bool], list[torch.Tensor]] = {}
-        for s in self.segments:
-            groups.setdefault((float(lr_multipliers[s.entry.name]), s.entry.param.ndim >= 2), []).append(s.master)
-        param_groups = [{"params": params, "lr_mult": mult, "weight_decay": cfg.weight_decay if decay else 0.0}
-                        for (mult, decay), params in sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0]))]
-        impl = {"fused": True} if par.device.type == "cuda" else {"foreach": True}
-        self.adam = torch.optim.AdamW(param_groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                      eps=cfg.adam_eps, **impl)
+        self.adam = make_adamw([(s.entry.name, s.entry.param.ndim, s.master) for s in self.segments], cfg,
+                               lr_multipliers, par.device)
 
     def _counted_views(self) -> list[torch.Tensor]:
         """The parts of this rank's gradients that count towards the global norm (see grad_norm), adjacent parts
@@ -188,7 +200,5 @@ class MixedPrecisionAdamW:
             state = self.adam.state[s.master]
             state["exp_avg"] = exp_avg.clone()
             state["exp_avg_sq"] = exp_avg_sq.clone()
-            # fused/foreach AdamW keep the step as a float32 tensor (on the device when fused)
-            dev = s.master.device if self.par.device.type == "cuda" else torch.device("cpu")
-            state["step"] = torch.tensor(float(adam_step), dtype=torch.float32, device=dev)
+            state["step"] = adam_step_tensor(adam_step, s.master.device)
         self.buffers.params[s.lo:s.hi].copy_(s.master)
