@@ -502,10 +502,6 @@ def _check_fsdp(cfg: EngineConfig, world_size: int, dp: int) -> bool:
     (off under --fsdp: FSDP2 owns the unsharded gradient that the fused weight-gradient GEMMs would write)."""
     if not cfg.fsdp:
         return cfg.grad_accum_fusion
-    if dp < 2:
-        raise ConfigError("--fsdp", True, f"launch DP >= 2 (world size = --tp x DP; e.g. torchrun --nproc-per-node "
-                          f"{2 * cfg.tp} with --tp {cfg.tp}), or leave out --fsdp", f"has no data-parallel ranks to shard "
-                          f"over (world size {world_size}, --tp {cfg.tp}: DP 1)")
     if cfg.optimizer != "adamw":
         raise ConfigError("--optimizer", cfg.optimizer, "use --optimizer adamw with --fsdp, or leave out --fsdp "
                           "(the ZeRO-1 optimizer runs Muon)", "is not supported with --fsdp (Muon orthogonalises whole "
@@ -514,6 +510,10 @@ def _check_fsdp(cfg: EngineConfig, world_size: int, dp: int) -> bool:
         if getattr(cfg, name) != _FIELDS[name].default:
             raise ConfigError(flag_name(name), getattr(cfg, name), "leave it out with --fsdp, or leave out --fsdp",
                               "configures the ZeRO-1 distributed optimizer, which --fsdp replaces (both were asked)")
+    if dp < 2:
+        raise ConfigError("--fsdp", True, f"launch DP >= 2 (world size = --tp x DP; e.g. torchrun --nproc-per-node "
+                          f"{2 * cfg.tp} with --tp {cfg.tp}), or leave out --fsdp", f"has no data-parallel ranks to shard "
+                          f"over (world size {world_size}, --tp {cfg.tp}: DP 1)")
     return False
 
 
