@@ -187,6 +187,9 @@ class Trainer:
         if self.saver is not None:
             self._state(with_rng=False, stage=self.saver.reserve)  # host buffers now: a host too small fails here
 
+        if par.device.type == "cuda":  # the peak the metrics report is training's, not the build's (--fsdp: fp32 before sharding)
+            torch.cuda.reset_peak_memory_stats(par.device)
+
         # 4. outputs
         if par.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
