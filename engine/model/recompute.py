@@ -22,21 +22,14 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 __all__ = ["recompute_layer", "SAVED_OPS"]
 
 
-def _ops(*names: str) -> frozenset:
-    """The aten overloads among `names` that this torch build has (cuDNN attention is absent on some)."""
-    found = set()
-    for name in names:
-        packet = getattr(torch.ops.aten, name, None)
-        if packet is not None:
-            found.add(packet.default)
-    return frozenset(found)
-
-
-# torchtitan's save list (torchtitan/models/llama3/parallelize.py) less its every-other-matmul thinning,
-# plus CPU's flash attention and the matmul variants a linear lowers to.
-SAVED_OPS = _ops("mm", "addmm", "bmm", "_scaled_mm", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                 "_scaled_dot_product_flash_attention_for_cpu")
+# torchtitan's save list (torchtitan/models/llama3/parallelize.py) less its every-other-matmul thinning, plus
+# CPU's flash attention and the matmul variants a linear lowers to.
+_aten = torch.ops.aten
+SAVED_OPS = frozenset({
+    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten._scaled_mm.default,
+    _aten._scaled_dot_product_flash_attention.default, _aten._scaled_dot_product_efficient_attention.default,
+    _aten._scaled_dot_product_cudnn_attention.default, _aten._scaled_dot_product_flash_attention_for_cpu.default,
+})
 
 
 def _policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:

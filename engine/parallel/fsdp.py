@@ -41,7 +41,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
-from engine.optim.optimizer import adam_step_tensor, make_adamw
+from engine.optim.optimizer import adam_step_tensor, clip_coefficient, global_norm, make_adamw
 from engine.parallel.tensor_parallel import GradSum
 from engine.parallel.zero_state import KINDS, sharded_piece, state_prefix
 
@@ -133,27 +133,14 @@ class ShardedAdamW:
 
     @torch.no_grad()
     def grad_norm(self) -> float:
-        """Global L2 norm of the gradients: squares of this rank's counted shards (fp64 on CPU, as the ZeRO-1
-        optimizer), summed over DP and TP."""
-        acc = torch.float32 if self.par.device.type == "cuda" else torch.float64
-        squares = torch.zeros((), dtype=torch.float64, device=self.par.device)
-        for _, p in self.named:
-            if p.grad is None:
-                continue
-            grad = _local(p.grad)
-            for part in self._counted(p):
-                squares += torch.linalg.vector_norm(grad[part], dtype=acc).double().square()
-        dist.all_reduce(squares, group=self.par.dp_group)
-        if self.par.tp_size > 1:
-            dist.all_reduce(squares, group=self.par.tp_group)
-        return math.sqrt(squares.item())
+        """Global L2 norm of the gradients over this rank's counted shards, summed over DP and TP."""
+        views = [_local(p.grad)[part] for _, p in self.named if p.grad is not None for part in self._counted(p)]
+        return global_norm(views, self.par)
 
     @torch.no_grad()
     def clip(self, norm: float) -> None:
-        if self.cfg.grad_clip <= 0 or not math.isfinite(norm):
-            return
-        coef = self.cfg.grad_clip / (norm + 1e-6)
-        if coef < 1.0:
+        coef = clip_coefficient(self.cfg, norm)
+        if coef is not None:
             for _, p in self.named:
                 if p.grad is not None:
                     _local(p.grad).mul_(coef)
