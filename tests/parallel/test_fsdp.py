@@ -60,9 +60,9 @@ def test_fsdp_dp2_resumes_a_one_process_zero1_checkpoint(fsdp_dp2, one_process):
 
 
 @pytest.mark.slow
-def test_fsdp_matches_zero1_at_dp2_and_tp2(tmp_path):
-    """ZeRO-1 and --fsdp on the same two ranks, TP 1 x DP 2 and TP 2 x DP 1 is not FSDP's (DP 1): TP 1 x DP 2 with
-    replicated K/V heads and the SP norm-gain sums are covered by the TP 2 x DP 2 launch below."""
+def test_fsdp_matches_zero1_at_dp2(tmp_path):
+    """ZeRO-1 and --fsdp on the same two ranks (TP 1 x DP 2), with two KV heads and with one; TP 2 with the TP
+    gradient sums (a replicated KV head, SP norm gains) is the TP 2 x DP 2 launch below."""
     runs = spawn(2, [("zero", DP2, 5), ("fsdp", {**DP2, "fsdp": True}, 5),
                      ("zero_kv1", {**DP2, "num_kv_heads": 1}, 3), ("fsdp_kv1", {**DP2, "num_kv_heads": 1, "fsdp": True}, 3)],
                  tmp_path)
@@ -141,7 +141,7 @@ def test_fsdp_checkpoint_resumes_under_zero1_on_one_dp_rank(fsdp_tp2dp2, tmp_pat
 ])
 def test_fsdp_bad_input_is_one_line_and_writes_nothing(tmp_path, args, fragment):
     run_dir = tmp_path / "run"
-    proc = run_engine("pretrain", *TINY, "--num-steps", "1", "--run-dir", str(run_dir), *args, check=False)
+    proc = run_engine("pretrain", *TINY, "--num-steps", "2", "--run-dir", str(run_dir), *args, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and fragment in lines[0], proc.stderr
