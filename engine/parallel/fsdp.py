@@ -5,7 +5,8 @@ hand-written TP layers keep their local shards as plain tensors; `fully_shard` s
 rows (dim 0), over the `dp` sub-mesh: every TP rank's copy is sharded over its DP group, and FSDP2
 never sees the TP split (no DTensor TP; the TP collectives stay the layers' own). One fully_shard per
 decoder layer and one at the root (embedding, final norm, LM head), so FSDP2 all-gathers a layer just
-before its forward and prefetches the next one behind it (and in backward the previous one);
+before its forward, on its own stream: the next layer's all-gather runs behind this layer's compute as far as the
+host runs ahead (FSDP2's implicit forward prefetch), and backward prefetches the previous layer's;
 `reshard_after_forward` frees each layer's gathered weights after its forward (not the last layer's:
 backward needs it at once, as torchtitan does).
 
