@@ -5,12 +5,14 @@
         --out bench/results/mfu_8b4l_h200.json
     python bench/mfu.py --common "--preset minicpm4-8b --tp 2 ..." --peer megatron-core        # TP 2 (torchrun)
     python bench/mfu.py --common "--preset minicpm4-0.5b" --variant tp1= --variant tp2="--tp 2"   # TP 2 vs TP 1
+    python bench/mfu.py --nproc 4 --common "--preset minicpm4-8b --global-batch-size 16 ..." \
+        --variant zero1-dp4= --variant fsdp4="--fsdp" --variant tp2-fsdp2="--tp 2 --fsdp"      # 4 GPUs: TP x DP
     python bench/mfu.py --common "--preset minicpm4-8b --num-layers 4" --sweep --seqs 1024 2048 4096 8192 16384 \
         --mbs 1 2 --png docs/img/mfu_sweep.png                                                    # sweep
     python bench/mfu.py --plot sweep_mbs1.json sweep_mbs2.json --png docs/img/mfu_sweep_h200.png    # re-draw
 
 Each engine variant is a real `python -m engine pretrain` (torchrun when the layout has more than one
-process: --tp N runs on N GPUs) of warmup + steps optimizer steps; the first --warmup steps (compile,
+process: --tp N runs on N GPUs, --nproc N on N GPUs, DP = N / TP) of warmup + steps optimizer steps; the first --warmup steps (compile,
 autotuning, allocator) are dropped and the median of the rest reported. The op versions a run used come
 from its header (`[RUN] ops ...`), the per-step time and peak allocated memory (rank 0) from its
 metrics.jsonl; nvidia-smi is polled while it runs (bench/common.py GpuPoller): memory.used per GPU, and the
@@ -93,8 +95,8 @@ def _header_value(stdout: str, prefix: str) -> str:
 
 def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     """One engine variant: a real training run, its steady-state numbers."""
-    cfg = engine_config(flags)
-    nproc = cfg.tp
+    cfg = engine_config(flags, args.nproc or None)
+    nproc = args.nproc or cfg.tp
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [*launcher(nproc), "-m", "engine", "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
                "--eval-samples", "0", "--no-save-final", "--warmup-steps", "0", "--run-dir", tmp, *flags]
@@ -177,6 +179,13 @@ def _fmt_mem(r: dict) -> str:
     return " ".join(f"{m:.1f}" for m in mem if m is not None) or "-"
 
 
+def _fmt_alloc(r: dict) -> str:
+    """torch's peak allocated memory on rank 0 (GiB), the number a memory model predicts (nvidia-smi adds the
+    allocator's cache and NCCL's buffers)."""
+    alloc = r.get("peak_alloc_gib_rank0")
+    return f"{alloc:.1f}" if alloc else "-"
+
+
 def _fmt_mhz(r: dict) -> str:
     return "/".join(f"{m:.0f}" for m in r.get("sm_mhz") or []) or "-"
 
@@ -198,7 +207,7 @@ def print_table(results: list[dict]) -> None:
     device = base["device"] if base else next((r.get("device") for r in results if r.get("device")), "?")
     print(f"\ndevice {device}; MFU: engine/flops.py count; ratio = {base['name'] if base else 'engine'} tokens/s / row's "
           f"(= the MFU ratio: one FLOP count; > 1: the engine is faster); mem: nvidia-smi used per GPU (GiB; peers without nvidia-smi: allocated)")
-    print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'ratio':>7}{'mem GiB':>14}{'MHz':>6}{'mJ/tok':>7}"
+    print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'ratio':>7}{'mem GiB':>14}{'alloc':>6}{'MHz':>6}{'mJ/tok':>7}"
           f"{'loss':>9}{'loss diff':>10}  ops / versions")
     for r in results:
         if "error" in r:
@@ -210,7 +219,7 @@ def print_table(results: list[dict]) -> None:
         diff = f"{d:.1e}" if d is not None else "-"
         what = r.get("ops") or " ".join(f"{k}={v}" for k, v in r.get("versions", {}).items())
         print(f"{r['name']:<24}{r['nproc']:>5}{r['median_step_s']:>9.4f}{f'{lo:.4f}-{hi:.4f}':>17}"
-              f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{_fmt_mhz(r):>6}"
+              f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{_fmt_alloc(r):>6}{_fmt_mhz(r):>6}"
               f"{_fmt_energy(r):>7}{r['final_loss']:>9.4f}{diff:>10}  {what}")
     profiled = [r for r in results if r.get("profile")]
     if profiled:
@@ -295,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer", action="append", default=[], choices=list(PEER_VARIANTS), help="peer to run beside the engine")
     p.add_argument("--no-engine", action="store_true", help="peers only")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--nproc", type=int, default=0, help="processes (GPUs) of every engine run: TP x DP (0: --tp, DP 1)")
     p.add_argument("--steps", type=int, default=8, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=3, help="optimizer steps run first and dropped (compile, autotune)")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="bf16 dense peak per GPU (0: by GPU name, engine/flops.py)")

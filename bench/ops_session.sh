@@ -12,6 +12,10 @@
 #                                      torch.compile (one job; a second call)
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
+#   bash bench/ops_session.sh fsdp-test  four GPUs: warm the 8B kernels (TP 1 and 2, mbs 2, seq 4096), then the --fsdp
+#                                      GPU tests (bitwise run to run and across a resume, TP 1 x DP 2, TP 2 x DP 2)
+#   bash bench/ops_session.sh fsdp4    four GPUs: MiniCPM4-8B at TP 1 x FSDP 4, TP 2 x FSDP 2, TP 2 x DP 2 and
+#                                      DP 4 (ZeRO-1), selective activation checkpointing off and on (one job)
 #   bash bench/ops_session.sh tp2-overlap  two GPUs: the TP 2 backward overlap on/off, the forward all-reduces
 #                                      in row chunks (--tp-fwd-chunks 2), and the TP 2 profile
 #                                      (exposed communication); a second call, each fits the 10-minute limit
@@ -37,7 +41,28 @@ warm() {  # preset, tp (the CUDA default versions)
 SLICE="--preset minicpm4-8b --num-layers 4 --micro-batch-size 2 --seq-length 4096 --grad-accum-steps 8"
 FULL_TP2="--preset minicpm4-8b --tp 2 --micro-batch-size 2 --seq-length 4096 --grad-accum-steps 8"
 
+# 4 GPUs, global batch 16 x 4096 (the issue-31 layouts): GAS = 16 / (2 x DP)
+FOUR="--preset minicpm4-8b --micro-batch-size 2 --seq-length 4096 --global-batch-size 16"
+
 case "${1:-check}" in
+  fsdp-test)
+    warm minicpm4-8b 1
+    warm minicpm4-8b 2
+    stamp "--fsdp GPU tests (bitwise)"
+    timeout 420 python3 -m pytest tests/parallel/test_fsdp_gpu.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$OUT/fsdp_gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -12
+    ;;
+  fsdp4)
+    stamp "8B on 4 GPUs: FSDP2 vs ZeRO-1, TP 1 / 2, selective recompute off / on (one job)"
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+    timeout 585 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 140 \
+      --variant tp2-dp2-zero1="--tp 2" --variant dp4-zero1= --variant fsdp4="--fsdp" --variant tp2-fsdp2="--tp 2 --fsdp" \
+      --variant tp2-dp2-zero1-sac="--tp 2 --activation-checkpointing selective" \
+      --variant dp4-zero1-sac="--activation-checkpointing selective" \
+      --variant fsdp4-sac="--fsdp --activation-checkpointing selective" \
+      --variant tp2-fsdp2-sac="--tp 2 --fsdp --activation-checkpointing selective" \
+      --out "$OUT/mfu_8b_4gpu_fsdp.json" 2>&1 | grep -v "^\[" | tail -14
+    ;;
   step)
     stamp "profile of the 8B slice (docs/benchmarks.md section 8b4l)"
     timeout 240 python3 bench/profile_step.py --steps 2 --warmup 3 --section 8b4l --insert docs/benchmarks.md \

@@ -39,8 +39,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
         else:
+            bare = {"nargs": "?", "const": f.metadata["bare"]} if f.metadata.get("bare") else {}
             group.add_argument(flag_name(f.name), dest=f.name, type=kind, default=argparse.SUPPRESS,
-                               metavar=kind.__name__.upper(), help=help_text)
+                               metavar=kind.__name__.upper(), help=help_text, **bare)
 
 
 def _toml(value: Any) -> str:
@@ -146,6 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("config-reference", help="print docs/configuration.md: every EngineConfig field and preset, as markdown",
                    description="python -m engine config-reference > docs/configuration.md")
 
+    plan = sub.add_parser("plan", help="rank the TP x DP-mode x mbs x GAS x recompute layouts of a preset on N GPUs by "
+                                       "predicted step time, marking those that fit",
+                          description="Predicted peak memory per GPU (a written-down model) and step time (measured MFU "
+                                      "of the layouts, extrapolated where unmeasured) of every layout the engine "
+                                      "accepts; marks those that fit with >= 5%% headroom and names the fastest "
+                                      "(engine/plan.py).")
+    plan.add_argument("--preset", required=True, help="model preset (engine/model_spec.toml)")
+    plan.add_argument("--gpus", type=int, required=True, help="GPUs of the run (world size)")
+    plan.add_argument("--gpu-mem-gib", type=float, required=True, help="memory of one GPU in GiB (H100 80, H200 141)")
+    plan.add_argument("--seq-length", type=int, default=0, help="tokens per sample (0: the preset's)")
+    plan.add_argument("--global-batch", type=int, default=0, help="samples per optimizer step (0: 4 per GPU)")
+    plan.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak per GPU (default: H100 / H200)")
+    plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+
     batches = sub.add_parser("batches", help="write the token batches given optimizer steps of a run train on",
                              description="Write <out>/batches.json: the whole global batch of each of --steps for a "
                                          "pretrain run with these flags (engine/data/batches.py), without training.")
@@ -160,6 +175,15 @@ def _pretrain(args: argparse.Namespace) -> int:
     from engine.train import pretrain
 
     return pretrain(config_from_args(args))
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from engine.plan import plan, plan_lines
+
+    layouts = plan(args.preset, args.gpus, args.gpu_mem_gib, seq_length=args.seq_length, global_batch=args.global_batch,
+                   peak_tflops=args.peak_tflops)
+    print("\n".join(plan_lines(layouts, args.gpu_mem_gib, as_json=args.json)))
+    return 0
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -222,7 +246,7 @@ def _batches(args: argparse.Namespace) -> int:
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "export-int8": _export_int8,
-    "warmup-kernels": _warmup, "batches": _batches,
+    "warmup-kernels": _warmup, "batches": _batches, "plan": _plan,
     "env": _env, "config-reference": _config_reference,
 }
 

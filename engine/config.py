@@ -21,6 +21,7 @@ __all__ = [
     "PRESETS_FILE",
     "LR_SCHEDULES",
     "OPTIMIZERS",
+    "RECOMPUTE",
     "MUON_FIELDS",
     "preset_names",
     "load_preset",
@@ -35,12 +36,14 @@ __all__ = [
 PRESETS_FILE = Path(__file__).with_name("model_spec.toml")
 LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")
 OPTIMIZERS = ("adamw", "muon")
+RECOMPUTE = ("none", "selective", "full")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 DTYPE_CHOICES = ("auto", "bf16", "fp32")
 
 
-def _f(default: Any, help: str, group: str) -> Any:
-    return field(default=default, metadata={"help": help, "group": group})
+def _f(default: Any, help: str, group: str, bare: str = "") -> Any:
+    """`bare`: the value a flag given without one means (a former boolean flag kept as an alias)."""
+    return field(default=default, metadata={"help": help, "group": group, "bare": bare})
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -172,6 +175,12 @@ class EngineConfig:
                                  "fusion): no bf16 weight gradient and no separate add per micro-batch; FC1 and the LM head "
                                  "through their ops' main_grad, the norm weights stay unfused", "parallel")
     overlap_param_gather: bool = _f(True, "all-gather updated parameters asynchronously, waited on by the next forward's first use", "parallel")
+    fsdp: bool = _f(False, "fully sharded data parallel (torch FSDP2, fully_shard per decoder layer over the DP ranks of "
+                    "each TP rank's shards) instead of the ZeRO-1 distributed optimizer: fp32 parameters, gradients and "
+                    "AdamW moments sharded over DP, bf16 all-gathered per layer and prefetched, gradients "
+                    "reduce-scattered in fp32; needs DP >= 2 and --optimizer adamw; the ZeRO-1 knobs (--ddp-bucket-mb, "
+                    "--overlap-grad-reduce, --overlap-param-gather) do not apply and --grad-accum-fusion is recorded "
+                    "off (engine/parallel/fsdp.py)", "parallel")
 
     # --- kernels (empty: the op's register.toml default; TEMPER_OP_<OP> overrides)
     op_attention: str = _f("", "attention kernel version (see engine/ops/attention/register.toml)", "kernels")
@@ -181,7 +190,11 @@ class EngineConfig:
     op_rope: str = _f("", "rotary position embedding kernel version", "kernels")
 
     # --- performance
-    activation_checkpointing: bool = _f(False, "recompute each decoder layer in backward (saves memory, costs ~1/3 more compute)", "perf")
+    activation_checkpointing: str = _f("none", "none; full: recompute each decoder layer in backward (saves most "
+                                       "activation memory, costs ~1/3 more compute); selective: keep the matmul and "
+                                       "attention outputs of each layer, recompute the cheap ops (torchtitan's per-op "
+                                       "SAC policy; engine/model/recompute.py). The former boolean flag: a bare "
+                                       "--activation-checkpointing still means full", "perf", bare="full")
     cuda_graphs: bool = _f(False, "capture one micro-batch's forward and backward as a CUDA graph and replay it for every "
                            "later micro-batch (one launch instead of hundreds; same bits as without; one CUDA GPU: TP 1, "
                            "DP 1, no --document-mask; engine/cuda_graph.py)", "perf")
@@ -222,6 +235,9 @@ def _check_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
+    if name == "activation_checkpointing" and isinstance(value, bool):  # the field was a boolean until issue 31
+        raise ConfigError(f"{where}: {name}", value, f"write {'full' if value else 'none'!r} (one of: "
+                          f"{', '.join(RECOMPUTE)})", "is the former boolean form")
     kind = _FIELDS[name].type
     kind = kind if isinstance(kind, str) else kind.__name__
     ok = {
@@ -377,6 +393,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     _choice(cfg, "compute_dtype", DTYPE_CHOICES)
     _choice(cfg, "lr_schedule", LR_SCHEDULES)
     _choice(cfg, "optimizer", OPTIMIZERS)
+    _choice(cfg, "activation_checkpointing", RECOMPUTE)
     _finite(cfg)
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
@@ -456,6 +473,8 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
         raise ConfigError("--cuda-graphs", True, "leave out --document-mask or --cuda-graphs",
                           "replays one attention layout, and --document-mask changes it every micro-batch")
 
+    fusion = _check_fsdp(cfg, world_size, dp)
+
     # Batch: global = mbs x GAS x DP; either of GAS / global may be given, or both if consistent.
     mbs, gas, gbs = cfg.micro_batch_size, cfg.grad_accum_steps, cfg.global_batch_size
     if gas and gbs and gbs != mbs * gas * dp:
@@ -471,7 +490,31 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     gbs = mbs * gas * dp
     # With one TP rank there is no sequence to shard: the flag is a no-op, recorded as off.
     sp = cfg.sequence_parallel and cfg.tp > 1
-    return dataclasses.replace(cfg, grad_accum_steps=gas, global_batch_size=gbs, sequence_parallel=sp)
+    return dataclasses.replace(cfg, grad_accum_steps=gas, global_batch_size=gbs, sequence_parallel=sp,
+                               grad_accum_fusion=fusion)
+
+
+ZERO1_FIELDS = ("ddp_bucket_mb", "overlap_grad_reduce", "overlap_param_gather")
+
+
+def _check_fsdp(cfg: EngineConfig, world_size: int, dp: int) -> bool:
+    """--fsdp against the launch and the other data-parallel knobs; returns --grad-accum-fusion as it will run
+    (off under --fsdp: FSDP2 owns the unsharded gradient that the fused weight-gradient GEMMs would write)."""
+    if not cfg.fsdp:
+        return cfg.grad_accum_fusion
+    if cfg.optimizer != "adamw":
+        raise ConfigError("--optimizer", cfg.optimizer, "use --optimizer adamw with --fsdp, or leave out --fsdp "
+                          "(the ZeRO-1 optimizer runs Muon)", "is not supported with --fsdp (Muon orthogonalises whole "
+                          "matrices, which --fsdp splits by rows over the DP ranks)")
+    for name in ZERO1_FIELDS:
+        if getattr(cfg, name) != _FIELDS[name].default:
+            raise ConfigError(flag_name(name), getattr(cfg, name), "leave it out with --fsdp, or leave out --fsdp",
+                              "configures the ZeRO-1 distributed optimizer, which --fsdp replaces (both were asked)")
+    if dp < 2:
+        raise ConfigError("--fsdp", True, f"launch DP >= 2 (world size = --tp x DP; e.g. torchrun --nproc-per-node "
+                          f"{2 * cfg.tp} with --tp {cfg.tp}), or leave out --fsdp", f"has no data-parallel ranks to shard "
+                          f"over (world size {world_size}, --tp {cfg.tp}: DP 1)")
+    return False
 
 
 def to_dict(cfg: EngineConfig) -> dict[str, Any]:

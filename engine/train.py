@@ -52,8 +52,9 @@ from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
 from engine.ops import resolve_ops
 from engine.optim import (FlatBuffers, LossSpikeGuard, MixedPrecisionAdamW, Muon, describe_multipliers, lr_at,
                           lr_multipliers, muon_parts)
-from engine.parallel import (GradSync, ParamGather, apply_tensor_parallel, global_param_count, load_optimizer_state,
-                             optimizer_state)
+from engine.parallel import (GradSync, ParamGather, ShardedAdamW, apply_tensor_parallel, fsdp_optimizer_state,
+                             global_param_count, load_fsdp_optimizer_state, load_optimizer_state, optimizer_state,
+                             shard_model)
 from engine.runinfo import device_name, header_lines
 
 __all__ = ["pretrain", "resolve_device", "make_reproducible", "Trainer"]
@@ -153,17 +154,29 @@ class Trainer:
         self.peak = peak_flops(cfg, device_name(par.device))
 
         # 3. model and optimizer; a damaged checkpoint is rejected here, still before any write
-        self.model: Transformer = build_model(cfg, par, self.ops, dtype)
-        grad_sums = apply_tensor_parallel(self.model, cfg, par)
-        self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4,
-                                   fuse_wgrad=cfg.grad_accum_fusion)
+        # --fsdp: fp32 parameters (FSDP2's sharded masters), all-gathered in the compute dtype (engine/parallel/fsdp.py)
+        self.model: Transformer = build_model(cfg, par, self.ops, torch.float32 if cfg.fsdp else dtype)
         self.lr_multipliers = lr_multipliers(self.model, cfg)
-        # --optimizer muon: Muon steps the hidden matrices, AdamW the rest (and takes the grad norm and clips for both)
-        parts = muon_parts(self.model, cfg, par) if cfg.optimizer == "muon" else {}
-        self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers, others=frozenset(parts))
-        self.muon = Muon(self.buffers, cfg, par, self.lr_multipliers, parts, dtype) if parts else None
-        self.grad_sync = GradSync(self.buffers, par, grad_sums, overlap=cfg.overlap_grad_reduce)
-        self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
+        self.fsdp: ShardedAdamW | None = None
+        self.buffers: FlatBuffers | None = None
+        self.muon: Muon | None = None
+        self.grad_sync: GradSync | None = None
+        self.param_gather: ParamGather | None = None
+        if cfg.fsdp:
+            shard_model(self.model, par, dtype)
+            self.optimizer: MixedPrecisionAdamW | ShardedAdamW = ShardedAdamW(
+                self.model, cfg, par, self.lr_multipliers, apply_tensor_parallel(self.model, cfg, par))
+            self.fsdp = self.optimizer
+        else:
+            grad_sums = apply_tensor_parallel(self.model, cfg, par)
+            self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4,
+                                       fuse_wgrad=cfg.grad_accum_fusion)
+            # --optimizer muon: Muon steps the hidden matrices, AdamW the rest (and takes the grad norm and clips for both)
+            parts = muon_parts(self.model, cfg, par) if cfg.optimizer == "muon" else {}
+            self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers, others=frozenset(parts))
+            self.muon = Muon(self.buffers, cfg, par, self.lr_multipliers, parts, dtype) if parts else None
+            self.grad_sync = GradSync(self.buffers, par, grad_sums, overlap=cfg.overlap_grad_reduce)
+            self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
         self.spike_guard = LossSpikeGuard(cfg, par)
         self.micro_graph = MicroBatchGraph(self.model) if cfg.cuda_graphs else None
         self.step = 0
@@ -173,6 +186,9 @@ class Trainer:
         self.saver = BackgroundSaver(par.world_size) if cfg.async_save else None
         if self.saver is not None:
             self._state(with_rng=False, stage=self.saver.reserve)  # host buffers now: a host too small fails here
+
+        if par.device.type == "cuda":  # the peak the metrics report is training's, not the build's (--fsdp: fp32 before sharding)
+            torch.cuda.reset_peak_memory_stats(par.device)
 
         # 4. outputs
         if par.is_main:
@@ -208,7 +224,8 @@ class Trainer:
     def _state(self, with_rng: bool = True, stage: Any = None, with_spike: bool | None = None,
                with_elapsed: bool = True) -> dict[str, Any]:
         state = {
-            "optim": optimizer_state(self.optimizer, self.par, stage, self.muon),
+            "optim": fsdp_optimizer_state(self.fsdp, self.par, stage) if self.fsdp is not None else
+            optimizer_state(self.optimizer, self.par, stage, self.muon),
             "trainer": {"step": self.step, "adam_step": self.optimizer.adam_step(), "data": self.loader.state_dict()},
         }
         if with_elapsed:
@@ -256,9 +273,12 @@ class Trainer:
         load_checkpoint(path, state)
         if "spike" in state["trainer"]:
             self.spike_guard.load_state_dict(state["trainer"]["spike"])
-        load_optimizer_state(self.optimizer, state["optim"], self.par, int(state["trainer"]["adam_step"]), self.muon)
-        self.param_gather.start()  # each DP rank restored only its own slices of the parameters
-        self.param_gather.wait_all()
+        if self.fsdp is not None:  # the sharded parameters are the masters: restored in place
+            load_fsdp_optimizer_state(self.fsdp, state["optim"], self.par, int(state["trainer"]["adam_step"]))
+        else:
+            load_optimizer_state(self.optimizer, state["optim"], self.par, int(state["trainer"]["adam_step"]), self.muon)
+            self.param_gather.start()  # each DP rank restored only its own slices of the parameters
+            self.param_gather.wait_all()
         self.loader.load_state_dict(state["trainer"]["data"])
         if not self.resharding:
             rng = state[f"rng/rank{self.par.rank}"]
@@ -286,7 +306,10 @@ class Trainer:
         # Async: on NCCL this all-reduce queues behind the parameter all-gathers of the last step;
         # waiting for it only at the first backward lets the first forward overlap them.
         count = dist.all_reduce(valid, group=self.par.dp_group, async_op=True) if self.par.dp_size > 1 else None
-        self.buffers.zero_grads()
+        if self.fsdp is not None:
+            self.fsdp.zero_grads()
+        else:
+            self.buffers.zero_grads()
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)
         if self.micro_graph is not None:  # --cuda-graphs: each micro-batch one replay (one process: nothing to wait for)
             for inputs, labels, _ in micro:
@@ -297,10 +320,14 @@ class Trainer:
             if count is not None:
                 count.wait()
                 count = None
-            self.grad_sync.start_micro_batch(last=i == len(micro) - 1)
-            (loss / valid).backward()
+            if self.grad_sync is not None:
+                self.grad_sync.start_micro_batch(last=i == len(micro) - 1)
+            (loss / valid).backward()  # --fsdp: FSDP2 reduce-scatters each micro-batch's gradients (summed)
             loss_sum += loss.detach()
-        self.grad_sync.finish()
+        if self.fsdp is not None:
+            self.fsdp.finish_grads()
+        else:
+            self.grad_sync.finish()
         loss_value = (self._all_reduce_dp(loss_sum) / valid).item()
         grad_norm = self.optimizer.grad_norm()
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
@@ -312,14 +339,17 @@ class Trainer:
         self.optimizer.step(lr)
         if self.muon is not None:
             self.muon.step(lr)
-        self.param_gather.start()
+        if self.param_gather is not None:  # --fsdp: each layer's forward all-gathers it
+            self.param_gather.start()
         return loss_value, grad_norm, lr
 
     def _divergence_report(self, loss: float, grad_norm: float) -> str:
         norms = []
-        for e in self.buffers.entries:
-            n = self.buffers.grad_view(e).float().norm().item()
-            norms.append((not math.isfinite(n), n if math.isfinite(n) else 0.0, e.name, n))
+        named = self.fsdp.named_grads() if self.fsdp is not None else \
+            [(e.name, self.buffers.grad_view(e)) for e in self.buffers.entries]
+        for name, grad in named:
+            n = grad.float().norm().item()
+            norms.append((not math.isfinite(n), n if math.isfinite(n) else 0.0, name, n))
         worst = sorted(norms, reverse=True)[:5]
         layers = ", ".join(f"{name}={n:.3e}" for _, _, name, n in worst)
         last = newest_checkpoint(self.save_dir)
@@ -412,7 +442,8 @@ class Trainer:
                 self.save()
             return 0
         finally:
-            self.param_gather.wait_all()
+            if self.param_gather is not None:
+                self.param_gather.wait_all()
             try:
                 if self.saver is not None:  # exit (normal, signal or error) waits for the save in flight
                     self._report_save(self.saver.wait())

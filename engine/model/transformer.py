@@ -12,7 +12,6 @@ attending across documents.
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from engine.config import EngineConfig
 from engine.distributed import ParallelState, column_input, main_grad_of
@@ -20,6 +19,7 @@ from engine.distributed.collectives import all_gather_new
 from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
 from engine.model.layers import DecoderLayer, RMSNormWeight, Rotary, VocabEmbedding, tp_comm
+from engine.model.recompute import recompute_layer
 from engine.ops import OpSet
 
 __all__ = ["Transformer", "build_model", "IGNORE_INDEX"]
@@ -39,7 +39,7 @@ class Transformer(nn.Module):
         self.emb_scale = cfg.scale_emb if cfg.mup else 1.0
         self.logit_divisor = cfg.hidden_size / cfg.dim_model_base if cfg.mup else 1.0
         self.residual_scale = self.layers[0].residual_scale
-        self.checkpoint_layers = cfg.activation_checkpointing
+        self.recompute = cfg.activation_checkpointing  # none, selective or full (engine/model/recompute.py)
         self.tp = tp_comm(cfg, par)
 
     @torch.no_grad()
@@ -75,9 +75,9 @@ class Transformer(nn.Module):
             residual = residual * self.emb_scale
         branch = None
         for layer in self.layers:
-            if self.checkpoint_layers and torch.is_grad_enabled():
-                residual, branch = checkpoint(layer, residual, branch, self.rotary, seq_len, documents,
-                                              use_reentrant=False)
+            if self.recompute != "none" and torch.is_grad_enabled():
+                residual, branch = recompute_layer(layer, self.recompute, residual, branch, self.rotary, seq_len,
+                                                   documents)
             else:
                 residual, branch = layer(residual, branch, self.rotary, seq_len, documents)
         hidden, _ = self.ops.rmsnorm(branch, self.final_norm.weight, eps=self.cfg.rms_norm_eps,
@@ -86,14 +86,17 @@ class Transformer(nn.Module):
             hidden = hidden / self.logit_divisor
         return hidden
 
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor,
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None,
                 documents: DocumentLayout | None = None) -> torch.Tensor:
         """Sum of cross-entropy over tokens whose label is not -100 (fp32 scalar).
 
         The caller divides by the global count of valid tokens (across micro-batches and DP ranks),
-        so every token weighs the same however the batch is split.
+        so every token weighs the same however the batch is split. `labels` None: the full logits
+        instead (`logits`; a forward, so that --fsdp gathers the parameters as in training).
         """
         hidden = self.hidden_states(tokens, documents)
+        if labels is None:
+            return self._full_logits(hidden, tokens)
         hidden = column_input(hidden.reshape(-1, hidden.shape[-1]), self.tp)
         return self.ops.gemm_output(hidden, self.lm_head, labels.reshape(-1), vocab_start=self.embed.start,
                                     vocab_size=self.cfg.vocab_size, tp_group=self.par.tp_group,
@@ -102,7 +105,9 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def logits(self, tokens: torch.Tensor, documents: DocumentLayout | None = None) -> torch.Tensor:
         """Full logits [b, s, vocab_size] in fp32, gathered across TP: for tests and export checks only."""
-        hidden = self.hidden_states(tokens, documents)
+        return self(tokens, None, documents)
+
+    def _full_logits(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         if self.tp.sequence_parallel:
             hidden = all_gather_new(hidden, self.par.tp_group, self.par.tp_size)[0].view(*tokens.shape, -1)
         local = hidden.float() @ self.lm_head.float().t()

@@ -31,7 +31,49 @@ from engine.config import EngineConfig
 from engine.distributed import ParallelState
 from engine.optim.buffers import Entry, FlatBuffers
 
-__all__ = ["Segment", "MixedPrecisionAdamW"]
+__all__ = ["Segment", "MixedPrecisionAdamW", "make_adamw", "adam_step_tensor", "global_norm", "clip_coefficient"]
+
+
+def make_adamw(tensors: list[tuple[str, int, torch.Tensor]], cfg: EngineConfig, lr_multipliers: Mapping[str, float],
+               device: torch.device) -> torch.optim.AdamW:
+    """torch's AdamW over (parameter name, the parameter's ndim, tensor to step), one param group per (lr multiplier,
+    decay): decay for ndim >= 2. `step` sets each group's lr to lr x its "lr_mult". Fused on CUDA, foreach on CPU."""
+    groups: dict[tuple[float, bool], list[torch.Tensor]] = {}
+    for name, ndim, tensor in tensors:
+        groups.setdefault((float(lr_multipliers[name]), ndim >= 2), []).append(tensor)
+    param_groups = [{"params": params, "lr_mult": mult, "weight_decay": cfg.weight_decay if decay else 0.0}
+                    for (mult, decay), params in sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0]))]
+    impl = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, **impl)
+
+
+@torch.no_grad()
+def global_norm(views: list[torch.Tensor], par: ParallelState) -> float:
+    """L2 norm of the gradient parts `views` of every rank (disjoint over DP and TP, each element counted on one
+    rank): one norm kernel per view, squares summed in fp64, then over DP and TP. CUDA reduces fp32 in a tree; CPU's
+    fp32 norm accumulates serially (1e-4 off over 5M elements), so there it runs in fp64."""
+    acc = torch.float32 if par.device.type == "cuda" else torch.float64
+    squares = torch.zeros((), dtype=torch.float64, device=par.device)
+    for view in views:
+        squares += torch.linalg.vector_norm(view, dtype=acc).double().square()
+    if par.dp_size > 1:
+        dist.all_reduce(squares, group=par.dp_group)
+    if par.tp_size > 1:
+        dist.all_reduce(squares, group=par.tp_group)
+    return math.sqrt(squares.item())
+
+
+def clip_coefficient(cfg: EngineConfig, norm: float) -> float | None:
+    """The factor that brings the gradients' global norm to cfg.grad_clip (as clip_grad_norm_), None for none."""
+    if cfg.grad_clip <= 0 or not math.isfinite(norm):
+        return None
+    coef = cfg.grad_clip / (norm + 1e-6)
+    return coef if coef < 1.0 else None
+
+
+def adam_step_tensor(adam_step: int, device: torch.device) -> torch.Tensor:
+    """AdamW's step counter as fused (CUDA: on the device) and foreach (CPU) AdamW keep it: a float32 scalar."""
+    return torch.tensor(float(adam_step), dtype=torch.float32, device=device if device.type == "cuda" else "cpu")
 
 
 @dataclass
@@ -81,14 +123,8 @@ class MixedPrecisionAdamW:
                     self.grad_segments.append(Segment(e, a, b, buffers.grads[a:b], master))
         self.segments = [s for s in self.grad_segments if s.master is not None]  # the ones AdamW steps
         self.norm_views = self._counted_views()
-        groups: dict[tuple[float, bool], list[torch.Tensor]] = {}
-        for s in self.segments:
-            groups.setdefault((float(lr_multipliers[s.entry.name]), s.entry.param.ndim >= 2), []).append(s.master)
-        param_groups = [{"params": params, "lr_mult": mult, "weight_decay": cfg.weight_decay if decay else 0.0}
-                        for (mult, decay), params in sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0]))]
-        impl = {"fused": True} if par.device.type == "cuda" else {"foreach": True}
-        self.adam = torch.optim.AdamW(param_groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                      eps=cfg.adam_eps, **impl)
+        self.adam = make_adamw([(s.entry.name, s.entry.param.ndim, s.master) for s in self.segments], cfg,
+                               lr_multipliers, par.device)
 
     def _counted_views(self) -> list[torch.Tensor]:
         """The parts of this rank's gradients that count towards the global norm (see grad_norm), adjacent parts
@@ -114,24 +150,13 @@ class MixedPrecisionAdamW:
         TP 1): no squared temporaries. CUDA reduces fp32 in a tree; CPU's fp32 norm accumulates serially
         (1e-4 off over 5M elements), so there it runs in fp64 (which casts a copy first: 7 ms of an 8B
         step on a GPU, nothing on CPU's scales). The squares are summed in fp64."""
-        device = self.buffers.grads.device
-        acc = torch.float32 if device.type == "cuda" else torch.float64
-        squares = torch.zeros((), dtype=torch.float64, device=device)
-        for view in self.norm_views:
-            squares += torch.linalg.vector_norm(view, dtype=acc).double().square()
-        if self.par.dp_size > 1:
-            dist.all_reduce(squares, group=self.par.dp_group)
-        if self.par.tp_size > 1:
-            dist.all_reduce(squares, group=self.par.tp_group)
-        return math.sqrt(squares.item())
+        return global_norm(self.norm_views, self.par)
 
     @torch.no_grad()
     def clip(self, norm: float) -> None:
         """Scale gradients so their global norm is at most cfg.grad_clip (as clip_grad_norm_ does)."""
-        if self.cfg.grad_clip <= 0 or not math.isfinite(norm):
-            return
-        coef = self.cfg.grad_clip / (norm + 1e-6)
-        if coef < 1.0:
+        coef = clip_coefficient(self.cfg, norm)
+        if coef is not None:
             for s in self.grad_segments:
                 s.grad.mul_(coef)
 
@@ -188,7 +213,5 @@ class MixedPrecisionAdamW:
             state = self.adam.state[s.master]
             state["exp_avg"] = exp_avg.clone()
             state["exp_avg_sq"] = exp_avg_sq.clone()
-            # fused/foreach AdamW keep the step as a float32 tensor (on the device when fused)
-            dev = s.master.device if self.par.device.type == "cuda" else torch.device("cpu")
-            state["step"] = torch.tensor(float(adam_step), dtype=torch.float32, device=dev)
+            state["step"] = adam_step_tensor(adam_step, s.master.device)
         self.buffers.params[s.lo:s.hi].copy_(s.master)

@@ -30,12 +30,12 @@ from engine.distributed import ParallelState
 from engine.optim import MixedPrecisionAdamW, Muon
 from engine.optim.buffers import FlatBuffers
 
-__all__ = ["optimizer_state", "load_optimizer_state", "KINDS"]
+__all__ = ["optimizer_state", "load_optimizer_state", "KINDS", "sharded_piece", "state_prefix"]
 
 KINDS = ("master", "exp_avg", "exp_avg_sq")
 
 
-def _prefix(par: ParallelState) -> str:
+def state_prefix(par: ParallelState) -> str:
     return f"tp{par.tp_rank}/" if par.tp_size > 1 else ""
 
 
@@ -52,7 +52,9 @@ def _pieces(buffers: FlatBuffers, par: ParallelState) -> dict[str, list[tuple[in
     return out
 
 
-def _sharded(local: torch.Tensor, numel: int, pieces: list[tuple[int, int, int]], rank: int) -> "st.ShardedTensor":
+def sharded_piece(local: torch.Tensor, numel: int, pieces: list[tuple[int, int, int]], rank: int) -> "st.ShardedTensor":
+    """The flattened global tensor of `numel` elements cut into `pieces` (global rank, lo, hi), this rank's being `local`
+    (also --fsdp's, engine/parallel/fsdp.py)."""
     device = str(local.device)
     metas = [st.ShardMetadata(shard_offsets=[lo], shard_sizes=[hi - lo], placement=f"rank:{r}/{device}")
              for r, lo, hi in pieces]
@@ -69,7 +71,7 @@ def optimizer_state(optimizer: MixedPrecisionAdamW, par: ParallelState,
     """This rank's masters and moments (and Muon's masters and momentum), keyed for DCP: the tensors
     themselves, so a load is in place, or `stage(key, tensor)` of each (an asynchronous save's host copy,
     which training cannot change)."""
-    prefix = _prefix(par)
+    prefix = state_prefix(par)
     copy = stage or (lambda key, t: t)
     out: dict[str, Any] = {}
     if muon is not None:
@@ -81,7 +83,7 @@ def optimizer_state(optimizer: MixedPrecisionAdamW, par: ParallelState,
         exp_avg, exp_avg_sq = optimizer.moments(s)
         for kind, tensor in zip(KINDS, (s.master, exp_avg, exp_avg_sq)):
             key = f"{prefix}{kind}/{s.entry.name}"
-            out[key] = _sharded(copy(key, tensor), s.entry.numel, pieces[s.entry.name], par.rank)
+            out[key] = sharded_piece(copy(key, tensor), s.entry.numel, pieces[s.entry.name], par.rank)
     return out
 
 
@@ -90,7 +92,7 @@ def load_optimizer_state(optimizer: MixedPrecisionAdamW, state: dict[str, Any], 
     """Install what DCP loaded into `state` (a dict built by optimizer_state). With DP > 1 each rank
     rewrites only its own slices of the parameters (Muon's matrices: shared by their owners here): gather
     them afterwards. Collective over the DP group with Muon."""
-    prefix = _prefix(par)
+    prefix = state_prefix(par)
     if muon is not None:
         muon.load_state_tensors({k[len(prefix):]: v for k, v in state.items() if k[len(prefix):] in muon.state_tensors()})
     if par.dp_size == 1:

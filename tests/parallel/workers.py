@@ -57,16 +57,18 @@ def run_trainer(trainer: Trainer, steps: int) -> dict[str, Any]:
         documents = batch_documents(trainer.cfg, tokens, eos, trainer.par.device)
     out: dict[str, Any] = {"logits0": trainer.model.logits(tokens, documents), "val0": _val_loss(trainer), "steps": [],
                            "launched_by_backward": [], "gathers_in_flight_after_step": [],
-                           "buckets": len(trainer.buffers.buckets)}
+                           "buckets": len(trainer.buffers.buckets) if trainer.buffers is not None else 0}
     for _ in range(steps):
         loss, grad_norm, _ = trainer.train_step()
         trainer.step += 1
         out["steps"].append((loss, grad_norm))
-        out["launched_by_backward"].append(trainer.grad_sync.launched_by_backward)
-        out["gathers_in_flight_after_step"].append(trainer.param_gather.in_flight)
+        if trainer.fsdp is None:  # ZeRO-1's own overlap counters
+            out["launched_by_backward"].append(trainer.grad_sync.launched_by_backward)
+            out["gathers_in_flight_after_step"].append(trainer.param_gather.in_flight)
     out["logits"] = trainer.model.logits(tokens, documents)
     out["val"] = _val_loss(trainer)
-    trainer.param_gather.wait_all()
+    if trainer.param_gather is not None:
+        trainer.param_gather.wait_all()
     if trainer.par.world_size == 1:
         out["weights"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         out["config"] = trainer.cfg

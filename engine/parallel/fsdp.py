@@ -1,0 +1,224 @@
+"""Fully sharded data parallelism (--fsdp): torch's FSDP2 over each TP rank's own shards.
+
+Layout: the 2-D DeviceMesh (dp, tp) of ParallelState's own groups (TP = consecutive ranks). The
+hand-written TP layers keep their local shards as plain tensors; `fully_shard` shards those again, by
+rows (dim 0), over the `dp` sub-mesh: every TP rank's copy is sharded over its DP group, and FSDP2
+never sees the TP split (no DTensor TP; the TP collectives stay the layers' own). One fully_shard per
+decoder layer and one at the root (embedding, final norm, LM head), so FSDP2 all-gathers a layer just
+before its forward, on its own stream: the next layer's all-gather runs behind this layer's compute as far as the
+host runs ahead (FSDP2's implicit forward prefetch), and backward prefetches the previous layer's;
+`reshard_after_forward` frees each layer's gathered weights after its forward (not the last layer's:
+backward needs it at once, as torchtitan does).
+
+Precision: the sharded parameters are the fp32 masters; MixedPrecisionPolicy all-gathers them in the
+compute dtype (bf16 on GPU) and reduce-scatters gradients in fp32, summed (not averaged: the loss is
+already divided by the global token count, engine/train.py), once per micro-batch's backward into the
+fp32 sharded `.grad`. torch's AdamW steps the sharded parameters, so its moments are sharded alike.
+Gradient-accumulation fusion is off under --fsdp (engine/config.py): FSDP2 owns the unsharded gradient
+the fused weight-gradient GEMMs would write into (the layers fall back to autograd's gradient when a
+parameter has no MainGrad).
+
+What TP asks of the gradients (engine/parallel/tensor_parallel.py) is unchanged, applied to the sharded
+gradients after backward: a TP group's ranks all hold tensors of the same shape, so each DP rank holds
+the same rows of each of them and the sums (replicated K/V rows, sequence-parallel norm gains) are
+sums of the same slices. The grad norm counts each element once by the same rules as the ZeRO-1
+optimizer (`tp_replicated`, `tp_duplicate`).
+
+Checkpoints: the ZeRO-1 format (engine/parallel/zero_state.py). A DP rank's dim-0 shard of a row-major
+tensor is one contiguous range of the flattened tensor, so it is a piece of the same ShardedTensor the
+ZeRO-1 optimizer writes (`[tp{r}/]{master,exp_avg,exp_avg_sq}/<name>`, flattened): DCP reshards
+between the two modes and any DP sizes.
+"""
+
+import math
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from engine.config import EngineConfig
+from engine.distributed import ParallelState
+from engine.optim.optimizer import adam_step_tensor, clip_coefficient, global_norm, make_adamw
+from engine.parallel.tensor_parallel import GradSum
+from engine.parallel.zero_state import KINDS, sharded_piece, state_prefix
+
+__all__ = ["device_mesh", "shard_model", "ShardedAdamW", "fsdp_optimizer_state", "load_fsdp_optimizer_state"]
+
+
+def device_mesh(par: ParallelState) -> DeviceMesh:
+    """The (dp, tp) mesh over ParallelState's existing process groups: rank r at [r // tp, r % tp]."""
+    ranks = torch.arange(par.world_size).view(par.dp_size, par.tp_size)
+    return DeviceMesh.from_group([par.dp_group, par.tp_group], par.device.type, mesh=ranks,
+                                 mesh_dim_names=("dp", "tp"))
+
+
+def shard_model(model: nn.Module, par: ParallelState, compute_dtype: torch.dtype) -> None:
+    """fully_shard each decoder layer, then the root, over the dp sub-mesh. The model holds fp32 parameters."""
+    mesh = device_mesh(par)["dp"]
+    policy = MixedPrecisionPolicy(param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
+                                  reduce_dtype=torch.float32)
+    last = len(model.layers) - 1
+    for i, layer in enumerate(model.layers):
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # SUM, not the average over DP: the loss is divided by the global token count already. Forced to a
+            # plain SUM collective (gloo has no PREMUL_SUM).
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def _rows(numel_rows: int, dp_rank: int, dp_size: int) -> tuple[int, int]:
+    """Rows [lo, hi) of a dim-0 shard as FSDP2 cuts it (torch.chunk: ceil-sized pieces, the last ones short or empty)."""
+    chunk = math.ceil(numel_rows / dp_size)
+    lo = min(dp_rank * chunk, numel_rows)
+    return lo, min(lo + chunk, numel_rows)
+
+
+def _flat_range(param: torch.Tensor, dp_rank: int, dp_size: int) -> tuple[int, int]:
+    """[lo, hi) of the flattened (TP-local) parameter that DP rank `dp_rank` holds."""
+    rows = param.shape[0]
+    width = param.numel() // rows
+    lo, hi = _rows(rows, dp_rank, dp_size)
+    return lo * width, hi * width
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded parameter (or of its gradient / a moment), flattened."""
+    return param.to_local().reshape(-1)
+
+
+class ShardedAdamW:
+    """AdamW over FSDP2's sharded fp32 parameters, with the engine's grad norm and clipping over TP x DP.
+
+    `grad_sums`: what TP asks of the gradients (apply_tensor_parallel on the sharded model)."""
+
+    def __init__(self, model: nn.Module, cfg: EngineConfig, par: ParallelState, lr_multipliers: Mapping[str, float],
+                 grad_sums: list[GradSum]):
+        self.model, self.cfg, self.par, self.grad_sums = model, cfg, par, grad_sums
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        missing = [n for n, _ in self.named if n not in lr_multipliers]
+        assert not missing, f"no lr multiplier for {missing}"
+        for name, p in self.named:
+            lo, hi = _flat_range(p, par.dp_rank, par.dp_size)
+            assert _local(p.data).numel() == hi - lo, f"{name}: FSDP2's shard is not rows {lo}..{hi} of the flattened tensor"
+        self.adam = make_adamw([(n, p.ndim, p) for n, p in self.named], cfg, lr_multipliers, par.device)
+
+    def zero_grads(self) -> None:
+        self.adam.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def finish_grads(self) -> None:
+        """After the last micro-batch's backward (FSDP2 has reduce-scattered every gradient): the TP sums."""
+        for s in self.grad_sums:
+            lo, hi = _flat_range(s.param, self.par.dp_rank, self.par.dp_size)
+            a, b = max(s.lo, lo), min(s.hi, hi)
+            if a < b and s.param.grad is not None:
+                dist.all_reduce(_local(s.param.grad)[a - lo:b - lo], group=s.group)
+
+    def _counted(self, param: torch.Tensor) -> list[slice]:
+        """Slices of this rank's flattened gradient shard that count towards the grad norm (see MixedPrecisionAdamW)."""
+        lo, hi = _flat_range(param, self.par.dp_rank, self.par.dp_size)
+        if self.par.tp_size > 1 and self.par.tp_rank != 0 and getattr(param, "tp_replicated", False):
+            return []
+        dup = getattr(param, "tp_duplicate", None)
+        if dup is None:
+            return [slice(0, hi - lo)]
+        a, b = min(max(dup[0] - lo, 0), hi - lo), min(max(dup[1] - lo, 0), hi - lo)
+        return [part for part in (slice(0, a), slice(b, hi - lo)) if part.stop > part.start]
+
+    @torch.no_grad()
+    def grad_norm(self) -> float:
+        """Global L2 norm of the gradients over this rank's counted shards, summed over DP and TP."""
+        views = [_local(p.grad)[part] for _, p in self.named if p.grad is not None for part in self._counted(p)]
+        return global_norm(views, self.par)
+
+    @torch.no_grad()
+    def clip(self, norm: float) -> None:
+        coef = clip_coefficient(self.cfg, norm)
+        if coef is not None:
+            for _, p in self.named:
+                if p.grad is not None:
+                    _local(p.grad).mul_(coef)
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        for group in self.adam.param_groups:
+            group["lr"] = lr * group["lr_mult"]
+        self.adam.step()
+
+    def adam_step(self) -> int:
+        for _, p in self.named:
+            state = self.adam.state.get(p)
+            if state and "step" in state:
+                return int(state["step"].item())
+        return 0
+
+    def named_grads(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, this rank's gradient shard), for the divergence report."""
+        return [(n, _local(p.grad)) for n, p in self.named if p.grad is not None]
+
+    def state_tensors(self) -> list[tuple[str, nn.Parameter, tuple[torch.Tensor, ...]]]:
+        """(name, parameter, this rank's flattened (master, exp_avg, exp_avg_sq)); zero moments before the first step."""
+        out = []
+        for name, p in self.named:
+            state = self.adam.state.get(p, {})
+            moments = [_local(state[k]) if k in state else torch.zeros_like(_local(p.data)) for k in KINDS[1:]]
+            out.append((name, p, (_local(p.data), *moments)))
+        return out
+
+    @torch.no_grad()
+    def load(self, name_to_values: dict[str, tuple[torch.Tensor, ...]], adam_step: int) -> None:
+        """Install loaded (master, exp_avg, exp_avg_sq) shards: the parameters themselves and AdamW's state."""
+        for name, p in self.named:
+            master, exp_avg, exp_avg_sq = name_to_values[name]
+            _local(p.data).copy_(master)
+            if adam_step > 0:
+                state = self.adam.state[p]
+                for key, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+                    state[key] = torch.zeros_like(p.data)
+                    _local(state[key]).copy_(value)
+                state["step"] = adam_step_tensor(adam_step, self.par.device)
+
+
+def _pieces(param: torch.Tensor, par: ParallelState) -> list[tuple[int, int, int]]:
+    """(global rank, lo, hi) of every DP rank's non-empty shard of this TP rank's flattened parameter."""
+    out = []
+    for d in range(par.dp_size):
+        lo, hi = _flat_range(param, d, par.dp_size)
+        if lo < hi:
+            out.append((d * par.tp_size + par.tp_rank, lo, hi))
+    return out
+
+
+def fsdp_optimizer_state(optimizer: ShardedAdamW, par: ParallelState,
+                         stage: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
+    """This rank's shards of the masters and moments, keyed and pieced as the ZeRO-1 optimizer writes them."""
+    prefix = state_prefix(par)
+    copy = stage or (lambda key, t: t)
+    out: dict[str, Any] = {}
+    for name, p, tensors in optimizer.state_tensors():
+        lo, hi = _flat_range(p, par.dp_rank, par.dp_size)
+        if lo == hi:  # this rank holds no row of it (fewer rows than DP ranks): the others write it
+            continue
+        for kind, tensor in zip(KINDS, tensors):
+            key = f"{prefix}{kind}/{name}"
+            out[key] = sharded_piece(copy(key, tensor), p.numel(), _pieces(p, par), par.rank)
+    return out
+
+
+def load_fsdp_optimizer_state(optimizer: ShardedAdamW, state: dict[str, Any], par: ParallelState,
+                              adam_step: int) -> None:
+    """Install what DCP loaded into `state` (built by fsdp_optimizer_state)."""
+    prefix = state_prefix(par)
+    values = {}
+    for name, p, tensors in optimizer.state_tensors():
+        key = f"{prefix}{KINDS[0]}/{name}"
+        values[name] = tuple(state[f"{prefix}{kind}/{name}"].local_shards()[0].tensor for kind in KINDS) \
+            if key in state else tensors
+    optimizer.load(values, adam_step)

@@ -1,0 +1,148 @@
+"""--fsdp (FSDP2 over each TP rank's shards, engine/parallel/fsdp.py) against ZeRO-1 and one process.
+
+All runs fp32 on CPU (gloo), tiny preset, seq 64, global batch 4. What differs from the references is the
+order of fp32 sums: FSDP2 reduce-scatters each micro-batch's gradients and sums them into the sharded
+gradient (ZeRO-1 and one process accumulate first, then reduce), and the grad-norm squares are summed per
+shard. So:
+- TP 1 x DP 2 --fsdp against mbs 2 x GAS 2 in one process (the same two micro-batch gradients): 1e-6
+  relative per step (observed: bit for bit on the losses, 3e-10 on the grad norms); against ZeRO-1 DP 2 the same;
+- TP 2 x DP 2 (torchrun, 4 processes) against one process: 1e-5, as every TP layout (row-parallel partial sums);
+- resume with --fsdp on the same layout: bit for bit (the sharded fp32 parameters are the masters, and
+  they, AdamW's moments and step, the data position and every rank's RNG state are restored);
+- a checkpoint of another mode or DP size (ZeRO-1 DP 1 -> --fsdp DP 2, --fsdp DP 2 -> ZeRO-1 DP 1): the
+  continued trajectory within the same tolerances as the mode change itself (1e-6 at TP 1, 1e-5 at TP 2).
+"""
+
+import json
+
+import pytest
+import torch
+
+from tests.engine.helpers import deterministic_fields, loss_lines, run_engine
+from tests.parallel.launch import torchrun
+from tests.parallel.test_tp_dp_equivalence import assert_trajectories, tensor_rel
+from tests.parallel.workers import single_run, spawn
+
+GAS2 = {"micro_batch_size": 2, "grad_accum_steps": 2}
+DP2 = {"micro_batch_size": 2}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the spawned ranks
+    try:
+        three = single_run(GAS2, 3, save_to=str(tmp_path_factory.mktemp("one_ckpt")))
+        return {"gas2": single_run(GAS2, 6), "three": three, "ckpt": three["checkpoint"]}
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def fsdp_dp2(tmp_path_factory, one_process):
+    scenarios = [("fsdp", {**DP2, "fsdp": True}, 3),
+                 ("fsdp_from_one", {**DP2, "fsdp": True, "resume": one_process["ckpt"]}, 3)]
+    return spawn(2, scenarios, tmp_path_factory.mktemp("fsdp_dp2"))
+
+
+def test_fsdp_dp2_matches_one_process(fsdp_dp2, one_process):
+    got, want = fsdp_dp2["fsdp"], one_process["gas2"]
+    assert got["layout"] == (1, 2)
+    assert tensor_rel(got["logits0"], want["logits0"]) == 0.0  # the same init, gathered for the forward
+    assert_trajectories(got["steps"], want["steps"][:3], 1e-6, "fsdp dp2 vs gas2")
+    assert tensor_rel(got["logits"], one_process["three"]["logits"]) < 1e-5
+
+
+def test_fsdp_dp2_resumes_a_one_process_zero1_checkpoint(fsdp_dp2, one_process):
+    """Plain per-parameter tensors of one process, loaded as FSDP2's row shards: steps 4-6 continue that run."""
+    assert_trajectories(fsdp_dp2["fsdp_from_one"]["steps"], one_process["gas2"]["steps"][3:6], 1e-6,
+                        "fsdp dp2 from a dp1 checkpoint")
+
+
+@pytest.mark.slow
+def test_fsdp_matches_zero1_at_dp2(tmp_path):
+    """ZeRO-1 and --fsdp on the same two ranks (TP 1 x DP 2), with two KV heads and with one; TP 2 with the TP
+    gradient sums (a replicated KV head, SP norm gains) is the TP 2 x DP 2 launch below."""
+    runs = spawn(2, [("zero", DP2, 5), ("fsdp", {**DP2, "fsdp": True}, 5),
+                     ("zero_kv1", {**DP2, "num_kv_heads": 1}, 3), ("fsdp_kv1", {**DP2, "num_kv_heads": 1, "fsdp": True}, 3)],
+                 tmp_path)
+    assert_trajectories(runs["fsdp"]["steps"], runs["zero"]["steps"], 1e-6, "fsdp vs zero-1")
+    assert tensor_rel(runs["fsdp"]["logits"], runs["zero"]["logits"]) < 1e-5
+    assert_trajectories(runs["fsdp_kv1"]["steps"], runs["zero_kv1"]["steps"], 1e-6, "fsdp vs zero-1, one KV head")
+
+
+# TP 2 x DP 2 through torchrun: 8 steps, checkpoints at 4 and 8, global batch 4 = 2 micro-batches of 1 per DP rank
+TINY = ["--preset", "tiny", "--device", "cpu", "--seq-length", "64", "--eval-samples", "0", "--warmup-steps", "2"]
+STEPS = ["--num-steps", "8", "--save-every", "4", "--keep-last", "5"]
+TP2DP2 = ["--tp", "2", "--micro-batch-size", "1", "--grad-accum-steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_tp2dp2(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("fsdp_tp2dp2")
+    proc = torchrun(4, "pretrain", *TINY, *STEPS, *TP2DP2, "--fsdp", "--sequence-parallel", "--num-kv-heads", "1",
+                    "--run-dir", str(run_dir))
+    return run_dir, [deterministic_fields(x) for x in loss_lines(proc.stdout)], proc.stdout
+
+
+@pytest.fixture(scope="module")
+def one_tp2_reference():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return single_run({"micro_batch_size": 2, "grad_accum_steps": 2, "num_steps": 8, "num_kv_heads": 1,
+                           "eval_samples": 0}, 8)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _rel(a: str, b: float) -> float:
+    return abs(float(a) - b) / abs(b)
+
+
+@pytest.mark.slow
+def test_fsdp_tp2_dp2_matches_one_process(fsdp_tp2dp2, one_tp2_reference):
+    """Sequence parallelism and one KV head on both TP ranks: the TP gradient sums run on FSDP2's shards."""
+    _, lines, stdout = fsdp_tp2dp2
+    assert "layout launcher=torchrun world=4 tp=2 dp=2" in stdout and '"fsdp": true' in stdout
+    assert [x[0] for x in lines] == [str(i) for i in range(1, 9)]
+    for (step, loss, norm, *_), (ref_loss, ref_norm) in zip(lines, one_tp2_reference["steps"]):
+        assert _rel(loss, ref_loss) < 1e-5 and _rel(norm, ref_norm) < 1e-5, (step, loss, norm, ref_loss, ref_norm)
+
+
+@pytest.mark.slow
+def test_fsdp_resume_is_bitwise(fsdp_tp2dp2, tmp_path):
+    run_dir, lines, _ = fsdp_tp2dp2
+    ckpt = run_dir / "checkpoints" / "step_00000004"
+    assert json.loads((ckpt / "meta.json").read_text())["layout"] == {"tp": 2, "dp": 2}
+    proc = torchrun(4, "pretrain", *TINY, *STEPS, *TP2DP2, "--fsdp", "--sequence-parallel", "--num-kv-heads", "1",
+                    "--resume", str(ckpt), "--run-dir", str(tmp_path / "resumed"))
+    assert [deterministic_fields(x) for x in loss_lines(proc.stdout)] == lines[4:]
+
+
+@pytest.mark.slow
+def test_fsdp_checkpoint_resumes_under_zero1_on_one_dp_rank(fsdp_tp2dp2, tmp_path):
+    """--fsdp TP 2 x DP 2 -> ZeRO-1 TP 2 x DP 1 (GAS 4 keeps the global batch): DCP reshards the row pieces."""
+    run_dir, lines, _ = fsdp_tp2dp2
+    proc = torchrun(2, "pretrain", *TINY, *STEPS, "--tp", "2", "--micro-batch-size", "1", "--grad-accum-steps", "4",
+                    "--sequence-parallel", "--num-kv-heads", "1", "--resume",
+                    str(run_dir / "checkpoints" / "step_00000004"), "--run-dir", str(tmp_path / "zero1"))
+    resumed = [deterministic_fields(x) for x in loss_lines(proc.stdout)]
+    assert [x[0] for x in resumed] == ["5", "6", "7", "8"]
+    for got, want in zip(resumed, lines[4:]):
+        assert _rel(got[1], float(want[1])) < 1e-5 and _rel(got[2], float(want[2])) < 1e-5, (got, want)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--fsdp"], "--fsdp=True has no data-parallel ranks to shard over (world size 1, --tp 1: DP 1)"),
+    (["--fsdp", "--ddp-bucket-mb", "40"], "--ddp-bucket-mb=40.0 configures the ZeRO-1 distributed optimizer"),
+    (["--fsdp", "--no-overlap-param-gather"], "--overlap-param-gather=False configures the ZeRO-1"),
+    (["--fsdp", "--optimizer", "muon"], "--optimizer='muon' is not supported with --fsdp"),
+])
+def test_fsdp_bad_input_is_one_line_and_writes_nothing(tmp_path, args, fragment):
+    run_dir = tmp_path / "run"
+    proc = run_engine("pretrain", *TINY, "--num-steps", "2", "--run-dir", str(run_dir), *args, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and fragment in lines[0], proc.stderr
+    assert not run_dir.exists()

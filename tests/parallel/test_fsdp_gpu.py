@@ -1,0 +1,32 @@
+"""--fsdp on GPUs (NCCL, bf16 all-gathers, fp32 reduce-scatters, CuTeDSL op versions; two layers of MiniCPM4-8B at
+the benchmark's shapes, so bench/ops_session.sh's warmed kernels serve): deterministic mode gives the
+same bits run to run, and a resume continues bit for bit. Needs 2 CUDA GPUs (`-m gpu`); TP 1 x DP 2 and TP 2 x DP 2
+when 4 are there. Bitwise: every [LOSS] field but time and MFU is the same string."""
+
+import pytest
+import torch
+
+from tests.engine.helpers import deterministic_fields, loss_lines
+from tests.parallel.launch import torchrun
+
+COMMON = ["pretrain", "--preset", "minicpm4-8b", "--num-layers", "2", "--device", "cuda", "--seed", "7", "--num-steps", "6",
+          "--warmup-steps", "2", "--seq-length", "4096", "--micro-batch-size", "2", "--global-batch-size", "8",
+          "--eval-samples", "0", "--fsdp", "--deterministic", "--save-every", "3", "--no-save-final"]
+
+NO_SAVE = ["--save-every", "0", "--no-save-final"]  # only the first run writes (2-layer 8B: ~10 GB a checkpoint)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", [(2, 1), (4, 2)], ids=["tp1xdp2", "tp2xdp2"])
+def test_fsdp_is_bitwise_run_to_run_and_across_a_resume(layout, tmp_path) -> None:
+    nproc, tp = layout
+    if torch.cuda.device_count() < nproc:
+        pytest.skip(f"needs {nproc} CUDA GPUs")
+    args = [*COMMON, "--tp", str(tp)]
+    a = torchrun(nproc, *args, "--run-dir", str(tmp_path / "a"), timeout=900)
+    b = torchrun(nproc, *args, *NO_SAVE, "--run-dir", str(tmp_path / "b"), timeout=900)
+    first = [deterministic_fields(x) for x in loss_lines(a.stdout)]
+    assert len(first) == 6 and [deterministic_fields(x) for x in loss_lines(b.stdout)] == first
+    resumed = torchrun(nproc, *args, "--resume", str(tmp_path / "a" / "checkpoints" / "step_00000003"), *NO_SAVE,
+                       "--run-dir", str(tmp_path / "resumed"), timeout=900)
+    assert [deterministic_fields(x) for x in loss_lines(resumed.stdout)] == first[3:]
