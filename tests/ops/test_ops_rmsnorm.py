@@ -47,6 +47,9 @@ def _leaf64(*ts):
 
 def test_plain_fp32_values_and_gradients(engine):
     (x,) = _tensors((2, 5, 32), torch.float32, seed=1, n=1)
+    # Row 1 at 1e-3: its mean square (4e-6) is of eps's order, so a dropped or wrong eps shows; at std 2 (row 0)
+    # eps moves the output by 1e-7 relative, far below the tolerance.
+    x[1] *= 1e-3
     w = _weight(32, torch.float32, seed=1)
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     (out,), grads = rmsnorm(engine, x, w, eps=EPS, grad=[g.float()])
