@@ -14,15 +14,16 @@ from engine.ops.dispatch import load_op
 __all__ = ["run_rank"]
 
 
-def run_rank(rank: int, world: int, version: str, init_file: str, out_dir: str, h: torch.Tensor, w: torch.Tensor,
-             labels: torch.Tensor, vocab_size: int) -> None:
-    """One TP rank: the version on its vocabulary shard of w (fp32 inputs, bf16 on the GPU), saved to
-    out_dir/rank<r>.pt."""
+def run_rank(rank: int, world: int, version: str, init_file: str, out_dir: str, vocab_size: int) -> None:
+    """One TP rank: the version on its vocabulary shard of w (out_dir/inputs.pt: fp32 h, w, labels; bf16 on the
+    GPU), its results saved to out_dir/rank<r>.pt."""
     torch.cuda.set_device(0)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         group = dist.new_group(list(range(world)))
         fn = load_op("gemm_output", version)
+        inputs = torch.load(f"{out_dir}/inputs.pt")
+        h, w, labels = inputs["h"], inputs["w"], inputs["labels"]
         v_local = w.shape[0] // world
         h = h.cuda().bfloat16().requires_grad_()
         shard = w[rank * v_local:(rank + 1) * v_local].cuda().bfloat16().requires_grad_()

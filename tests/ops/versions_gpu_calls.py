@@ -16,7 +16,8 @@ __all__ = ["run", "forward_modes", "vocab_parallel"]
 
 
 def _on_gpu(inputs: dict, leaves: list) -> dict:
-    return {k: ((v.cuda().requires_grad_() if k in leaves else v.cuda()) if isinstance(v, torch.Tensor) else v)
+    """Fresh GPU copies of the tensors (those named in `leaves` require grad): every run gets its own."""
+    return {k: ((v.cuda().clone().requires_grad_(k in leaves)) if isinstance(v, torch.Tensor) else v)
             for k, v in inputs.items()}
 
 
@@ -49,6 +50,7 @@ def vocab_parallel(version: str, h: torch.Tensor, w: torch.Tensor, labels: torch
     """Two real TP ranks of gemm_output `version` (gloo, one GPU, tests/ops/ops_tp_gpu_worker.py): each rank's
     {"loss", "grad_h" (all-reduced), "grad_w_shard"}."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(worker.run_rank, args=(2, version, f"{tmp}/store", tmp, h, w, labels, vocab_size), nprocs=2,
-                           join=True, start_method="spawn")
+        torch.save({"h": h, "w": w, "labels": labels}, f"{tmp}/inputs.pt")  # a file, not 1.2 GB through /dev/shm
+        mp.start_processes(worker.run_rank, args=(2, version, f"{tmp}/store", tmp, vocab_size), nprocs=2, join=True,
+                           start_method="spawn")
         return [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(2)]
