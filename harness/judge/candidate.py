@@ -197,9 +197,16 @@ class Candidate:
     def call(self, target: str, *args: Any, **kwargs: Any) -> Any:
         """`module:function` (a dotted attribute path after the colon) called in the child with `args`, `kwargs`;
         its return value. Raises CandidateError when it raises, dies, times out or answers outside the grammar."""
+        return self._ask(target, {"call": target, "args": list(args), "kwargs": kwargs})
+
+    def value(self, target: str) -> Any:
+        """The value of `module:attribute` in the child (a constant such as a tuple of names), as `call` answers."""
+        return self._ask(target, {"get": target})
+
+    def _ask(self, target: str, request: dict) -> Any:
         if self._proc is None:
-            raise RuntimeError("Candidate.call outside `with Candidate(...)`")
-        _write_frame(self._to, encode({"call": target, "args": list(args), "kwargs": kwargs}))
+            raise RuntimeError("Candidate used outside `with Candidate(...)`")
+        _write_frame(self._to, encode(request))
         try:
             answer = decode(_read_frame(self._from, time.monotonic() + self.timeout_s))
         except TimeoutError:
@@ -241,7 +248,10 @@ def serve(fd_in: int, fd_out: int) -> None:
         except EOFError:
             return
         try:
-            value = _resolve(request["call"])(*request["args"], **request["kwargs"])
+            if "get" in request:
+                value = _resolve(request["get"])
+            else:
+                value = _resolve(request["call"])(*request["args"], **request["kwargs"])
             body = encode({"value": value})
         except BaseException as err:  # everything goes back to the test, which decides
             types = tuple(c.__name__ for c in type(err).__mro__)

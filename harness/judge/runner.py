@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -267,24 +267,33 @@ class GateRunner:
         with Workspace.scratch(self.repo, self.base) as scratch:
             tree = scratch.worktree
             self._overlay_hidden(tree)
-            env = self._pytest_env(tree, tree.parent, 0)
-            env["PYTHONPATH"] += os.pathsep + str(_JUDGE_ROOT)
-            # Collected as the judged run collects them: behind the import barrier, so a base whose acceptance tests
-            # import candidate code fails here, before any candidate is judged.
-            barrier = write_barrier(_neutral(tree.parent) / "barrier.json", tree, tree_manifest(tree), self.milestone.is_editable)
             for gate in gates:
                 self.progress("gate", f"collecting the base's tests for {gate.name} ...")
-                argv = [*self._pytest_argv(tree, tree.parent), "-p", "harness.judge.pytest_report", f"{BARRIER}={barrier}",
-                        "--collect-only", "-q", *gate.selectors, *gate.args]
-                proc = subprocess.run(argv, cwd=tree, env=child_env(env), capture_output=True, text=True,
-                                      timeout=gate.timeout_s, stdin=subprocess.DEVNULL)
+                proc, ids = self.collect_ids(tree, tree.parent, gate)
                 write_atomic(log_dir / f"{gate.name}-base-collect.log", scrub_text(proc.stdout + proc.stderr))
-                ids = frozenset(m.group(1) for line in proc.stdout.splitlines() if (m := _COLLECTED_ID.match(line.strip())))
                 if proc.returncode not in (0, 5):
                     raise GateError(f"the base's tests for gate {gate.name} do not collect (pytest exit {proc.returncode}); "
                                     f"see {log_dir / (gate.name + '-base-collect.log')}")
                 self.base_ids[gate.name] = ids
                 self.record.note("base test ids", gate=gate.name, count=len(ids))
+
+    def collect_ids(self, tree: Path, holder: Path, gate: PytestGate, *, barrier: bool = True,
+                    is_candidate: Callable[[str], bool] | None = None) -> tuple[subprocess.CompletedProcess, frozenset[str]]:
+        """`pytest --collect-only` of `gate` in checkout `tree` as the judged run collects it (the judge's ini and
+        plugins, files in `holder`): the process and the test IDs it listed. With `barrier`, behind the import barrier
+        (every file the milestone may edit refused, or every file `is_candidate` names), so acceptance tests that import
+        candidate code fail here, before any candidate is judged."""
+        env = self._pytest_env(tree, holder, 0)
+        env["PYTHONPATH"] += os.pathsep + str(_JUDGE_ROOT)
+        fence = []
+        if barrier:
+            refused = is_candidate or self.milestone.is_editable
+            file = write_barrier(_neutral(holder) / "barrier.json", tree, tree_manifest(tree), refused)
+            fence = ["-p", "harness.judge.pytest_report", f"{BARRIER}={file}"]
+        argv = [*self._pytest_argv(tree, holder), *fence, "--collect-only", "-q", *gate.selectors, *gate.args]
+        proc = subprocess.run(argv, cwd=tree, env=child_env(env), capture_output=True, text=True, timeout=gate.timeout_s,
+                              stdin=subprocess.DEVNULL)
+        return proc, frozenset(m.group(1) for line in proc.stdout.splitlines() if (m := _COLLECTED_ID.match(line.strip())))
 
     def _pytest_argv(self, tree: Path, holder: Path) -> list[str]:
         """pytest as the judge configures it: its own ini (from the base's markers), no plugin but the

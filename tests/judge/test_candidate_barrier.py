@@ -21,6 +21,8 @@ CALLS = '''
 import os
 import torch
 
+NAMES = ("cosine", "wsd")
+
 def echo(*args, **kwargs):
     return {"args": args, "kwargs": kwargs}
 
@@ -64,6 +66,10 @@ def test_values_cross_both_ways_exactly(child):
     assert torch.equal(out["args"][1], args[1]) and torch.equal(out["args"][2], args[2])
     assert out["args"][3:] == (torch.bfloat16, 2.5, [1, "two", None], {"k": (1, 2)})
     assert torch.equal(out["kwargs"]["scale"], torch.ones(2, dtype=torch.float16))
+
+
+def test_a_constant_is_read_by_value(child):
+    assert child.value("calls:NAMES") == ("cosine", "wsd")
 
 
 def test_gradients_computed_in_the_child_match_the_test_process(child):

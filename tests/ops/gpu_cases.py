@@ -4,33 +4,60 @@ The shapes keep the compile-time sizes of the MiniCPM4 presets (hidden 4096, FFN
 shard 36736, head dims 128 and 64 with 16 query heads per KV head as 8B has, 8 as 0.5B has) so the
 kernels compiled here are the ones bench/ops.py and training use (the on-disk cache then serves
 them), with fewer tokens so each check runs in milliseconds. The `_documents` attention cases pack
-synthetic documents into each row (engine/ops/workloads.synthetic_documents) and pass `cu_seqlens` /
+synthetic documents into each row (as engine/ops/workloads.synthetic_documents lays them out) and pass `cu_seqlens` /
 `max_seqlen` as --document-mask runs do: the FA4 versions' varlen path against the baseline's mask.
+
+No engine import: `make` and `reference` run in the test's process (inputs; the op's contract in plain torch, the
+fp32 reference of tests/ops/test_ops_versions_gpu.py), `call` runs where the op runs (the engine's process,
+tests/ops/versions_gpu_calls.py, or the stress test's).
 """
 
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from engine.ops.rope.tables import rope_tables
-from engine.ops.workloads import rope_qk, synthetic_documents
+from harness.judge.opcases import rope_tables
 
-__all__ = ["Case", "CASES", "cases_for"]
+__all__ = ["Case", "CASES", "cases_for", "case_named"]
 
 
 @dataclass(kw_only=True, frozen=True)
 class Case:
     op: str
     name: str
-    make: Callable[[int, torch.dtype], dict[str, Any]]  # (seed, dtype) -> inputs on cuda
+    make: Callable[[int, torch.dtype], dict[str, Any]]  # (seed, dtype) -> inputs on cuda (float leaves require grad)
     call: Callable[[Callable[..., Any], dict[str, Any]], list[torch.Tensor]]
+    reference: Callable[[dict[str, Any]], list[torch.Tensor]]  # the contract in plain torch, on the inputs given
 
 
 def _rand(g, *shape, dtype, std=1.0):
     return (torch.randn(*shape, generator=g, device="cuda") * std).to(dtype).requires_grad_()
+
+
+def _documents(batch: int, seq: int, seed: int) -> tuple[torch.Tensor, int]:
+    """(cu_seqlens int32 on cuda, max_seqlen) of documents packed into `batch` rows of `seq` tokens (rows never
+    shared), as --document-mask runs pass them: lengths exponential with mean seq / 4, one cut by each row's end."""
+    rng = random.Random(seed)
+    offsets = [0]
+    for row in range(batch):
+        end = (row + 1) * seq
+        while offsets[-1] < end:
+            offsets.append(min(end, offsets[-1] + 1 + int(rng.expovariate(4.0 / seq))))
+    return (torch.tensor(offsets, dtype=torch.int32, device="cuda"),
+            max(b - a for a, b in zip(offsets, offsets[1:])))
+
+
+def _document_ids(x: dict[str, Any], batch: int, seq: int) -> torch.Tensor | None:
+    """int64 [batch, seq]: each token's document number, or None without documents."""
+    if "cu_seqlens" not in x:
+        return None
+    cu = x["cu_seqlens"].long()
+    return torch.repeat_interleave(torch.arange(len(cu) - 1, device=cu.device), cu.diff()).view(batch, seq)
 
 
 def _attention(b, s, hq, hkv, d, documents: bool = False) -> Case:
@@ -39,14 +66,26 @@ def _attention(b, s, hq, hkv, d, documents: bool = False) -> Case:
         x = {"q": _rand(g, b, s, hq, d, dtype=dtype), "k": _rand(g, b, s, hkv, d, dtype=dtype),
              "v": _rand(g, b, s, hkv, d, dtype=dtype)}
         if documents:
-            x["cu_seqlens"], x["max_seqlen"] = synthetic_documents(b, s, seed=seed, device="cuda")
+            x["cu_seqlens"], x["max_seqlen"] = _documents(b, s, seed)
         return x
 
     def call(fn, x):
         extra = {k: x[k] for k in ("cu_seqlens", "max_seqlen") if k in x}
         return [fn(x["q"], x["k"], x["v"], softmax_scale=1.0 / math.sqrt(d), **extra)]
 
-    return Case(op="attention", name=f"gqa{hq}-{hkv}_d{d}" + ("_documents" if documents else ""), make=make, call=call)
+    def reference(x):
+        """Causal GQA (query head i reads KV head i // (hq / hkv)), within each document when there are some."""
+        q, k, v = (x[n].transpose(1, 2) for n in ("q", "k", "v"))
+        allowed = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()[None, None]
+        ids = _document_ids(x, b, s)
+        if ids is not None:
+            allowed = allowed & (ids[:, None, :, None] == ids[:, None, None, :])
+        k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / math.sqrt(d))
+        return [out.transpose(1, 2)]
+
+    return Case(op="attention", name=f"gqa{hq}-{hkv}_d{d}" + ("_documents" if documents else ""), make=make, call=call,
+                reference=reference)
 
 
 def _rmsnorm(m, n, residual_scale, keep="both") -> Case:
@@ -66,9 +105,18 @@ def _rmsnorm(m, n, residual_scale, keep="both") -> Case:
             return {"both": [y, s], "y": [y], "s": [s]}[keep]
         return [fn(x["x"], x["weight"], eps=1e-6)]
 
+    def reference(x):
+        def norm(t):
+            return t * torch.rsqrt(t.pow(2).mean(dim=-1, keepdim=True) + 1e-6) * x["weight"]
+
+        if "residual" in x:
+            s = x["residual"] + residual_scale * x["x"]
+            return {"both": [norm(s), s], "y": [norm(s)], "s": [s]}[keep]
+        return [norm(x["x"])]
+
     tag = "plain" if residual_scale is None else f"residual{residual_scale:.3f}"
     tag += "" if keep == "both" else f"_{keep}-only"
-    return Case(op="rmsnorm", name=f"{m}x{n}_{tag}", make=make, call=call)
+    return Case(op="rmsnorm", name=f"{m}x{n}_{tag}", make=make, call=call, reference=reference)
 
 
 def _fc1(m, h, f) -> Case:
@@ -79,7 +127,10 @@ def _fc1(m, h, f) -> Case:
     def call(fn, x):
         return [fn(x["x"], x["w"])]
 
-    return Case(op="gemm_fc1", name=f"{m}x{h}->{f}", make=make, call=call)
+    def reference(x):
+        return [F.silu(x["x"] @ x["w"][:f].t()) * (x["x"] @ x["w"][f:].t())]
+
+    return Case(op="gemm_fc1", name=f"{m}x{h}->{f}", make=make, call=call, reference=reference)
 
 
 def _output(n, d, v_local, vocab_start, vocab_size, std=1.0) -> Case:
@@ -94,33 +145,57 @@ def _output(n, d, v_local, vocab_start, vocab_size, std=1.0) -> Case:
     def call(fn, x):
         return [fn(x["h"], x["w"], x["labels"], vocab_start=vocab_start, vocab_size=vocab_size)]
 
+    def reference(x):
+        """The CE sum of this shard alone (no TP group): log-sum-exp over its real columns (global id < vocab_size),
+        minus the target logit where the label lies in the shard; ignored labels (-100) add nothing."""
+        logits = x["h"] @ x["w"].t()
+        real = torch.arange(v_local, device=logits.device) + vocab_start < vocab_size
+        lse = torch.logsumexp(logits.masked_fill(~real, float("-inf")), dim=1)
+        local = x["labels"] - vocab_start
+        owned = (x["labels"] != -100) & (local >= 0) & (local < v_local)
+        target = logits.gather(1, torch.where(owned, local, 0)[:, None])[:, 0]
+        return [torch.where(x["labels"] != -100, lse - torch.where(owned, target, 0.0), 0.0).sum()]
+
     kind = "single-shard" if vocab_start == 0 and vocab_size <= v_local else "shard-of-two"
     kind += "" if std == 1.0 else f"_logit-std{std:g}"
-    return Case(op="gemm_output", name=f"{n}x{d}x{v_local}_{kind}", make=make, call=call)
+    return Case(op="gemm_output", name=f"{n}x{d}x{v_local}_{kind}", make=make, call=call, reference=reference)
 
 
 def _rope(b, s, hq, hkv, d, documents: bool = False) -> Case:
     """q and k sliced out of one packed QKV projection [b, s, (hq + 2 hkv) d], as the model calls it (strided,
     only the last dim contiguous); the gradient reaches the projection (its V part zero). documents: positions
-    restart in each document (--reset-position-ids)."""
-    tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
+    restart in each document (--reset-position-ids). The cos / sin tables (fp32 [s, d], theta 10000) are the
+    judge's (harness/judge/opcases.py, HF Llama's arithmetic), so a version is checked on right tables."""
     def make(seed, dtype):
         g = torch.Generator(device="cuda").manual_seed(seed)
         x = {"qkv": _rand(g, b, s, (hq + 2 * hkv) * d, dtype=dtype)}
         if documents:
-            x["cu_seqlens"], x["max_seqlen"] = synthetic_documents(b, s, seed=seed, device="cuda")
+            x["cu_seqlens"], x["max_seqlen"] = _documents(b, s, seed)
+        x["cos"], x["sin"] = (t.cuda() for t in rope_tables(d, 10000.0, s))
         return x
 
-    def call(fn, x):
-        if "cos" not in tables:
-            tables["cos"] = rope_tables(d, 10000.0, s, "cuda")
-        cos, sin = tables["cos"]
-        q, k = rope_qk(x["qkv"], hq, hkv, d)
-        extra = {key: x[key] for key in ("cu_seqlens", "max_seqlen") if key in x}
-        return list(fn(q, k, cos, sin, **extra))
+    def qk(qkv):  # strided views of the packed projection, as engine/model/layers.py hands them to ops.rope
+        return qkv[..., :hq * d].view(b, s, hq, d), qkv[..., hq * d:(hq + hkv) * d].view(b, s, hkv, d)
 
-    return Case(op="rope", name=f"qkv{hq}-{hkv}_d{d}_s{s}" + ("_documents" if documents else ""), make=make, call=call)
+    def call(fn, x):
+        extra = {key: x[key] for key in ("cu_seqlens", "max_seqlen") if key in x}
+        return list(fn(*qk(x["qkv"]), x["cos"], x["sin"], **extra))
+
+    def reference(x):
+        """Rotate-half RoPE by each token's position (its index in the row, or in its document)."""
+        ids = _document_ids(x, b, s)
+        positions = torch.arange(s, device=x["qkv"].device).expand(b, s)
+        if ids is not None:  # the token's flat index minus its document's first
+            positions = torch.arange(b * s, device=ids.device).view(b, s) - x["cu_seqlens"].long()[ids]
+        cos, sin = x["cos"].float()[positions][:, :, None], x["sin"].float()[positions][:, :, None]
+
+        def rotate(t):
+            return t * cos + torch.cat((-t[..., d // 2:], t[..., :d // 2]), dim=-1) * sin
+
+        return [rotate(t) for t in qk(x["qkv"])]
+
+    return Case(op="rope", name=f"qkv{hq}-{hkv}_d{d}_s{s}" + ("_documents" if documents else ""), make=make, call=call,
+                reference=reference)
 
 
 CASES = [
@@ -154,3 +229,7 @@ CASES = [
 
 def cases_for(op: str) -> list[Case]:
     return [c for c in CASES if c.op == op]
+
+
+def case_named(op: str, name: str) -> Case:
+    return next(c for c in CASES if c.op == op and c.name == name)
