@@ -44,6 +44,8 @@ __all__ = [
     "Gate",
     "MetricInfo",
     "METRICS",
+    "STATE_METRICS",
+    "PRINTED_DIFFS",
     "OPS",
     "GATE_KINDS",
     "GUARD_RULES",
@@ -153,11 +155,26 @@ METRICS: dict[str, MetricInfo] = {
     "grad_norm_rel_diff": MetricInfo(
         "max over common steps of |grad_norm - ref| / |ref|", ("train",), needs_ref=True
     ),
+    "state_bitwise_diff": MetricInfo(
+        "elements that differ in their bits between the job's checkpoints and the reference job's, over every saved "
+        "tensor (fp32 masters, Adam moments) and value (step, Adam step, data position) at every step both kept, the "
+        "last printed step included; read by the judge (harness/judge/bitwise.py); 0 means bit for bit",
+        ("train",), needs_ref=True, unit="elements"),
+    "state_rel_diff": MetricInfo(
+        "max over the steps both jobs kept and over every parameter's fp32 master and Adam moments, reassembled whole "
+        "from each layout's TP / DP shards by the judge, of the relative L2 difference ||a - b|| / ||b||; step, Adam "
+        "step and data position must be equal (harness/judge/bitwise.py)", ("train",), needs_ref=True),
     "val_loss": MetricInfo("validation loss of the final evaluation", ("train",)),
     "val_bpb": MetricInfo("validation bits per byte of the final evaluation", ("train",), unit="bits/byte"),
     "speedup": MetricInfo("bench: the base commit's baseline time per call / the candidate version's, medians over "
                           "the rounds, by the judge's clock (harness/judge/opjudge.py)", ("bench",), unit="x"),
 }
+
+
+# Metrics read from two jobs' checkpoints, and the printed-number comparisons that must never stand alone: a
+# claim that two runs agree is held against every tensor they saved, not only against what they printed.
+STATE_METRICS = ("state_bitwise_diff", "state_rel_diff")
+PRINTED_DIFFS = ("loss_rel_diff", "loss_max_abs_diff", "loss_mean_rel_diff", "grad_norm_rel_diff")
 
 
 def compare(op: str, actual: float, value: float) -> bool:
@@ -693,12 +710,34 @@ def _cross_checks(m: Milestone) -> list[tuple[str, str]]:
                 continue
             for j, rule in enumerate(gate.rules):
                 problems += _rule_checks(m, rule, f"{where}.rules[{j}]", jobs)
+    problems += _state_twins(m)
     for i, glob in enumerate(m.editable):
         prefix = _literal_prefix(glob)
         if prefix and not prefix.startswith("tests/") and any(
             glob_match(j, prefix) or glob_match(j, prefix.rstrip("/") + "/x") for j in JUDGE_GLOBS
         ):
             problems.append((f"editable[{i}]", f"{glob!r} lies in the judge ({', '.join(JUDGE_GLOBS[:5])}, ...), which is never editable"))
+    return problems
+
+
+def _state_twins(m: Milestone) -> list[tuple[str, str]]:
+    """A printed-number comparison of two jobs needs a checkpoint comparison of the same two jobs beside it: bit
+    for bit (`state_bitwise_diff == 0`) where the printed claim is exact, else `state_rel_diff` (or bitwise)."""
+    rules = [(f"gates[{i}].rules[{j}]", r) for i, g in enumerate(m.gates) if isinstance(g, MetricsGate)
+             for j, r in enumerate(g.rules)]
+    state = {(r.job, r.ref_job, r.metric) for _, r in rules if r.metric in STATE_METRICS}
+    problems = []
+    for where, r in rules:
+        if r.metric not in PRINTED_DIFFS or r.ref_job is None:
+            continue
+        exact = r.op in ("==", "<=") and r.value == 0
+        wanted = ("state_bitwise_diff",) if exact else STATE_METRICS
+        if not any((r.job, r.ref_job, metric) in state for metric in wanted):
+            twin = (f'{{ job = "{r.job}", metric = "state_bitwise_diff", op = "==", value = 0, ref_job = "{r.ref_job}" }}'
+                    if exact else f'{{ job = "{r.job}", metric = "state_rel_diff", op = "<=", value = ..., ref_job = "{r.ref_job}" }}')
+            problems.append((f"{where}.metric", f"{r.metric} of job {r.job} against job {r.ref_job} claims "
+                                                f"{'bit-for-bit ' if exact else ''}agreement from printed numbers alone: "
+                                                f"add {twin} (the judge compares the two jobs' checkpoints)"))
     return problems
 
 
@@ -780,6 +819,13 @@ def _rule_checks(m: Milestone, rule: MetricRule, where: str, jobs: dict[str, Job
             problems.append((f"{where}.ref_job", f"no job gate named {rule.ref_job!r} before this gate"))
         elif rule.ref_job == rule.job:
             problems.append((f"{where}.ref_job", "a job cannot be its own reference"))
+    if rule.metric in STATE_METRICS:
+        if rule.ref is not None:
+            problems.append((f"{where}.ref", f"{rule.metric} compares two jobs' checkpoints: give ref_job, not a file"))
+        for name in (rule.job, rule.ref_job):
+            if name in jobs and not jobs[name].verify:
+                problems.append((f"{where}.job", f"{rule.metric} reads job {name!r}'s checkpoints, which the judge makes "
+                                                 f"a job save only when it verifies it: job {name!r} has verify = false"))
     if rule.ref is not None and not m.is_protected(rule.ref):
         problems.append((f"{where}.ref", f"{rule.ref!r} is not protected, so the agent could edit its own reference: keep references under milestones/"))
     if rule.from_step is not None and rule.to_step is not None and rule.from_step > rule.to_step:

@@ -12,6 +12,8 @@ candidate processes print through pipes it owns, and re-derives what they claim 
 - pytest_report.py, canary.py: test outcomes signed on the judge's pipe by its own pytest plugin, and canary
   tests that must come out as written (the tested process runs candidate code);
 - metrics.py, mfu.py, logparse.py: metric rules from judge-owned logs and clocks;
+- digits.py, bitwise.py: printed numbers held to the documented format's digits; two runs claimed to agree compared
+  in their checkpoints, every tensor (bit for bit, or resharded across layouts);
 - evidence.py, checkpoint.py, reference.py: a train job's claims against its own weights (final loss, lr);
 - exactstep.py, batches.py, saveplan.py, keeper.py: each verified step's loss, grad norm and applied gradient
   against the judge's forward and backward pass on the exact batch the base engine states for it;

@@ -48,7 +48,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorSt
 from harness.judge.manifest import manifest_problems
 
 __all__ = ["CheckpointError", "JudgeCheckpoint", "load_checkpoint", "list_checkpoints", "full_shapes",
-           "read_meta", "size_mismatches", "KINDS", "SHAPE_FIELDS"]
+           "read_meta", "size_mismatches", "stored_entries", "read_stored", "KINDS", "SHAPE_FIELDS"]
 
 KINDS = ("master", "exp_avg", "exp_avg_sq")
 # Config fields that decide the tensors' shapes.
@@ -304,6 +304,32 @@ def _read_meta(path: Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"checkpoint {path}: meta.json config lacks {missing}")
     return meta
+
+
+def stored_entries(path: Path | str) -> dict[str, tuple[str, torch.dtype | None, tuple[int, ...]]]:
+    """Every key a step_* folder stores, as DCP's metadata lists it (nothing is read): key -> ("tensor", dtype,
+    whole shape) or ("value", None, ()) for a pickled value. The folder's meta.json and manifest are checked first."""
+    path = Path(path)
+    _read_meta(path)
+    damaged = manifest_problems(path)
+    if damaged:
+        raise CheckpointError(f"checkpoint {path}: {damaged[0]}" + (f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""))
+    out: dict[str, tuple[str, torch.dtype | None, tuple[int, ...]]] = {}
+    for key, entry in _read_metadata(path).state_dict_metadata.items():
+        if isinstance(entry, TensorStorageMetadata):
+            out[key] = ("tensor", entry.properties.dtype, tuple(entry.size))
+        elif isinstance(entry, BytesStorageMetadata):
+            out[key] = ("value", None, ())
+    return out
+
+
+def read_stored(path: Path | str, entries: dict[str, tuple[str, torch.dtype | None, tuple[int, ...]]]) -> dict[str, Any]:
+    """The keys `entries` names (from stored_entries), as stored: whole tensors in their saved dtype (DP shards
+    reassembled by DCP, TP ranks under their own `tp{r}/` keys), values through torch.load(weights_only=True)."""
+    state: dict[str, Any] = {key: torch.empty(shape, dtype=dtype) if kind == "tensor" else None
+                             for key, (kind, dtype, shape) in entries.items()}
+    _dcp_load(Path(path), state)
+    return state
 
 
 def load_checkpoint(path: Path | str, *, kinds: Iterable[str] = KINDS, names: Iterable[str] | None = None,

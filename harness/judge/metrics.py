@@ -11,6 +11,9 @@ write. The job's own folder (`{job_dir}`: `config.json`, `metrics.jsonl`, checkp
 - MFU is recomputed with harness.judge.mfu from the model the milestone's job asked for (the base
   commit's preset + the model flags of the argv), never from config.json; the printed `mfu=` is
   ignored except to report the difference;
+- the measured numbers of those lines must carry the digits of the documented format (harness/judge/digits.py);
+- `state_bitwise_diff` / `state_rel_diff` compare two jobs' checkpoints, read by the judge (harness/judge/bitwise.py):
+  a claim that two runs agree never rests on their printed numbers alone (the spec requires the twin rule);
 - config.json's model fields must be the model the milestone's job asked for: the preset named by
   `--preset` in the job's argv, as the base commit's engine/model_spec.toml defines it, overridden by
   model flags in that argv. A run that trained a smaller model fails here, whatever its numbers.
@@ -20,12 +23,15 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.jobs import JobResult
 from harness.judge.baseconfig import ConfigUnknown, expected_config, flag_values
+from harness.judge.bitwise import compare_bitwise, compare_layouts, job_checkpoints
+from harness.judge.checkpoint import CheckpointError
+from harness.judge.digits import digit_problems
 from harness.judge.logparse import (
     EvalRecord,
     LogParseError,
@@ -36,7 +42,7 @@ from harness.judge.logparse import (
     read_line_times,
 )
 from harness.judge.mfu import CLOCK_TOLERANCE, H100_PEAK_TFLOPS, ModelShape, clock_step_times, mfu
-from harness.spec import OP_TASKS, JobGate, MetricRule, MetricsGate, compare
+from harness.spec import OP_TASKS, STATE_METRICS, JobGate, MetricRule, MetricsGate, compare
 
 __all__ = ["JobOutcome", "JobData", "MODEL_FIELDS", "load_job_data", "expected_model", "model_mismatches", "judge_metrics",
            "RuleFailure"]
@@ -62,6 +68,7 @@ class JobOutcome:
     result: JobResult
     argv: tuple[str, ...] = ()  # the argv the judge rendered for it
     evidence: dict[str, float] | None = None  # what the judge measured from the job's weights (judge_val_loss, ...)
+    kept: tuple[Path, ...] = ()  # checkpoints the judge's keeper linked out of the job's sight (harness/judge/keeper.py)
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,7 @@ def load_job_data(outcome: JobOutcome) -> JobData:
         evals = parse_eval_lines(log_text)
     except LogParseError as err:
         problems.append(f"job {outcome.gate.name}: {err}")
+    problems += [f"job {outcome.gate.name}: {p}" for p in digit_problems(steps, evals)]
     line_times = None
     if steps and outcome.result.line_times_path is not None and outcome.result.line_times_path.is_file():
         line_times = read_line_times(outcome.result.line_times_path)
@@ -189,6 +197,7 @@ class _Ctx:
     data: dict[str, JobData]
     flags: list[str]
     metrics: dict[str, float]
+    notes: dict[str, str] = field(default_factory=dict)  # "job.metric" -> where a comparison found its largest difference
 
 
 def _value(rule: MetricRule, ctx: _Ctx) -> float:
@@ -222,6 +231,8 @@ def _value(rule: MetricRule, ctx: _Ctx) -> float:
         return statistics.median(r.tokens for r in steps if r.tokens) / clock
     if metric == "mfu":
         return _mfu(rule, outcome, data, steps, ctx)
+    if metric in STATE_METRICS:
+        return _state(rule, ctx)
     if metric in ("loss_rel_diff", "loss_mean_rel_diff", "loss_max_abs_diff", "grad_norm_rel_diff"):
         if rule.ref is not None:
             ref_file = ctx.tree / rule.ref
@@ -234,6 +245,31 @@ def _value(rule: MetricRule, ctx: _Ctx) -> float:
         return _diff(_rows(steps), ref, key, rule, relative=metric != "loss_max_abs_diff",
                      mean=metric == "loss_mean_rel_diff")
     raise RuleFailure(f"metric {metric} is not computed by this judge")
+
+
+def _state(rule: MetricRule, ctx: _Ctx) -> float:
+    """The two jobs' checkpoints of every step both kept, the last step both printed among them (bitwise.py)."""
+    ref_name = rule.ref_job or ""
+    ours = job_checkpoints(ctx.jobs[rule.job].argv, ctx.jobs[rule.job].kept)
+    ref = job_checkpoints(ctx.jobs[ref_name].argv, ctx.jobs[ref_name].kept)
+    common = sorted(set(ours) & set(ref))
+    last = min(max((r.step for r in ctx.data[n].steps), default=0) for n in (rule.job, ref_name))
+    if last not in common:
+        raise RuleFailure(f"no checkpoint of step {last} (the last step both jobs printed) in both jobs' folders "
+                          f"(job {rule.job} kept steps {sorted(ours) or 'none'}, job {ref_name} {sorted(ref) or 'none'}): "
+                          "the judge compares the runs' saved state, not their printed numbers")
+    try:
+        if rule.metric == "state_bitwise_diff":
+            result = compare_bitwise(ours, ref, common)
+            value = float(result.differing)
+        else:
+            result = compare_layouts(ours, ref, common, tolerance=rule.value)
+            value = math.inf if any(d.what != "tolerance" for d in result.differences) else result.max_rel
+    except CheckpointError as err:
+        raise RuleFailure(f"the judge cannot read a checkpoint to compare: {err}") from None
+    where = result.describe() if result.differences else f"largest at {result.worst}" if result.worst else ""
+    ctx.notes[f"{rule.job}.{rule.metric}"] = f"steps {common[0]}..{common[-1]}, {result.keys} tensors and values; {where}"
+    return value
 
 
 def _clock_step_s(rule: MetricRule, data: JobData, steps: list[StepRecord]) -> float:
@@ -311,6 +347,8 @@ def judge_metrics(gate: MetricsGate, jobs: Mapping[str, JobOutcome], *, tree: Pa
             continue
         ctx.metrics[f"{rule.job}.{rule.metric}"] = value
         if not compare(rule.op, value, rule.value):
+            note = ctx.notes.get(f"{rule.job}.{rule.metric}")
             violations.append(f"{rule.metric} of {rule.job} = {value:.6g}, needs {rule.op} {rule.value:g}"
-                              + (f" ({rule.describe()})" if rule.ref or rule.ref_job or rule.from_step or rule.to_step else ""))
+                              + (f" ({rule.describe()})" if rule.ref or rule.ref_job or rule.from_step or rule.to_step else "")
+                              + (f": {note}" if note else ""))
     return violations, ctx.metrics, ctx.flags

@@ -631,7 +631,8 @@ class GateRunner:
                                                       show=lambda text, done, total: self.progress.live("step", text, done, total)))
         self.progress("job", f"{job_id} started ({gate.launcher}, {gate.task}): python -m engine {' '.join(argv)}")
         result, gpus_seen = self._run_engine_job(spec, gate, judging, keeper)
-        outcome = JobOutcome(gate=gate, job_id=job_id, job_dir=job_dir, result=result, argv=tuple(argv))
+        outcome = JobOutcome(gate=gate, job_id=job_id, job_dir=job_dir, result=result, argv=tuple(argv),
+                             kept=tuple(keeper.paths()) if keeper else ())
         judging.jobs[gate.name] = outcome
         tail = _tail(result.read_log())
         if result.state == "timeout":
@@ -794,6 +795,7 @@ class GateRunner:
     def _verify_train(self, outcome: JobOutcome, judging: _Judging) -> tuple[list[str], dict[str, float]]:
         """Hold a finished train job's printed claims against its own final weights (harness/judge/evidence.py):
         model size, the loss of the weights on held-out data drawn with the judging's seed, the applied lr."""
+        from harness.judge.digits import digit_problems
         from harness.judge.evidence import embedded_tokens, shard_tokens, verify_train_run
         from harness.judge.logparse import LogParseError, parse_engine_log, parse_eval_lines
 
@@ -807,6 +809,8 @@ class GateRunner:
             steps, evals = parse_engine_log(text), parse_eval_lines(text)
         except LogParseError as err:
             return [str(err)], {}
+        if rounded := digit_problems(steps, evals):  # numbers rounded below the documented format (digits.py)
+            return rounded, {}
         try:
             if expected.get("data_path"):
                 validation = shard_tokens(Path(str(expected["data_path"])) / "validation")

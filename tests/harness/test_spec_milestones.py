@@ -98,7 +98,7 @@ def test_every_metric_and_gate_kind_is_exercised_by_some_shipped_milestone():
     assert kinds == {"protected", "guards", "pytest", "job", "metrics"}
     used = {r.metric for m in milestones for g in m.gates if isinstance(g, MetricsGate) for r in g.rules}
     assert {"mfu", "final_loss", "loss_rel_diff", "loss_mean_rel_diff", "loss_max_abs_diff", "grad_norm_rel_diff",
-            "val_loss", "steps"} <= used
+            "val_loss", "steps", "state_bitwise_diff", "state_rel_diff"} <= used
     assert used <= set(METRICS)
     launchers = {g.launcher for m in milestones for g in m.job_gates()}
     assert "local" in launchers  # no shipped milestone needs SLURM yet (production runs on one 8-GPU node)
