@@ -14,7 +14,7 @@ Inside the sandbox:
   references. A hidden path that does not exist when the command starts is not hidden (create it
   first).
   Mounts are applied shallowest first, so the deeper, more specific rule wins (a hidden folder
-  inside a writable one stays hidden); for the same path, hidden beats writable beats readonly;
+  inside a writable one stays hidden); for the same path, hidden beats writable beats overlaid beats readonly;
 - `overlaid` paths are seen writable, as a user's checkout is, through an overlay whose writes land
   in a host folder of the caller's (`(path, changes)` pairs: `changes/upper` holds what the command
   wrote, created or deleted there, for the caller to inspect afterwards; the path itself never
@@ -27,9 +27,9 @@ Inside the sandbox:
   `gpus`; /dev/shm is a private writable tmpfs either way (NCCL, torch multiprocessing);
   /proc is the sandbox's own (new pid namespace);
 - the user, ipc, pid, net and uts namespaces are unshared, so there is no network but a loopback of
-  its own; the cgroup namespace is not (it hides nothing the read-only root does not already guard,
-  and a process's cgroup path is one more fact a user's run would show differently); `network=True` keeps the host's (`--share-net`). Without the
-  network, GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are set to `lo` so torchrun's processes
+  its own (`network=True` keeps the host's); the cgroup namespace is not (it hides nothing the
+  read-only root does not already guard, and the cgroup path is one more fact a user's run would
+  show differently: docs/HARNESS.md, "A judged run is a user's run"). Without the network, GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are set to `lo` so torchrun's processes
   find each other on loopback whatever the host name resolves to;
 - `--cap-drop ALL`, and `--die-with-parent`: the sandbox dies with the bwrap process that started
   it, and the pid namespace takes every process inside with it, even those that called setsid.

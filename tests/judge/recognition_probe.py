@@ -94,6 +94,7 @@ def facts() -> dict[str, object]:
         "pycache_prefix": sys.pycache_prefix,
         "dont_write_bytecode": sys.dont_write_bytecode,
         "engine_bytecode_next_to_it": pycache.is_file(),
+        "engine_pycache_writable": _can_create_in(pycache.parent) if pycache.parent.is_dir() else None,
         "sys_path": [("<cwd>" if p in ("", str(cwd)) else p) for p in sys.path],
         "stdout_write_through": getattr(sys.stdout, "write_through", None),
         "stdin": _kind(0),

@@ -41,6 +41,8 @@ KNOWN = {
     "interfaces": "network namespace",
     # bwrap's mounts: a minimal /dev, a private /tmp, the overlays and binds.
     "mounts": "mount namespace", "dev_entries_below_30": "minimal /dev",
+    # The judge's compiled bytecode is read-only, so no process can plant bytecode a later import would load.
+    "engine_pycache_writable": "read-only __pycache__",
     # The judge's pipe times each line: Python children write unbuffered (many users set it too).
     "stdout_write_through": "PYTHONUNBUFFERED", "env:PYTHONUNBUFFERED": "PYTHONUNBUFFERED",
     "env:GLOO_SOCKET_IFNAME": "loopback for torchrun", "env:NCCL_SOCKET_IFNAME": "loopback for torchrun",
