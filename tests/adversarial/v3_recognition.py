@@ -16,7 +16,9 @@ from tests.adversarial.cases import CONSTANT_BRANCH, SCHEDULE, Case, Edit, broke
 
 __all__ = ["V3_RECOGNITION_CASES"]
 
-DECAY_FAILS = r"test_decay_is_inverse_square_root|tests? failed"
+# The acceptance test the wrong decay fails; or the guards' rule against engine code reading how it was started
+# (issue 30, class 3's static half), where it names the read: either rejection is for this class.
+DECAY_FAILS = r"test_decay_is_inverse_square_root|tests? failed|gate guards failed"
 
 
 def honest_when(condition: str, imports: str = "", helper: str = "") -> Edit:
