@@ -181,7 +181,7 @@ class Workspace:
         # Neutral names: a random temp folder holding a checkout named as the user's own (a clone's name), so
         # nothing in the judged checkout's path says it is being judged.
         holder = Path(tempfile.mkdtemp())
-        worktree = holder / repo_dir.name
+        worktree = holder / (repo_dir.name or "repo")
         try:
             _git(repo_dir, "worktree", "add", "-q", "--detach", str(worktree), base_sha)
             yield Workspace(repo=repo_dir, worktree=worktree, base=base_sha, branch=None, run_id="scratch")
