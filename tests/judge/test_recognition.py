@@ -124,6 +124,8 @@ def _judged_runs(checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     return _facts(seen["job"]), _facts(seen["pytest"])
 
 
+@pytest.mark.slow  # ~20 s on 2 idle cores (a judging's setup, two probes each way); the default run keeps
+# tests/jobs/test_jobs_sandbox.py's overlay test and tests/judge/test_bytecode.py
 def test_a_judged_run_shows_what_a_users_run_shows(checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     user, user_pytest = _user_runs(checkout, tmp_path)
     judged, judged_pytest = _judged_runs(checkout, tmp_path, monkeypatch)
