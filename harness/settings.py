@@ -14,6 +14,7 @@ __all__ = ["temper_home", "runs_dir", "data_dir", "api_key", "base_url", "no_col
 
 _KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 _URLS = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
+_REPLACED: dict[str, str | None] = {}  # while torch_caches_while runs: the values it replaced (None: unset)
 
 
 def temper_home() -> Path:
@@ -75,6 +76,11 @@ def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     # guard: allow ssot -- child processes (jobs, the agent's shell) inherit the environment minus secrets
     env = {name: value for name, value in os.environ.items() if not _is_secret(name)}
+    for name, value in _REPLACED.items():  # the user's own values, not the judge's caches (torch_caches_while)
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     env.update(overrides or {})
     return env
 
@@ -82,12 +88,15 @@ def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
 @contextlib.contextmanager
 def torch_caches_while(triton: str, inductor: str) -> Iterator[None]:
     """This process's TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR while the block runs, restored after: torch reads
-    them lazily in this process (the judge's own, while it judges)."""
+    them lazily in this process (the judge's own, while it judges). Its children get the replaced values back
+    (child_env): the judge's caches are its own."""
     saved_triton, saved_inductor = os.environ.get("TRITON_CACHE_DIR"), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    _REPLACED.update({"TRITON_CACHE_DIR": saved_triton, "TORCHINDUCTOR_CACHE_DIR": saved_inductor})
     os.environ["TRITON_CACHE_DIR"], os.environ["TORCHINDUCTOR_CACHE_DIR"] = triton, inductor
     try:
         yield
     finally:
+        _REPLACED.clear()
         if saved_triton is None:
             os.environ.pop("TRITON_CACHE_DIR", None)
         else:

@@ -22,7 +22,6 @@ configured.
 
 import contextlib
 import json
-import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -179,9 +178,10 @@ class Workspace:
         r = _open_repo(Path(repo))
         repo_dir = Path(r.working_tree_dir or repo).resolve()
         base_sha = _resolve_commit(repo_dir, base)
-        # Neutral, random names: nothing in the judged checkout's path says it is being judged.
+        # Neutral names: a random temp folder holding a checkout named as the user's own (a clone's name), so
+        # nothing in the judged checkout's path says it is being judged.
         holder = Path(tempfile.mkdtemp())
-        worktree = holder / secrets.token_hex(6)
+        worktree = holder / (repo_dir.name or "repo")
         try:
             _git(repo_dir, "worktree", "add", "-q", "--detach", str(worktree), base_sha)
             yield Workspace(repo=repo_dir, worktree=worktree, base=base_sha, branch=None, run_id="scratch")

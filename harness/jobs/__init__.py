@@ -10,7 +10,7 @@ Candidate code runs sandboxed: JobSpec(..., sandbox=Sandbox(writable=(job_dir,),
 """
 
 from harness.jobs.local import LocalJob
-from harness.jobs.sandbox import Sandbox, SandboxUnavailable, probe
+from harness.jobs.sandbox import Sandbox, SandboxUnavailable, overlay_changes, probe
 from harness.jobs.slurm import SlurmJob
 from harness.jobs.spec import (
     TERMINAL_STATES,
@@ -31,6 +31,7 @@ __all__ = [
     "JobError",
     "SubmitError",
     "LocalJob",
+    "overlay_changes",
     "SlurmJob",
     "TERMINAL_STATES",
     "Sandbox",

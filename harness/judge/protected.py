@@ -5,8 +5,9 @@ attempt side never does: the agent's shell can edit `.gitignore`, `.git/info/exc
 (`git update-index --assume-unchanged`) to hide a change from git, so every file on disk is walked
 and hashed here, the way git would hash it (a blob id), and compared path by path.
 
-Only byte-level caches that the gates themselves neutralise are skipped: `__pycache__` folders (gates
-run Python with PYTHONPYCACHEPREFIX pointing elsewhere, so planted bytecode is never loaded) and
+Only byte-level caches that the gates themselves neutralise are skipped: `__pycache__` folders (sandboxed,
+the judge replaces them with its own compile and keeps them read-only, harness/judge/bytecode.py; unsandboxed,
+gates run Python with PYTHONPYCACHEPREFIX pointing elsewhere, so planted bytecode is never loaded) and
 `.pytest_cache` (gates run pytest with `-p no:cacheprovider`).
 """
 

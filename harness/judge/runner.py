@@ -12,17 +12,22 @@ The order of one judging:
    any candidate code runs (the `protected` gate reports it);
 2. the checkout's full manifest is taken; after every gate it is taken again, and a file that changed
    while candidate code ran (a test rewriting a test, a job planting a conftest) rejects the attempt;
-3. candidate processes (pytest, jobs) run in the sandbox (harness/jobs/sandbox.py): the checkout
-   read-only, only their own neutral folder writable, no network, the judge's records out of sight;
+3. candidate processes (pytest, jobs) run in the sandbox (harness/jobs/sandbox.py): the checkout seen writable
+   as a user's is, through an overlay whose changes the judge reads after the gate (any rejects), its
+   judge-compiled bytecode read-only, only their own neutral folder really writable, no network, the judge's
+   records out of sight;
 4. pytest runs with a judge-owned ini (`-c`), plugin autoload off, rootdir and confcutdir fixed, no
    cache provider; the collected test IDs must include every test ID of the base; new test files of
    the candidate run in a pytest process of their own and never count toward min_collected;
 5. jobs print through a pipe the judge owns into the judge's records (`runs/<id>/jobs/<job>/log` with
    line arrival times); `{job_dir}` is a neutral folder the job may write, whose contents are claims.
 
-Every Python process a gate starts imports the checkout's code first (PYTHONPATH), keeps bytecode out
-of it, and gets `settings.child_env()`: no API keys. Each judging draws a seed (`{seed}` in job argv,
-TEMPER_JUDGE_SEED for tests) so acceptance inputs cannot be special-cased.
+Every Python process a gate starts imports the checkout's code first (its working folder, PYTHONPATH for
+pytest), loads only bytecode the judge compiled (harness/judge/bytecode.py; unsandboxed: none, it goes elsewhere),
+and gets `settings.child_env()`: no API keys. Sandboxed, it runs as a user's run would (docs/HARNESS.md, "A judged
+run is a user's run"): Python's defaults, a writable checkout and home, no cache or temp variables of the judge's.
+Each judging draws a seed (`{seed}` in job argv, TEMPER_JUDGE_SEED for tests) so acceptance inputs cannot be
+special-cased.
 """
 
 import contextlib
@@ -40,8 +45,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harness.jobs import JobSpec, Sandbox, launch, probe
+from harness.jobs import JobSpec, Sandbox, launch, overlay_changes, probe
 from harness.judge.barrier import BARRIER_OPTION as BARRIER, write_barrier
+from harness.judge.bytecode import PrecompileError, precompile
 from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, load_base
 from harness.judge.hardware import check_requires, wait_watching_gpus
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
@@ -122,6 +128,8 @@ class _Judging:
     saves: dict[str, tuple[SavePlan, CheckpointKeeper | None]] = field(default_factory=dict)  # train job -> its saves
     batches: dict[tuple[str, ...], Any] = field(default_factory=dict)  # base `engine batches` argv -> its answer
     scratch: list[Path] = field(default_factory=list)  # the judge's own temp folders, removed after the judging
+    pycache: tuple[Path, ...] = ()  # the judge-compiled bytecode folders of the checkout (read-only in the sandbox)
+    overlays: list[Path] = field(default_factory=list)  # what sandboxed processes wrote to the checkout, not yet checked
 
 
 class GateRunner:
@@ -170,7 +178,7 @@ class GateRunner:
         with Workspace.scratch(self.repo, self.base) as scratch:
             tree = scratch.worktree
             holder = tree.parent
-            env = self._pytest_env(tree, holder, seed)
+            env = self._pytest_env(tree, holder, seed, sandboxed=not sandbox_flags)
             patch = holder / f"{secrets.token_hex(6)}.patch"
             patch.write_text(diff, encoding="utf-8", errors="surrogateescape")
             view = PatchView(paths=(), binary=(), modes=())
@@ -189,11 +197,17 @@ class GateRunner:
             # (over anything the patch put at its paths, which the policy has already named).
             policy = check_policy(self.milestone, view, changed_files(before, tree_manifest(tree)), tree,
                                   held_out=frozenset(self._hidden_files()))
+            pycache: tuple[Path, ...] = ()
             if not policy.violations:  # (a refused patch runs nothing, and may have planted links on those paths)
                 self._overlay_hidden(tree)
+                if not sandbox_flags:
+                    try:
+                        pycache = precompile(tree)
+                    except PrecompileError as err:
+                        raise GateError(f"the judge cannot compile the checkout: {err}") from None
             judging = _Judging(attempt=attempt, label=label, tree=tree, holder=holder, live_tree=live_tree, diff=diff,
                                log_dir=log_dir, env_overrides=env, policy=policy, expected=tree_manifest(tree),
-                               seed=seed, device=device, flags=list(sandbox_flags))
+                               seed=seed, device=device, flags=list(sandbox_flags), pycache=pycache)
             judging.scratch.append(Path(tempfile.mkdtemp(dir=holder.parent)))
             with _removed_after(judging.scratch), _judge_caches(judging.scratch[-1]):  # (the list is read at the end)
                 results = self._run_all(judging)
@@ -252,11 +266,15 @@ class GateRunner:
             target.unlink(missing_ok=True)  # never write through whatever stood there
             shutil.copyfile(file, target)
 
-    def _pytest_env(self, tree: Path, holder: Path, seed: int) -> dict[str, str]:
-        """Environment overrides of candidate processes: the checkout's code first, bytecode elsewhere, no
-        pytest plugin unless the judge names it (-p) and nobody's PYTEST_ADDOPTS; the judge's seed for tests."""
-        return {**python_env(tree, _neutral(holder)), "TEMPER_JUDGE_SEED": str(seed),
-                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": ""}
+    def _pytest_env(self, tree: Path, holder: Path, seed: int, *, sandboxed: bool = False) -> dict[str, str]:
+        """Environment overrides of candidate processes: the checkout's code first, no pytest plugin unless the
+        judge names it (-p) and nobody's PYTEST_ADDOPTS; the judge's seed for tests. Bytecode: sandboxed, the
+        judge compiled the checkout and its `__pycache__` folders are read-only (harness/judge/bytecode.py), so
+        Python runs with its defaults, as a user's does; unsandboxed, it goes elsewhere."""
+        python = python_env(tree, _neutral(holder))
+        if sandboxed:
+            python = {"PYTHONPATH": python["PYTHONPATH"]}
+        return {**python, "TEMPER_JUDGE_SEED": str(seed), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": ""}
 
     def _collect_base_ids(self, log_dir: Path) -> None:
         """Test IDs each pytest gate collects on the base (+ hidden material), in a checkout of its own that
@@ -323,6 +341,8 @@ class GateRunner:
             started = time.monotonic()
             result = self._run_one(gate, judging)
             moved = changed_files(judging.expected, tree_manifest(judging.tree))
+            moved.update({p: k for changes in judging.overlays for p, k in overlay_changes(changes).items() if p not in moved})
+            judging.overlays.clear()
             if moved:
                 result = GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=result.log_tail,
                                     violations=tuple(f"{path}: {kind} while gate {gate.name} ran" + (
@@ -445,7 +465,7 @@ class GateRunner:
         shown = TestFileProgress(token, is_canary=canaries.is_canary, files=files,
                                  show=lambda text, done, total: self.progress.live("tests", text, done, total))
         spec = JobSpec(name=f"{judging.label}-{name}", argv=argv, cwd=judging.tree, log_path=log, timeout_s=timeout_s,
-                       env={**judging.env_overrides, **_cache_env(scratch), "PYTHONPATH": path}, kill_grace_s=5.0,
+                       env={**judging.env_overrides, **self._caches(scratch), "PYTHONPATH": path}, kill_grace_s=5.0,
                        on_line=shown, **self._sandbox_kwargs(judging, writable=(scratch,)))
         self.logs[spec.name] = log
         result = launch(spec).wait(poll_s=0.2)
@@ -550,17 +570,30 @@ class GateRunner:
         return None
 
     def _sandbox_kwargs(self, judging: _Judging, *, writable: tuple[Path, ...], launcher: str = "local",
-                        readonly: tuple[Path, ...] = (), hidden: tuple[Path, ...] = ()) -> dict[str, Any]:
-        """JobSpec fields that put a candidate process in the sandbox: everything read-only, the judged
-        checkout and the judge's temp folder too (they live under /tmp, which is private inside), only
-        `writable` writable, the judge's records and the home's milestones (hidden material, references)
-        out of sight, no network. None when unsandboxed, and for SLURM jobs (run on other hosts)."""
+                        readonly: tuple[Path, ...] = (), hidden: tuple[Path, ...] = (), cwd: Path | None = None) -> dict[str, Any]:
+        """JobSpec fields that put a candidate process in the sandbox: everything read-only, the judge's temp
+        folder too (it lives under /tmp, which is private inside), only `writable` writable, the judge's records
+        and the home's milestones (hidden material, references) out of sight, no network. The judged checkout,
+        when it is the process's `cwd` (the default), is seen writable as a user's is: an overlay whose changes
+        the judge reads after the gate (any rejects, as a changed file does), its judge-compiled `__pycache__`
+        folders read-only; the user's home likewise, its writes discarded. None when unsandboxed, and for SLURM
+        jobs (run on other hosts)."""
         if self.unsandboxed or launcher != "local":
             return {}
         hidden = tuple(p for p in (self.record.dir.parent, self.home / "milestones", *hidden) if p.exists()
                        and not judging.tree.is_relative_to(p))
-        return {"sandbox": Sandbox(writable=writable, readonly=(judging.holder, *readonly), hidden=hidden,
-                                   gpus=judging.device == "cuda")}
+        overlaid: tuple[tuple[Path, Path], ...] = ()
+        if cwd is None or cwd == judging.tree:
+            changes = Path(tempfile.mkdtemp(dir=judging.scratch[0]))  # out of the sandbox's sight (beside the holder)
+            judging.overlays.append(changes)
+            overlaid, readonly = ((judging.tree, changes),), (*readonly, *judging.pycache)
+        return {"sandbox": Sandbox(writable=writable, readonly=(judging.holder, *readonly), hidden=hidden, overlaid=overlaid,
+                                   home=True, gpus=judging.device == "cuda")}
+
+    def _caches(self, folder: Path) -> dict[str, str]:
+        """The cache and temp variables of a candidate process (`_cache_env`), unsandboxed only: in the sandbox its
+        home is writable and /tmp private, both gone with it, so its caches go where a user's run puts them."""
+        return {} if not self.unsandboxed else _cache_env(folder)
 
     # ------------------------------------------------------------------ jobs
 
@@ -580,7 +613,8 @@ class GateRunner:
         return JobSpec(
             name=name, argv=["-m", "engine", *argv] if several else [sys.executable, "-m", "engine", *argv],
             torchrun=several, launcher=gate.launcher, nproc=gate.nproc, nodes=gate.nodes, timeout_s=timeout_s,
-            env={**gate.env, **_cache_env(job_dir), **_job_env(judging.env_overrides)}, cwd=judging.tree, log_path=log_path,
+            env={**gate.env, **self._caches(job_dir), **_job_env(judging.env_overrides, path=self.unsandboxed)}, cwd=judging.tree,
+            log_path=log_path,
             gpus_per_node=gate.gpus, partition=gate.partition, kill_grace_s=10.0, **extra,
             **self._sandbox_kwargs(judging, writable=writable, readonly=readonly, launcher=gate.launcher, hidden=unnamed),
         )
@@ -744,12 +778,13 @@ class GateRunner:
     def _op_process(self, gate: JobGate, judging: _Judging, *, name: str, argv: list[str], tree: Path, log_path: Path,
                     writable: tuple[Path, ...], hidden: tuple[Path, ...], caches: Path) -> tuple[Any, set[str] | None]:
         """One sandboxed op-bench process in `tree`, recorded like any job: (its JobResult, GPUs seen or None)."""
-        paths = python_env(tree, _neutral(judging.holder))
+        paths = python_env(tree, _neutral(judging.holder)) if tree != judging.tree else {"PYTHONPATH": judging.env_overrides["PYTHONPATH"]}
         paths["PYTHONPATH"] += os.pathsep + str(_JUDGE_ROOT)  # the checkout's engine first, then the judge's harness
-        env = {**gate.env, **_cache_env(caches), **_job_env({**judging.env_overrides, **paths})}
+        env = {**gate.env, **(self._caches(caches) if tree == judging.tree else _cache_env(caches)),
+               **_job_env({**judging.env_overrides, **paths})}
         spec = JobSpec(name=name, argv=argv, timeout_s=gate.timeout_s, env=env, cwd=tree, log_path=log_path,
                        gpus_per_node=gate.gpus, kill_grace_s=10.0,
-                       **self._sandbox_kwargs(judging, writable=writable, readonly=(tree.parent,), hidden=hidden))
+                       **self._sandbox_kwargs(judging, writable=writable, readonly=(tree.parent,), hidden=hidden, cwd=tree))
         self.logs[name] = log_path
         job = launch(spec)
         self.record.job_started(name, list(spec.argv), attempt=judging.attempt, launcher="local", job_id=job.job_id,
@@ -973,7 +1008,7 @@ class GateRunner:
             paths = python_env(tree, _neutral(judging.holder))
             env = {**_cache_env(out), **_job_env({**judging.env_overrides, **paths})}
             spec = JobSpec(name=name, argv=argv, timeout_s=600, env=env, cwd=tree, log_path=log, kill_grace_s=5.0,
-                           **self._sandbox_kwargs(judging, writable=(out,), readonly=(tree.parent,)))
+                           **self._sandbox_kwargs(judging, writable=(out,), readonly=(tree.parent,), cwd=tree))
             self.progress("job", f"{name}: the base engine states the batches of steps {steps[0]}..{steps[-1]}")
             result = launch(spec).wait(poll_s=0.2)
             text = result.read_log()
@@ -1015,6 +1050,10 @@ def _removed_after(folders: list[Path]) -> Iterator[None]:
         yield
     finally:
         for folder in folders:
+            for parent, dirs, _ in os.walk(folder):  # overlayfs leaves its work folder unreadable (mode 000)
+                for name in dirs:
+                    with contextlib.suppress(OSError):
+                        os.chmod(os.path.join(parent, name), 0o700)
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -1039,9 +1078,11 @@ def _cache_env(folder: Path) -> dict[str, str]:
             "TMPDIR": str(tmp)}
 
 
-def _job_env(overrides: dict[str, str]) -> dict[str, str]:
-    """A job gets the checkout's code and no pytest or seed variables: its seed, if any, is in its argv."""
-    return {k: v for k, v in overrides.items() if not k.startswith(("PYTEST_", "TEMPER_JUDGE_"))}
+def _job_env(overrides: dict[str, str], *, path: bool = True) -> dict[str, str]:
+    """A job gets the checkout's code and no pytest or seed variables: its seed, if any, is in its argv. `path=False`:
+    not the PYTHONPATH either, for a `python -m` run in the checkout, which puts it first on its path by itself, as a
+    user's run does (sandboxed: no other folder of the user's can shadow it there)."""
+    return {k: v for k, v in overrides.items() if not k.startswith(("PYTEST_", "TEMPER_JUDGE_")) and (path or k != "PYTHONPATH")}
 
 
 def _wait_keeping(job: Any, keeper: CheckpointKeeper) -> Any:

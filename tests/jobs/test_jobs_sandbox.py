@@ -141,13 +141,60 @@ def test_wrap_orders_mounts_and_keeps_the_job_signalable(tmp_path: Path) -> None
     text = " ".join(argv)
     # shallow first: the hidden folder, then the writable folder inside it, then the read-only remount
     assert text.index(f"--tmpfs {tmp_path / 'records'}") < text.index(f"--bind {inner}") < text.index("--remount-ro")
-    assert "--new-session" not in argv and "--share-net" not in argv and "--unshare-all" in argv
+    assert "--new-session" not in argv and "--unshare-net" in argv and "--unshare-pid" in argv and "--unshare-user" in argv
+    assert "--unshare-all" not in argv and "--unshare-cgroup" not in argv  # a user's run shows the same cgroup
     assert "--dev" in argv and "--dev-bind" not in argv and "/dev/shm" in argv
     assert ["--chdir", str(tmp_path)] == argv[argv.index("--chdir"):argv.index("--chdir") + 2]
     gpu = Sandbox(writable=(inner,), network=True, gpus=True, bwrap="/x/bwrap").wrap(["true"])
-    assert "--dev-bind" in gpu and "--share-net" in gpu and "GLOO_SOCKET_IFNAME" not in gpu
+    assert "--dev-bind" in gpu and "--unshare-net" not in gpu and "GLOO_SOCKET_IFNAME" not in gpu
     with pytest.raises(ValueError, match="does not exist"):
         Sandbox(writable=(tmp_path / "missing",), bwrap="/x/bwrap").wrap(["true"])
+
+
+OVERLAID = """
+import os
+from pathlib import Path
+def attempt(what, path):
+    try:
+        what(path)
+        return "ok"
+    except OSError as err:
+        return type(err).__name__
+print("write", attempt(lambda p: Path(p).write_text("mine"), "tree/new.py"))
+print("edit", attempt(lambda p: Path(p).write_text("changed"), "tree/kept.py"))
+print("delete", attempt(os.unlink, "tree/gone.py"))
+print("reads", Path("tree/new.py").read_text(), Path("tree/kept.py").read_text())
+print("pycache", attempt(lambda p: Path(p).write_bytes(b"x"), "tree/__pycache__/kept.cpython-311.pyc"))
+print("home", attempt(lambda p: Path(p).write_text("x"), str(Path.home() / "HOME_PROBE")))
+"""
+
+
+@needs_sandbox
+def test_an_overlaid_folder_is_seen_writable_and_the_changes_are_reported_not_made(dirs: dict[str, Path],
+                                                                                  tmp_path: Path) -> None:
+    """A judged checkout is writable as a user's is (harness/judge/bytecode.py, docs/HARNESS.md): the writes go to
+    the caller's `changes` folder, which overlay_changes reads; the folder itself and a read-only folder inside it
+    do not change; the home is writable too, its writes discarded."""
+    from harness.jobs.sandbox import overlay_changes
+
+    tree = dirs["job"] / "tree"
+    (tree / "__pycache__").mkdir(parents=True)
+    (tree / "kept.py").write_text("base")
+    (tree / "gone.py").write_text("base")
+    changes = tmp_path / "changes"
+    box = Sandbox(writable=(dirs["job"],), readonly=(tree / "__pycache__",), overlaid=((tree, changes),), home=True)
+    home_probe = Path.home() / f".temper-sandbox-{tmp_path.name}"
+    spec = JobSpec(name="overlay", argv=[PY, "-c", OVERLAID.replace("HOME_PROBE", home_probe.name)], cwd=dirs["job"], log_path=dirs["logs"] / "overlay.log",
+                   sandbox=box, timeout_s=120)
+    result = launch(spec).wait(poll_s=0.05)
+    log = result.read_log()
+    assert result.ok, log
+    assert "write ok" in log and "edit ok" in log and "delete ok" in log and "reads mine changed" in log, log
+    assert "pycache OSError" in log and "home ok" in log, log
+    assert sorted(p.name for p in tree.iterdir()) == ["__pycache__", "gone.py", "kept.py"]
+    assert (tree / "kept.py").read_text() == "base" and not any((tree / "__pycache__").iterdir())
+    assert overlay_changes(changes) == {"gone.py": "deleted", "kept.py": "written", "new.py": "written"}
+    assert not home_probe.exists()
 
 
 def test_probe_names_a_missing_binary(tmp_path: Path) -> None:

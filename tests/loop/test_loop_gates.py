@@ -369,7 +369,7 @@ def test_gate_subprocesses_never_see_api_keys(runner: GateRunner, home: Path, tm
     pytest_gate = verdict.gates[2]
     assert not verdict.accepted and "new test file(s) fail on their own" in pytest_gate.summary
     seen = (runner.record.attempt_dir(1) / "gates" / "pytest-new-tests.log").read_text()
-    assert "PYTHONPYCACHEPREFIX" in seen and "TEMPER_JUDGE_SEED" in seen  # the dump happened
+    assert "PYTHONPATH" in seen and "TEMPER_JUDGE_SEED" in seen  # the dump happened
     assert "ANTHROPIC_API_KEY" not in seen and "MY_SERVICE_TOKEN" not in seen
     found = subprocess.run(["grep", "-r", "GATESECRET", str(runner.record.dir)], capture_output=True, text=True)
     assert found.returncode == 1 and found.stdout == ""
@@ -435,8 +435,9 @@ def test_a_run_verified_on_its_final_step_is_replayed_to_a_secret_step(home: Pat
 
 
 def test_a_candidate_job_cannot_write_outside_its_own_folder(home: Path, tmp_path: Path) -> None:
-    """Inside the sandbox a job writes its {job_dir} and nothing else: not the judged checkout, not the
-    judge's records, not the home's milestones."""
+    """Inside the sandbox a job writes its {job_dir} and nothing else: not the judge's records, not the home's
+    milestones; the judged checkout is seen writable, as a user's is, but the write never reaches it and rejects the
+    attempt (a file written while a gate ran)."""
     records = tmp_path / "runs"
     # Outside /tmp, which is private inside the sandbox (a write there never reaches the host either).
     probe_file = Path("/var/tmp") / f"temper-sandbox-{tmp_path.name}-{os.getpid()}.txt"
@@ -448,7 +449,7 @@ def test_a_candidate_job_cannot_write_outside_its_own_folder(home: Path, tmp_pat
     milestone = load_milestone(home / "milestones/writes.toml", root=home)
     record = RunRecord.create(milestone_id="writes", spec_hash=milestone.spec_hash, agent={"spec": "none"},
                               base_commit="0" * 40, branch="", worktree="", runs_root=records)
-    targets = {"checkout": "engine/config.py", "records": str(record.dir / "planted"), "home": str(home / "milestones/x"),
+    targets = {"checkout": "planted_by_job.py", "records": str(record.dir / "planted"), "home": str(home / "milestones/x"),
                "outside": str(probe_file)}
     attempt = "\n".join(
         f"try:\n    open({t!r}, 'a').write('x')\n    print('WROTE {k}')\nexcept OSError:\n    print('DENIED {k}')"
@@ -458,8 +459,10 @@ def test_a_candidate_job_cannot_write_outside_its_own_folder(home: Path, tmp_pat
     base = git(home, "rev-parse", "HEAD").strip()
     verdict = GateRunner(milestone=milestone, repo=home, base=base, record=record).judge(patch.read_text(), attempt=1)
     log = (record.dir / "jobs/a1-train/log").read_text()
-    assert all(f"DENIED {k}" in log for k in targets), log[:2000]
+    assert all(f"DENIED {k}" in log for k in targets if k != "checkout") and "WROTE checkout" in log, log[:2000]
     written = probe_file.exists()
     probe_file.unlink(missing_ok=True)
     assert not written and not (record.dir / "planted").exists() and not (home / "milestones/x").exists()
-    assert verdict.gates[1].passed, verdict.gates[1].summary  # the job itself ran and wrote its own folder
+    assert "[LOSS]" in log  # the job itself ran and wrote its own folder
+    train = verdict.gates[1]
+    assert not train.passed and "planted_by_job.py: written while gate train ran" in train.violations, train.violations
