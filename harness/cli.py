@@ -73,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--quiet", action="store_true")
 
     runs = sub.add_parser("runs", help="list the runs under runs/")
-    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--json", action="store_true", help="print the runs as JSON on stdout")
+    runs.add_argument("--prune", action="store_true",
+                      help="remove the worktrees and temper/<id> branches of finished runs (accepted, rejected, out of "
+                           "budget) and say what was removed; records stay, resumable runs are left alone")
 
     report = sub.add_parser("report", help="write runs/<id>/report.html (self-contained)")
     report.add_argument("run_id", metavar="RUN_ID")
@@ -103,6 +106,9 @@ def _progress(quiet: bool):  # noqa: ANN202 -- harness.progress.Progress, import
 
 def _print_outcome(outcome) -> int:  # noqa: ANN001
     print(f"run {outcome.run_id}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
+    if outcome.discarded:
+        print(f"  it did no work: its worktree, branch temper/{outcome.run_id} and records were removed")
+        return EXIT_FAILED
     print(f"  records: {outcome.run_dir}")
     if outcome.report is not None:
         print(f"  report:  {outcome.report}")
@@ -213,6 +219,12 @@ def _runs(args: argparse.Namespace) -> int:
 
     from harness.records import list_runs
 
+    if args.prune:
+        from harness.session import prune_runs
+
+        removed = prune_runs()
+        print("\n".join(removed) if removed else "nothing to prune: no finished run left a worktree or branch")
+        return EXIT_OK
     rows = list_runs()
     if args.json:
         print(json.dumps([{"id": r.id, "milestone": r.milestone_id, "status": r.status, "agent": r.agent, "started": r.started,
