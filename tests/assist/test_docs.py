@@ -143,3 +143,17 @@ def test_the_configuration_reference_is_generated_from_engine_config() -> None:
         default = str(f.default).lower() if isinstance(f.default, bool) else \
             f'"{f.default}"' if isinstance(f.default, str) else repr(f.default)
         assert f"| `{default}` |" in row, (f.name, row)
+
+
+def test_the_install_docs_say_how_to_get_the_cpu_torch() -> None:
+    """Plain PyPI resolves Linux torch to the CUDA build (GBs of NVIDIA wheels): a page that installs the pinned
+    torch for CPU says to take torch alone from PyTorch's CPU index, and never calls the PyPI pin the CPU build."""
+    for doc in (REPO / "README.md", REPO / "docs" / "quickstart.md"):
+        text = doc.read_text(encoding="utf-8")
+        assert "is the CPU build" not in text, doc
+        cpu = [line for s in snippets(text) for line in s.splitlines() if "download.pytorch.org/whl/cpu" in line]
+        assert cpu, f"{doc.name}: no `pip install torch==... --index-url https://download.pytorch.org/whl/cpu`"
+        for line in cpu:  # torch alone from that index: the project's other dependencies come from the usual one
+            words = line.split("#")[0].split()
+            assert words[:2] == ["pip", "install"] and [w for w in words[2:] if not w.startswith("-") and "://" not in w] \
+                == [next(w for w in words if w.startswith("torch=="))], line
