@@ -27,7 +27,7 @@ _EPILOG = """examples:
   temper report <run-id>
 
 exit codes: 0 accepted / success, 1 rejected / failed, 2 bad usage or spec, 3 this machine lacks the
-hardware the milestone needs (nothing was judged), 130 interrupted"""
+hardware or the shared data the milestone needs (nothing was judged), 130 interrupted"""
 
 
 _UNSANDBOXED = ("run candidate code (tests, jobs) without the OS sandbox, with your rights: local experiments only; "
@@ -169,10 +169,9 @@ def _print_table(table: list[tuple[str, ...]]) -> None:
 
 
 def _milestones(args: argparse.Namespace) -> int:
-    from harness.judge.hardware import NeedsHardware, check_requires, probe_machine
+    from harness.judge.hardware import NeedsHardware, check_data, check_requires, probe_machine
     from harness.session import load_spec
     from harness.settings import data_dir, temper_home
-    from harness.spec import JobGate
 
     home = temper_home()
     data = data_dir(home)
@@ -183,8 +182,10 @@ def _milestones(args: argparse.Namespace) -> int:
             check_requires(m.requires, machine)
         except NeedsHardware as err:
             return str(err).partition("; ")[2] or str(err)
-        if not data.is_dir() and any(isinstance(g, JobGate) and any("{data}" in a for a in g.argv) for g in m.gates):
-            return f"its jobs read {{data}} and {data} does not exist (set TEMPER_DATA)"
+        try:
+            check_data(m, data)
+        except NeedsHardware:
+            return f"{data} lacks the data its jobs read (set TEMPER_DATA; temper doctor --requires data)"
         return ""
 
     rows = [load_spec(p.stem, home) for p in sorted((home / "milestones").glob("*.toml"))]

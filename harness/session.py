@@ -223,9 +223,11 @@ def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None,
     progress = progress or Progress()
     options = options or LoopOptions()
     milestone = with_budget(load_spec(milestone_name, home), budget or {})
-    from harness.judge import check_requires
+    from harness.judge import check_data, check_requires
+    from harness.settings import data_dir
 
     check_requires(milestone.requires)  # NeedsHardware before anything is created or spent
+    check_data(milestone, data_dir(home))
     head = repo_head(home)
     if agent_spec.startswith("replay:"):  # recorded absolute, so `temper resume` works from any folder
         agent_spec = "replay:" + str(Path(agent_spec[len("replay:"):]).resolve())
@@ -314,14 +316,15 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
 
     Recorded as a run (`<id>-gate`, attempt 1) so its job logs and report live where every run's do.
     """
-    from harness.judge import GateError, GateRunner, NeedsHardware, check_requires
+    from harness.judge import GateError, GateRunner, NeedsHardware, check_data, check_requires
     from harness.report import write_report
-    from harness.settings import runs_dir, temper_home
+    from harness.settings import data_dir, runs_dir, temper_home
 
     home = Path(home or temper_home())
     progress = progress or Progress()
     milestone = load_spec(milestone_name, home)
     check_requires(milestone.requires)  # NeedsHardware before anything is created
+    check_data(milestone, data_dir(home))
     repo_head(home)
     base_sha = _git(home, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").stdout.strip()
     if not base_sha:

@@ -42,7 +42,7 @@ from typing import Any
 
 from harness.jobs import JobSpec, Sandbox, launch, probe
 from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, load_base
-from harness.judge.hardware import check_requires, wait_watching_gpus
+from harness.judge.hardware import check_data, check_requires, wait_watching_gpus
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
 from harness.judge.live import StepProgress, TestFileProgress, count_text
 from harness.judge.metrics import JobOutcome, judge_metrics
@@ -154,9 +154,10 @@ class GateRunner:
     def judge(self, diff: str, *, attempt: int, live_tree: Path | None = None) -> Verdict:
         """All gates on base + `diff`. attempt 0 is a dry run (recorded as jobs only, never as an attempt).
 
-        Raises NeedsHardware when this machine lacks what the milestone requires, GateError when the
+        Raises NeedsHardware when this machine lacks what the milestone requires (hardware, shared data), GateError when the
         candidate cannot be judged at all (the patch does not apply, no sandbox can start)."""
         device = check_requires(self.milestone.requires)
+        check_data(self.milestone, data_dir(self.home))
         sandbox_flags = self._check_sandbox()
         if attempt == 0:
             self._dry_runs += 1
