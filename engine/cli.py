@@ -22,11 +22,14 @@ _GROUP_TITLES = {
 }
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = ()) -> None:
+    """A flag per EngineConfig field (`only`: just those fields, for a command that reads no others)."""
     parser.add_argument("--config", default=argparse.SUPPRESS, metavar="RUN.TOML",
                         help="TOML file of EngineConfig fields; flags given here override it")
     groups: dict[str, Any] = {}
     for f in fields(EngineConfig):
+        if only and f.name not in only:
+            continue
         group_name = f.metadata["group"]
         if group_name not in groups:
             groups[group_name] = parser.add_argument_group(_GROUP_TITLES[group_name])
@@ -62,7 +65,8 @@ def config_reference() -> str:
            "<!-- Generated: `python -m engine config-reference > docs/configuration.md`. Do not edit by hand; "
            "tests/assist/test_docs.py fails when this file and EngineConfig disagree. -->", "",
            "Every field of `EngineConfig` (`engine/config.py`, the single source of truth) is a flag of "
-           "`python -m engine pretrain`, `prepare` and `warmup-kernels`, a key of a `--config run.toml` file (flat or "
+           "`python -m engine pretrain` and `warmup-kernels` (`prepare` takes the ones it reads: data source, tokenizer, "
+           "vocabulary), a key of a `--config run.toml` file (flat or "
            "under `[engine]`), and a key a preset in `engine/model_spec.toml` may set. A run takes the field's default, "
            "then the preset's value (`--preset`), then the `--config` file's, then the flags given. Booleans are "
            "`--name` / `--no-name`. A bad value stops the run before anything is written, with one line naming the "
@@ -109,8 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
                                           "(engine/model_spec.toml) < --config < flags.")
     _add_config_flags(pretrain)
 
-    prepare = sub.add_parser("prepare", help="tokenize a dataset into memory-mapped token shards")
-    _add_config_flags(prepare)
+    from engine.data.prepare import PREPARE_FIELDS
+
+    prepare = sub.add_parser("prepare", help="tokenize a dataset into memory-mapped token shards",
+                             description="Tokenize a Hub dataset or local files (parquet, arrow, json/jsonl, csv, txt; "
+                                         "needs the [data] extra) into the shards `pretrain --data-path` reads. "
+                                         "Preparing your own data: docs/data.md.")
+    _add_config_flags(prepare, PREPARE_FIELDS)
     prepare.add_argument("--out", required=True, help="output folder for the shards and index.json")
     prepare.add_argument("--num-proc", type=int, default=1, help="tokenizer worker processes")
 
