@@ -146,8 +146,7 @@ class BatchLoader:
         """Rank-independent position: every rank holds the same dict, so one copy resumes all."""
         return {"version": LOADER_STATE_VERSION, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                 "consumed_samples": self.consumed_samples, "seed": self.seed, "global_batch_size": self.global_batch_size,
-                "num_samples": len(self.samples), "fingerprint": self.samples.fingerprint,
-                "seq_length": self.samples.seq_length}
+                "num_samples": len(self.samples), "fingerprint": self.samples.fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where `state` left off; refuses a state from other data, seed or batch."""
@@ -155,10 +154,6 @@ class BatchLoader:
             raise ConfigError("--resume", f"loader state version {state.get('version')!r}",
                               f"resume with an engine that writes version {LOADER_STATE_VERSION}, or start a fresh run",
                               "is not readable")
-        if state.get("seq_length", self.samples.seq_length) != self.samples.seq_length:  # (older states lack it)
-            raise ConfigError("--seq-length", self.samples.seq_length,
-                              f"resume with --seq-length {state['seq_length']} (the data position is in its windows), "
-                              "or start a fresh run", "differs from the checkpoint's")
         if state["fingerprint"] != self.samples.fingerprint or state["num_samples"] != len(self.samples):
             raise DataMismatch(f"this run's data ({len(self.samples)} samples of --seq-length {self.samples.seq_length}, "
                                f"fingerprint {self.samples.fingerprint}) is not the data of the checkpoint it resumes "
