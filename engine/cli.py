@@ -1,4 +1,5 @@
-"""`python -m engine <command>`: pretrain, prepare, export-hf, export-int8, warmup-kernels, batches, env, config-reference.
+"""`python -m engine <command>`: pretrain, prepare, export-hf, export-int8, eval-int8, warmup-kernels, batches, env,
+config-reference.
 
 Every EngineConfig field becomes a flag (`--micro-batch-size`, booleans as `--tensorboard` /
 `--no-tensorboard`) with its default and meaning in `--help`. Only the flags a user actually gives
@@ -144,6 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     int8.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                       help="where to evaluate (auto: cuda when available, in bf16; cpu in fp32)")
 
+    check = sub.add_parser("eval-int8", help="verify an int8 export (its SHA-256) and evaluate its weights",
+                           description="Read a file of export-int8 back: refuse it if truncated or corrupt, then print "
+                                       "val_loss / val_bpb of its dequantised weights on the run's validation data "
+                                       "(the same evaluation as export-int8's round trip).")
+    check.add_argument("--int8", required=True, metavar="FILE", help="a file written by export-int8")
+    check.add_argument("--eval-samples", type=int, default=-1,
+                       help="validation samples to evaluate on (-1: the run's --eval-samples; 0: verify only)")
+    check.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                       help="where to evaluate (auto: cuda when available, in bf16; cpu in fp32)")
+
     warm = sub.add_parser("warmup-kernels", help="compile the configured kernels into the on-disk cache")
     _add_config_flags(warm)
 
@@ -193,6 +204,13 @@ def _export_int8(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_int8(args: argparse.Namespace) -> int:
+    from engine.export_int8 import eval_int8
+
+    eval_int8(args.int8, eval_samples=args.eval_samples, device=args.device)
+    return 0
+
+
 def _warmup(args: argparse.Namespace) -> int:
     from engine.warmup import warmup_kernels
 
@@ -230,7 +248,7 @@ def _batches(args: argparse.Namespace) -> int:
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "export-int8": _export_int8,
+    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "export-int8": _export_int8, "eval-int8": _eval_int8,
     "warmup-kernels": _warmup, "batches": _batches,
     "env": _env, "config-reference": _config_reference,
 }
