@@ -243,7 +243,11 @@ def _config_reference(args: argparse.Namespace) -> int:
 def _batches(args: argparse.Namespace) -> int:
     from engine.data.batches import parse_steps, write_batches
 
-    write_batches(config_from_args(args), steps=parse_steps(args.steps), world_size=args.world_size, out_dir=args.out)
+    cfg = config_from_args(args)
+    steps = parse_steps(args.steps)
+    path = write_batches(cfg, steps=steps, world_size=args.world_size, out_dir=args.out)
+    print(f"[BATCHES] wrote {path}: the whole global batch of step(s) {', '.join(map(str, steps))} "
+          f"({cfg.micro_batch_size} x {cfg.seq_length} tokens per micro-batch, world size {args.world_size})")
     return 0
 
 

@@ -6,6 +6,7 @@ Exit codes: 0 success / accepted, 1 rejected or failed, 2 bad usage or bad spec 
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from guards.cli import ParserStop, ReturningParser  # the same non-exiting argpa
 __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool whose reader closed the pipe
 
 _EPILOG = """examples:
   temper doctor --requires gpu                       what this machine can run: python, torch, GPU, kernels, SLURM, keys
@@ -61,16 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--patch", type=Path, default=None, metavar="FILE", help="a diff to judge on the base instead")
     gate.add_argument("--base", default="HEAD", metavar="REV", help="the commit to judge against (default: HEAD)")
     gate.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
-    gate.add_argument("--quiet", action="store_true")
+    gate.add_argument("--quiet", action="store_true", help="no progress lines on stderr (the verdict is still printed)")
     gate.add_argument("--unsandboxed", action="store_true", help=_UNSANDBOXED)
 
     listing = sub.add_parser("milestones", help="list the milestones: id, the hardware each needs, its goal in one line")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print the milestones as JSON on stdout")
 
     resume = sub.add_parser("resume", help="continue a stopped or crashed run from its records")
     resume.add_argument("run_id", metavar="RUN_ID")
-    resume.add_argument("--merge", action="store_true")
-    resume.add_argument("--quiet", action="store_true")
+    resume.add_argument("--merge", action="store_true", help="merge the accepted attempt into your checkout's branch")
+    resume.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
     runs = sub.add_parser("runs", help="list the runs under runs/")
     runs.add_argument("--json", action="store_true", help="print the runs as JSON on stdout")
@@ -82,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_id", metavar="RUN_ID")
 
     demo = sub.add_parser("demo", help="the README demo: a replayed agent fails a guard, fixes it, passes every gate")
-    demo.add_argument("--quiet", action="store_true")
+    demo.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
     doctor = sub.add_parser("doctor", help="preflight: what this machine can run (exit 0 when every required check passes)",
                             description="Checks Python, torch and the engine, git, pytest, the sandbox, GPUs, kernel "
@@ -286,7 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     from harness.session import UsageError
 
     try:
-        return _COMMANDS[args.command](args)
+        status = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, so a closed pipe (`temper doctor --json | head`) is caught below
+        return status
+    except BrokenPipeError:
+        # The reader went away (head, a pager): stop quietly, as a tool killed by SIGPIPE would; point stdout at
+        # /dev/null so the interpreter's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except NeedsHardware as err:
         print(f"temper {args.command}: {err}", file=sys.stderr)
         return EXIT_NEEDS
