@@ -157,3 +157,21 @@ def test_the_install_docs_say_how_to_get_the_cpu_torch() -> None:
             words = line.split("#")[0].split()
             assert words[:2] == ["pip", "install"] and [w for w in words[2:] if not w.startswith("-") and "://" not in w] \
                 == [next(w for w in words if w.startswith("torch=="))], line
+
+
+def test_plain_torch_fallbacks_and_op_lists_name_every_op() -> None:
+    """Where a page gives the plain-torch fallback (several `--op-<op> baseline` flags) it gives one for every
+    registered op: a missed op keeps its compiled default (rope did). The add-op-version skill lists every op, and
+    AGENTS.md says how Codex installs the skills' marketplace."""
+    from engine.ops import OP_NAMES
+
+    flags = {op: f"--op-{op.replace('_', '-')} baseline" for op in OP_NAMES}
+    for doc in DOCS:
+        text = " ".join(doc.read_text(encoding="utf-8").split())
+        for run in re.findall(r"(?:--op-[a-z0-9-]+ baseline[` ]*){2,}", text):
+            assert all(f in run for f in flags.values()), f"{doc.relative_to(REPO)}: {run.strip()} lacks " + \
+                ", ".join(f for f in flags.values() if f not in run)
+    skill = (REPO / "plugins/temper/skills/add-op-version/SKILL.md").read_text(encoding="utf-8")
+    description = next(line for line in skill.splitlines() if line.startswith("description:"))
+    assert all(op in description for op in OP_NAMES), description
+    assert "codex plugin marketplace add ./" in (REPO / "AGENTS.md").read_text(encoding="utf-8")
