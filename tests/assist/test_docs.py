@@ -175,3 +175,12 @@ def test_plain_torch_fallbacks_and_op_lists_name_every_op() -> None:
     description = next(line for line in skill.splitlines() if line.startswith("description:"))
     assert all(op in description for op in OP_NAMES), description
     assert "codex plugin marketplace add ./" in (REPO / "AGENTS.md").read_text(encoding="utf-8")
+
+
+def test_the_cpu_thread_setting_is_documented() -> None:
+    """CPU runs on a small, shared machine are 2-3x faster with one intra-op thread: troubleshooting says when and
+    how (a command the quoted-commands check parses), and the README's CPU command points at it."""
+    trouble = (REPO / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    assert "`OMP_NUM_THREADS=1 python -m engine pretrain --preset tiny --device cpu`" in trouble
+    assert "torch.get_num_threads()" in trouble and "torchrun already sets `OMP_NUM_THREADS=1`" in trouble
+    assert "OMP_NUM_THREADS=1" in (REPO / "README.md").read_text(encoding="utf-8")
