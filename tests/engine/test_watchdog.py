@@ -9,21 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+from tests.proc_helpers import alive
+
 REPO = Path(__file__).resolve().parents[2]
 
 CHILD = ("import time; from engine.distributed.watchdog import exit_with_parent; exit_with_parent(0.05); "
          "print('ready', flush=True); time.sleep(120)")
 PARENT = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
           "stdout=subprocess.PIPE, text=True); c.stdout.readline(); print(c.pid, flush=True); time.sleep(120)")
-
-
-def alive(pid: int) -> bool:
-    """Running (not exited, not a zombie waiting for a reaper)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def test_a_worker_dies_with_its_launcher():
