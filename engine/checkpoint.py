@@ -12,8 +12,10 @@ resumes on any DP size with the same TP size (`check_compatible`).
 
 Atomicity: all ranks write into `step_N.tmp` and hash what they wrote; when every rank has finished,
 rank 0 writes meta.json and manifest.json, fsyncs, renames the folder to `step_N`, and only then
-rewrites `latest` (tmp + os.replace). A crash at any point leaves the previous checkpoints and
-`latest` intact; `.tmp` folders are never read, listed or pruned.
+rewrites `latest` (write a temp file, fsync, os.replace: it names a published checkpoint at every instant and is
+never removed). A crash at any point leaves the previous checkpoints and `latest` intact; `.tmp` folders are never
+read or listed, and what a killed save left (a `step_N.tmp` folder, `.latest.tmp-<pid>`, a folder set aside by
+replace_dir) is removed when the next run starts on the save dir (`remove_stale_temporaries`).
 
 Write order, not step number: a resumed run may write step 6 after an abandoned run wrote step 8.
 meta.json carries `write_seq` (one more than any checkpoint in the save dir), `--keep-last` keeps the
@@ -41,7 +43,7 @@ from engine.config import EngineConfig, flag_name, to_dict
 from engine.errors import ConfigError
 from engine.optim.schedule import schedule_fields
 
-__all__ = ["save_checkpoint", "load_checkpoint", "select_checkpoint", "refuse_earlier_run", "newest_checkpoint", "checkpoints_in_write_order",
+__all__ = ["save_checkpoint", "load_checkpoint", "remove_stale_temporaries", "select_checkpoint", "refuse_earlier_run", "newest_checkpoint", "checkpoints_in_write_order",
            "verify_checkpoint", "read_meta", "check_compatible", "check_schedule", "meta_for", "MODEL_FIELDS",
            "STATE_FIELDS"]
 
@@ -54,7 +56,8 @@ MODEL_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers",
 # written before the field existed, why)}. The optimizer's state (AdamW moments, Muon momentum); the data
 # mix's loader state (one cursor per source; a changed mix is refused again by its fingerprint).
 STATE_FIELDS = {"optimizer": ("adamw", "its optimizer state belongs to the other optimizer"),
-                "data_mix": ("", "its loader state belongs to another data mix")}
+                "data_mix": ("", "its loader state belongs to another data mix"),
+                "seq_length": (None, "its data position counts windows of that length")}
 FORMAT = 2  # 2: manifest.json and write_seq
 _FIELD_NAMES = tuple(f.name for f in fields(EngineConfig))
 
@@ -118,6 +121,27 @@ def _publish(save_dir: Path, tmp: Path, final: Path, keep_last: int) -> None:
     replace_dir(tmp, final)  # re-saving a step (e.g. after a resume) keeps the old one until the swap
     write_text_atomic(save_dir / "latest", final.name + "\n")
     _prune(save_dir, keep_last, final)
+
+
+# What an interrupted save leaves: the folder being written, the atomic writer's temp file, a folder set aside.
+_STALE = re.compile(r"^(step_\d{8}\.tmp|\.latest\.tmp-\d+|\.step_\d{8}\.old-\d+-[0-9a-f]+)$")
+
+
+def remove_stale_temporaries(save_dir: Path) -> list[str]:
+    """Rank 0 at the start of a run, before any save: remove what killed saves left in `save_dir` (nothing
+    else writes there while a run starts). Returns the names removed."""
+    if not save_dir.is_dir():
+        return []
+    removed = []
+    for path in sorted(save_dir.iterdir()):
+        if not _STALE.match(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        removed.append(path.name)
+    return removed
 
 
 def _write_seq(path: Path) -> int:

@@ -1,4 +1,5 @@
-"""`python -m engine <command>`: pretrain, prepare, export-hf, export-int8, warmup-kernels, batches, env, config-reference.
+"""`python -m engine <command>`: pretrain, prepare, export-hf, export-int8, eval-int8, warmup-kernels, batches, env,
+config-reference.
 
 Every EngineConfig field becomes a flag (`--micro-batch-size`, booleans as `--tensorboard` /
 `--no-tensorboard`) with its default and meaning in `--help`. Only the flags a user actually gives
@@ -22,11 +23,14 @@ _GROUP_TITLES = {
 }
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = ()) -> None:
+    """A flag per EngineConfig field (`only`: just those fields, for a command that reads no others)."""
     parser.add_argument("--config", default=argparse.SUPPRESS, metavar="RUN.TOML",
                         help="TOML file of EngineConfig fields; flags given here override it")
     groups: dict[str, Any] = {}
     for f in fields(EngineConfig):
+        if only and f.name not in only:
+            continue
         group_name = f.metadata["group"]
         if group_name not in groups:
             groups[group_name] = parser.add_argument_group(_GROUP_TITLES[group_name])
@@ -63,7 +67,8 @@ def config_reference() -> str:
            "<!-- Generated: `python -m engine config-reference > docs/configuration.md`. Do not edit by hand; "
            "tests/assist/test_docs.py fails when this file and EngineConfig disagree. -->", "",
            "Every field of `EngineConfig` (`engine/config.py`, the single source of truth) is a flag of "
-           "`python -m engine pretrain`, `prepare` and `warmup-kernels`, a key of a `--config run.toml` file (flat or "
+           "`python -m engine pretrain` and `warmup-kernels` (`prepare` takes the ones it reads: data source, tokenizer, "
+           "vocabulary), a key of a `--config run.toml` file (flat or "
            "under `[engine]`), and a key a preset in `engine/model_spec.toml` may set. A run takes the field's default, "
            "then the preset's value (`--preset`), then the `--config` file's, then the flags given. Booleans are "
            "`--name` / `--no-name`. A bad value stops the run before anything is written, with one line naming the "
@@ -110,8 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
                                           "(engine/model_spec.toml) < --config < flags.")
     _add_config_flags(pretrain)
 
-    prepare = sub.add_parser("prepare", help="tokenize a dataset into memory-mapped token shards")
-    _add_config_flags(prepare)
+    from engine.data.prepare import PREPARE_FIELDS
+
+    prepare = sub.add_parser("prepare", help="tokenize a dataset into memory-mapped token shards",
+                             description="Tokenize a Hub dataset or local files (parquet, arrow, json/jsonl, csv, txt; "
+                                         "needs the [data] extra) into the shards `pretrain --data-path` reads. "
+                                         "Preparing your own data: docs/data.md.")
+    _add_config_flags(prepare, PREPARE_FIELDS)
     prepare.add_argument("--out", required=True, help="output folder for the shards and index.json")
     prepare.add_argument("--num-proc", type=int, default=1, help="tokenizer worker processes")
 
@@ -135,6 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="validation samples to evaluate both on (-1: the run's --eval-samples; 0: no evaluation)")
     int8.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                       help="where to evaluate (auto: cuda when available, in bf16; cpu in fp32)")
+
+    check = sub.add_parser("eval-int8", help="verify an int8 export (its SHA-256) and evaluate its weights",
+                           description="Read a file of export-int8 back: refuse it if truncated or corrupt, then print "
+                                       "val_loss / val_bpb of its dequantised weights on the run's validation data "
+                                       "(the same evaluation as export-int8's round trip).")
+    check.add_argument("--int8", required=True, metavar="FILE", help="a file written by export-int8")
+    check.add_argument("--eval-samples", type=int, default=-1,
+                       help="validation samples to evaluate on (-1: the run's --eval-samples; 0: verify only)")
+    check.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                       help="where to evaluate (auto: cuda when available, in bf16; cpu in fp32)")
 
     warm = sub.add_parser("warmup-kernels", help="compile the configured kernels into the on-disk cache")
     _add_config_flags(warm)
@@ -208,6 +228,13 @@ def _export_int8(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_int8(args: argparse.Namespace) -> int:
+    from engine.export_int8 import eval_int8
+
+    eval_int8(args.int8, eval_samples=args.eval_samples, device=args.device)
+    return 0
+
+
 def _warmup(args: argparse.Namespace) -> int:
     from engine.warmup import warmup_kernels
 
@@ -240,12 +267,16 @@ def _config_reference(args: argparse.Namespace) -> int:
 def _batches(args: argparse.Namespace) -> int:
     from engine.data.batches import parse_steps, write_batches
 
-    write_batches(config_from_args(args), steps=parse_steps(args.steps), world_size=args.world_size, out_dir=args.out)
+    cfg = config_from_args(args)
+    steps = parse_steps(args.steps)
+    path = write_batches(cfg, steps=steps, world_size=args.world_size, out_dir=args.out)
+    print(f"[BATCHES] wrote {path}: the whole global batch of step(s) {', '.join(map(str, steps))} "
+          f"({cfg.micro_batch_size} x {cfg.seq_length} tokens per micro-batch, world size {args.world_size})")
     return 0
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "export-int8": _export_int8,
+    "pretrain": _pretrain, "prepare": _prepare, "export-hf": _export, "export-int8": _export_int8, "eval-int8": _eval_int8,
     "warmup-kernels": _warmup, "batches": _batches, "plan": _plan,
     "env": _env, "config-reference": _config_reference,
 }

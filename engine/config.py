@@ -412,7 +412,12 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
         raise ConfigError("--min-lr-ratio", cfg.min_lr_ratio, "use a value in [0, 1]", "is out of range")
     if cfg.warmup_steps > cfg.num_steps:
-        raise ConfigError("--warmup-steps", cfg.warmup_steps, f"use at most --num-steps {cfg.num_steps}", "is longer than the run")
+        preset = load_preset(cfg.preset).get("warmup_steps") == cfg.warmup_steps  # where the value came from
+        raise ConfigError("--warmup-steps", cfg.warmup_steps,
+                          f"lower --warmup-steps to at most {cfg.num_steps}" +
+                          (f" (the {cfg.preset} preset sets it to {cfg.warmup_steps})" if preset else "") +
+                          f", or raise --num-steps to at least {cfg.warmup_steps}",
+                          f"is longer than the run (--num-steps {cfg.num_steps})")
     if cfg.lr_schedule == "wsd" and cfg.warmup_steps + cfg.decay_steps > cfg.num_steps:
         raise ConfigError("--decay-steps", cfg.decay_steps, f"warmup {cfg.warmup_steps} + decay must fit in --num-steps {cfg.num_steps}", "is too long")
     if cfg.save_last > cfg.keep_last:

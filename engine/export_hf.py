@@ -200,7 +200,9 @@ def _write_export(tmp: Path, cfg: EngineConfig, tensors: dict[str, torch.Tensor]
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     (tmp / "config.json").write_text(json.dumps(llama_config(cfg, dtype), indent=2))
-    for f in tmp.iterdir():  # safetensors does not fsync what it writes
+    mode = (tmp / "config.json").stat().st_mode & 0o777  # what open() gives a new file under the umask
+    for f in tmp.iterdir():  # safetensors does not fsync what it writes, and creates its files 0600
+        os.chmod(f, mode)
         with f.open("rb") as fh:
             os.fsync(fh.fileno())
     return len(groups)

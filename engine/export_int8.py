@@ -40,7 +40,7 @@ from engine.model import Transformer, build_model
 from engine.ops import resolve_ops
 from engine.train import resolve_device
 
-__all__ = ["export_int8", "quantize_rows", "dequantize_rows", "quantize_weights", "encode_int8", "decode_int8",
+__all__ = ["export_int8", "eval_int8", "quantize_rows", "dequantize_rows", "quantize_weights", "encode_int8", "decode_int8",
            "load_int8", "model_from_weights", "QUANTIZE_MIN_NUMEL", "MAGIC", "FORMAT_VERSION"]
 
 MAGIC = b"TEMPER-INT8\n"
@@ -130,6 +130,41 @@ def _evaluate(cfg: EngineConfig, weights: dict[str, torch.Tensor], data: Any, de
     return evaluate(model, data.validation, cfg, ParallelState.single(device), token_bytes)
 
 
+def _validation_data(cfg: EngineConfig) -> Any:
+    """The run's data (its config's sources), which must have a validation split to evaluate on."""
+    data = build_data(cfg, cache_dir=default_cache_dir(cfg), dp_rank=0, dp_size=1)
+    if data.validation is None:
+        raise ConfigError("--eval-samples", cfg.eval_samples, "pass --eval-samples 0, or use a run whose data has a "
+                          "validation split", "has no validation data to read")
+    return data
+
+
+def eval_int8(path: str, *, eval_samples: int = -1, device: str = "auto") -> dict[str, Any]:
+    """`python -m engine eval-int8`: verify an export (header, length, SHA-256: refused before anything is
+    unpickled) and evaluate its round-tripped weights on the first --eval-samples validation samples of the run's
+    data, as export-int8 does. Returns (and prints) what it measured."""
+    if eval_samples < -1:
+        raise ConfigError("--eval-samples", eval_samples, "use 0 (verify only), N, or -1 (the run's own)", "is out of range")
+    if not Path(path).is_file():
+        raise ConfigError("--int8", path, "name a file written by `python -m engine export-int8`", "does not exist")
+    cfg, weights = load_int8(path)
+    cfg = dataclasses.replace(cfg, device=device, compute_dtype="auto",
+                              eval_samples=cfg.eval_samples if eval_samples == -1 else eval_samples)
+    report: dict[str, Any] = {"int8": str(path), "bytes": Path(path).stat().st_size, "tensors": len(weights)}
+    print(f"[EVAL-INT8] {path}: {report['bytes']:,} bytes, checksum verified, {len(weights)} tensors "
+          f"({cfg.preset}, hidden {cfg.hidden_size}, {cfg.num_layers} layers)")
+    if cfg.eval_samples == 0:
+        print("[EVAL-INT8] no evaluation (--eval-samples 0)")
+        return report
+    data = _validation_data(cfg)
+    device_type, dtype = resolve_device(cfg)
+    loss, bpb, tokens = _evaluate(cfg, weights, data, torch.device(device_type), dtype)
+    report.update(val_loss=loss, val_bpb=bpb, tokens=tokens)
+    print(f"[EVAL-INT8] val_loss={loss:.6f} val_bpb={bpb:.6f} over {tokens} tokens ({device_type}, "
+          f"{str(dtype).removeprefix('torch.')})")
+    return report
+
+
 def _check_target(target: Path, checkpoint: Path) -> None:
     """`--out` names a new file or an earlier int8 export, outside the checkpoint (whose manifest lists its files)."""
     if target.is_dir():
@@ -173,10 +208,7 @@ def export_int8(checkpoint: str, out: str, *, min_numel: int = QUANTIZE_MIN_NUME
     if cfg.eval_samples == 0:
         print("[EXPORT-INT8] no evaluation (--eval-samples 0)")
         return report
-    data = build_data(cfg, cache_dir=default_cache_dir(cfg), dp_rank=0, dp_size=1)
-    if data.validation is None:
-        raise ConfigError("--eval-samples", cfg.eval_samples, "pass --eval-samples 0, or export a run whose data has a "
-                          "validation split", "has no validation data to read")
+    data = _validation_data(cfg)
     dev = torch.device(device_type)
     report["original"] = _evaluate(cfg, weights, data, dev, dtype)
     report["int8"] = _evaluate(cfg, loaded, data, dev, dtype)

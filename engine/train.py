@@ -37,7 +37,7 @@ import torch.distributed as dist
 from engine.async_checkpoint import BackgroundSaver, FinishedSave
 from engine.atomic import check_writable_dir, write_text_atomic
 from engine.checkpoint import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
-                               refuse_earlier_run, save_checkpoint, select_checkpoint)
+                               refuse_earlier_run, remove_stale_temporaries, save_checkpoint, select_checkpoint)
 from engine.config import EngineConfig, resolve, to_dict
 from engine.cuda_graph import MicroBatchGraph
 from engine.data.mix import MixLoader, make_loader, mix_line
@@ -191,9 +191,11 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(par.device)
 
         # 4. outputs
+        stale: list[str] = []
         if par.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.run_dir / "config.json", _json(to_dict(cfg)))
+            stale = remove_stale_temporaries(self.save_dir)
         self.metrics = MetricsWriter(self.run_dir, enabled=par.is_main, tensorboard=cfg.tensorboard,
                                      resume_step=self.step if self.resume_from is not None else None)
         n_params = global_param_count(self.model, par)
@@ -209,6 +211,8 @@ class Trainer:
                           + ("" if cfg.run_dir else f" (no --run-dir: outputs/{cfg.preset} under the current folder)"))
         for line in resume_notes:
             self.metrics.info(line)
+        if stale:
+            self.metrics.info(f"[RUN] removed what interrupted saves left in {self.save_dir}: {', '.join(stale)}")
         if self.resume_from is not None:
             self.metrics.info(f"[RUN] resumed from {self.resume_from} at step {self.step}")
         if self.metrics.dropped:

@@ -6,6 +6,7 @@ Exit codes: 0 success / accepted, 1 rejected or failed, 2 bad usage or bad spec 
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from guards.cli import ParserStop, ReturningParser  # the same non-exiting argpa
 __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool whose reader closed the pipe
 
 _EPILOG = """examples:
   temper doctor --requires gpu                       what this machine can run: python, torch, GPU, kernels, SLURM, keys
@@ -27,7 +29,7 @@ _EPILOG = """examples:
   temper report <run-id>
 
 exit codes: 0 accepted / success, 1 rejected / failed, 2 bad usage or spec, 3 this machine lacks the
-hardware the milestone needs (nothing was judged), 130 interrupted"""
+hardware or the shared data the milestone needs (nothing was judged), 130 interrupted"""
 
 
 _UNSANDBOXED = ("run candidate code (tests, jobs) without the OS sandbox, with your rights: local experiments only; "
@@ -61,25 +63,28 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--patch", type=Path, default=None, metavar="FILE", help="a diff to judge on the base instead")
     gate.add_argument("--base", default="HEAD", metavar="REV", help="the commit to judge against (default: HEAD)")
     gate.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
-    gate.add_argument("--quiet", action="store_true")
+    gate.add_argument("--quiet", action="store_true", help="no progress lines on stderr (the verdict is still printed)")
     gate.add_argument("--unsandboxed", action="store_true", help=_UNSANDBOXED)
 
     listing = sub.add_parser("milestones", help="list the milestones: id, the hardware each needs, its goal in one line")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print the milestones as JSON on stdout")
 
     resume = sub.add_parser("resume", help="continue a stopped or crashed run from its records")
     resume.add_argument("run_id", metavar="RUN_ID")
-    resume.add_argument("--merge", action="store_true")
-    resume.add_argument("--quiet", action="store_true")
+    resume.add_argument("--merge", action="store_true", help="merge the accepted attempt into your checkout's branch")
+    resume.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
     runs = sub.add_parser("runs", help="list the runs under runs/")
-    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--json", action="store_true", help="print the runs as JSON on stdout")
+    runs.add_argument("--prune", action="store_true",
+                      help="remove the worktrees and temper/<id> branches of finished runs (accepted, rejected, out of "
+                           "budget) and say what was removed; records stay, resumable runs are left alone")
 
     report = sub.add_parser("report", help="write runs/<id>/report.html (self-contained)")
     report.add_argument("run_id", metavar="RUN_ID")
 
     demo = sub.add_parser("demo", help="the README demo: a replayed agent fails a guard, fixes it, passes every gate")
-    demo.add_argument("--quiet", action="store_true")
+    demo.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
     doctor = sub.add_parser("doctor", help="preflight: what this machine can run (exit 0 when every required check passes)",
                             description="Checks Python, torch and the engine, git, pytest, the sandbox, GPUs, kernel "
@@ -103,6 +108,9 @@ def _progress(quiet: bool):  # noqa: ANN202 -- harness.progress.Progress, import
 
 def _print_outcome(outcome) -> int:  # noqa: ANN001
     print(f"run {outcome.run_id}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
+    if outcome.discarded:
+        print(f"  it did no work: its worktree, branch temper/{outcome.run_id} and records were removed")
+        return EXIT_FAILED
     print(f"  records: {outcome.run_dir}")
     if outcome.report is not None:
         print(f"  report:  {outcome.report}")
@@ -163,10 +171,9 @@ def _print_table(table: list[tuple[str, ...]]) -> None:
 
 
 def _milestones(args: argparse.Namespace) -> int:
-    from harness.judge.hardware import NeedsHardware, check_requires, probe_machine
+    from harness.judge.hardware import NeedsHardware, check_data, check_requires, probe_machine
     from harness.session import load_spec
     from harness.settings import data_dir, temper_home
-    from harness.spec import JobGate
 
     home = temper_home()
     data = data_dir(home)
@@ -177,8 +184,10 @@ def _milestones(args: argparse.Namespace) -> int:
             check_requires(m.requires, machine)
         except NeedsHardware as err:
             return str(err).partition("; ")[2] or str(err)
-        if not data.is_dir() and any(isinstance(g, JobGate) and any("{data}" in a for a in g.argv) for g in m.gates):
-            return f"its jobs read {{data}} and {data} does not exist (set TEMPER_DATA)"
+        try:
+            check_data(m, data)
+        except NeedsHardware:
+            return f"{data} lacks the data its jobs read (set TEMPER_DATA; temper doctor --requires data)"
         return ""
 
     rows = [load_spec(p.stem, home) for p in sorted((home / "milestones").glob("*.toml"))]
@@ -213,6 +222,12 @@ def _runs(args: argparse.Namespace) -> int:
 
     from harness.records import list_runs
 
+    if args.prune:
+        from harness.session import prune_runs
+
+        removed = prune_runs()
+        print("\n".join(removed) if removed else "nothing to prune: no finished run left a worktree or branch")
+        return EXIT_OK
     rows = list_runs()
     if args.json:
         print(json.dumps([{"id": r.id, "milestone": r.milestone_id, "status": r.status, "agent": r.agent, "started": r.started,
@@ -273,7 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     from harness.session import UsageError
 
     try:
-        return _COMMANDS[args.command](args)
+        status = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, so a closed pipe (`temper doctor --json | head`) is caught below
+        return status
+    except BrokenPipeError:
+        # The reader went away (head, a pager): stop quietly, as a tool killed by SIGPIPE would; point stdout at
+        # /dev/null so the interpreter's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except NeedsHardware as err:
         print(f"temper {args.command}: {err}", file=sys.stderr)
         return EXIT_NEEDS

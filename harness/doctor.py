@@ -131,10 +131,12 @@ def _nccl(engine: dict[str, Any] | None) -> Check:
                  ("multi-node",))
 
 
-def _slurm(answers: bool) -> tuple[Check, int]:
+def _slurm(answers: bool, home: Path) -> tuple[Check, int]:
     """The SLURM check and the number of nodes in partitions that are up."""
-    fix = ("run on a SLURM login node (sinfo and sbatch on PATH, slurmctld answering); for a single-node test cluster "
-           "on this machine: ../shared/slurm/start-local-slurm")
+    fix = "run on a SLURM login node (sinfo and sbatch on PATH, slurmctld answering)"
+    local = home.parent / "shared" / "slurm" / "start-local-slurm"  # a test cluster script, where this machine has one
+    if local.is_file():
+        fix += f"; for a single-node test cluster on this machine: {local}"
     tools = [t for t in ("sinfo", "sbatch") if shutil.which(t) is None]
     if tools:
         return Check("slurm", False, f"{' and '.join(tools)} not on PATH", fix, ("slurm", "multi-node")), 0
@@ -160,10 +162,13 @@ def _account() -> Check:
                  f"user {user} has no SLURM account association", "ask the cluster's admins for an account (sacctmgr)")
 
 
-def _nodes(count: int) -> Check:
+def _nodes(count: int, home: Path) -> Check:
+    # The sbatch scripts live in a Temper checkout, not in the installed package: name one only where it exists.
+    script = home / "scripts" / "slurm" / "pretrain_multi_node.sbatch"
+    how = (f"sbatch --nodes=N {script} on a cluster, or torchrun --nnodes N on each host" if script.is_file() else
+           "torchrun --nnodes N -m engine pretrain on each host (or from your own sbatch script)")
     return Check("nodes", count >= 2, f"{count} node(s) in SLURM partitions that are up",
-                 "multi-node runs need >= 2 nodes: sbatch --nodes=N scripts/slurm/pretrain_multi_node.sbatch on a "
-                 "cluster, or torchrun --nnodes N on each host (docs/parallelism.md)", ("multi-node",))
+                 f"multi-node runs need >= 2 nodes: {how}", ("multi-node",))
 
 
 def _llm() -> Check:
@@ -199,7 +204,7 @@ def _data(home: Path) -> Check:
         return Check("data", True, f"{root} ({', '.join(present)})", needed_by=("data",))
     missing = [w for w in wanted if w not in present]
     where = f"{root} lacks {', '.join(missing)}" if root.is_dir() else f"{root} does not exist"
-    return Check("data", False, f"{where} (milestones read it as {{data}}: long-horizon, production)",
+    return Check("data", False, f"{where} (the shared data folder the long-horizon and production milestones read)",
                  "set TEMPER_DATA to a folder holding corpus/ (parquet shards) and tokenizers/minicpm4/", ("data",))
 
 
@@ -236,9 +241,9 @@ def run_checks(home: Path) -> list[Check]:
     project = _pyproject(home)
     engine, why = _engine_env(home)
     machine = probe_machine()
-    slurm, nodes = _slurm(machine.slurm)
+    slurm, nodes = _slurm(machine.slurm, home)
     return [_python(project), _torch(engine, why), _git(home), _pytest(), _sandbox(), _gpu(engine, machine.gpus),
-            _kernels(engine, project), _nccl(engine), slurm, _account(), _nodes(nodes), _llm(), _data(home)]
+            _kernels(engine, project), _nccl(engine), slurm, _account(), _nodes(nodes, home), _llm(), _data(home)]
 
 
 def _required(check: Check, requires: set[str]) -> bool:

@@ -505,5 +505,5 @@ def render_report(run_dir: str | Path) -> str:
 def write_report(run_dir: str | Path) -> Path:
     """Write runs/<id>/report.html (atomically) and return its path."""
     path = Path(run_dir) / "report.html"
-    write_atomic(path, render_report(run_dir))
+    write_atomic(path, render_report(run_dir), mode=0o666)  # a page to share, like any file (the umask applies)
     return path

@@ -11,6 +11,8 @@ a `workspace` event (repository, judge base, budget overrides). A replay agent s
 the records already hold, so a killed replay run finishes as it would have.
 """
 
+import json
+import shutil
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +37,7 @@ __all__ = [
     "resume_run",
     "gate_candidate",
     "active_seconds",
+    "prune_runs",
 ]
 
 BUDGET_FIELDS = ("max_turns", "max_tokens", "max_cost_usd", "max_wall_s", "max_attempts")
@@ -53,6 +56,7 @@ class RunOutcome:
     report: Path | None
     merged: str | None = None
     merge_error: str = ""
+    discarded: bool = False  # it did no work, so its worktree, branch and records were removed
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -131,10 +135,21 @@ def _make_agent(spec: str, options: dict[str, Any], played: int = 0) -> Any:
         from harness.agents.replay import ReplayAgent, load_turns
 
         return ReplayAgent(load_turns(Path(spec[len("replay:"):]))[played:], name=spec)
+    from harness.agents import SubprocessAgent
+
     try:
-        return make_agent(spec, **options)
+        agent = make_agent(spec, **options)
+        if isinstance(agent, SubprocessAgent):
+            agent.resolve()  # a CLI that is not installed is refused before the run creates anything
     except (ValueError, AgentError) as err:
         raise UsageError(str(err)) from None
+    return agent
+
+
+def _discard(record: RunRecord, repo: Path, runs_root: Path) -> None:
+    """Remove everything a run that did no work left: its worktree, its branch and its records."""
+    Workspace.discard(repo, run_id=record.id, root=runs_root)
+    shutil.rmtree(record.dir)
 
 
 def active_seconds(events: list[dict[str, Any]]) -> float:
@@ -156,7 +171,10 @@ def active_seconds(events: list[dict[str, Any]]) -> float:
 
 
 def _drive(*, milestone: Milestone, record: RunRecord, ws: Workspace, agent: Any, judge_base: str, repo: Path,
-           progress: Progress, home: Path, unsandboxed: bool, wall_offset_s: float, options: Any, merge: bool) -> RunOutcome:
+           progress: Progress, home: Path, unsandboxed: bool, wall_offset_s: float, options: Any, merge: bool,
+           discard_idle: bool = False) -> RunOutcome:
+    """Run the loop; with `discard_idle`, a run that failed before its agent answered once or any attempt was
+    judged (an unreachable server) leaves nothing behind: no worktree, branch or record."""
     from harness.judge import GateRunner
     from harness.loop import Loop
     from harness.report import write_report
@@ -169,6 +187,10 @@ def _drive(*, milestone: Milestone, record: RunRecord, ws: Workspace, agent: Any
         status = loop.run()
     finally:
         report = write_report(record.dir)
+    if discard_idle and status == "error" and record.totals.turns == 0 and record.totals.attempts == 0:
+        reason = record.meta.get("reason", "")
+        _discard(record, repo, record.dir.parent)
+        return RunOutcome(run_id=record.id, status=status, reason=reason, run_dir=record.dir, report=None, discarded=True)
     merged, merge_error = None, ""
     if merge and status == "accepted":
         try:
@@ -201,9 +223,11 @@ def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None,
     progress = progress or Progress()
     options = options or LoopOptions()
     milestone = with_budget(load_spec(milestone_name, home), budget or {})
-    from harness.judge import check_requires
+    from harness.judge import check_data, check_requires
+    from harness.settings import data_dir
 
     check_requires(milestone.requires)  # NeedsHardware before anything is created or spent
+    check_data(milestone, data_dir(home))
     head = repo_head(home)
     if agent_spec.startswith("replay:"):  # recorded absolute, so `temper resume` works from any folder
         agent_spec = "replay:" + str(Path(agent_spec[len("replay:"):]).resolve())
@@ -222,16 +246,21 @@ def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None,
     progress("run", f"{run_id}: milestone {milestone.id}, agent {agent_spec}")
     try:
         ws = Workspace.create(home, base=head, run_id=run_id, root=runs_root)
+    except WorkspaceError as err:  # nothing of ours in git (an existing branch is another run's): the record goes
+        shutil.rmtree(record.dir)
+        raise UsageError(str(err)) from None
+    try:
         judge_base = setup_base(ws, milestone, home, run_id)
     except (WorkspaceError, UsageError) as err:
-        record.finish("error", f"workspace: {err}")
+        _discard(record, home, runs_root)
         raise UsageError(str(err)) from None
     record.workspace_ready(repo=str(ws.repo), judge_base=judge_base, budget=milestone.budget.model_dump(),
                 max_output_tokens=options.max_output_tokens, shell_timeout_s=options.shell_timeout_s, unsandboxed=unsandboxed)
     progress("run", f"worktree {ws.worktree} on {ws.branch}, base {head[:12]}" +
              (f", judge base {judge_base[:12]} (setup {milestone.setup})" if judge_base != head else ""))
     return _drive(milestone=milestone, record=record, ws=ws, agent=agent, judge_base=judge_base, repo=ws.repo,
-                  progress=progress, home=home, unsandboxed=unsandboxed, wall_offset_s=0.0, options=options, merge=merge)
+                  progress=progress, home=home, unsandboxed=unsandboxed, wall_offset_s=0.0, options=options, merge=merge,
+                  discard_idle=True)
 
 
 def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, progress: Progress | None = None) -> RunOutcome:
@@ -287,13 +316,15 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
 
     Recorded as a run (`<id>-gate`, attempt 1) so its job logs and report live where every run's do.
     """
-    from harness.judge import GateError, GateRunner, NeedsHardware
+    from harness.judge import GateError, GateRunner, NeedsHardware, check_data, check_requires
     from harness.report import write_report
-    from harness.settings import runs_dir, temper_home
+    from harness.settings import data_dir, runs_dir, temper_home
 
     home = Path(home or temper_home())
     progress = progress or Progress()
     milestone = load_spec(milestone_name, home)
+    check_requires(milestone.requires)  # NeedsHardware before anything is created
+    check_data(milestone, data_dir(home))
     repo_head(home)
     base_sha = _git(home, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").stdout.strip()
     if not base_sha:
@@ -317,8 +348,8 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
         record.workspace_ready(repo=str(home), judge_base=judge_base, source=source)
         verdict = GateRunner(milestone=milestone, repo=home, base=judge_base, record=record, progress=progress, home=home,
                              unsandboxed=unsandboxed).judge(diff, attempt=1)
-    except NeedsHardware as err:
-        record.finish("error", str(err))
+    except NeedsHardware:  # refused, nothing judged: no record of it
+        shutil.rmtree(record.dir)
         raise
     except (GateError, UsageError, WorkspaceError) as err:
         record.finish("error", str(err))
@@ -327,3 +358,32 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
     record.finish("accepted" if verdict.accepted else "rejected", verdict.reason)
     write_report(record.dir)
     return verdict, record.dir
+
+
+def prune_runs(runs_root: Path | None = None) -> list[str]:
+    """Remove the worktrees and `temper/<id>` branches of finished runs (accepted, rejected, out of budget); their
+    records stay (each attempt's diff is under attempts/). Runs that can still be resumed are left alone.
+    Returns one line per thing removed."""
+    from harness.records import list_runs
+    from harness.settings import runs_dir
+
+    root = Path(runs_root or runs_dir()).resolve()
+    removed = []
+    for run in list_runs(root):
+        ws_record = run.path / "workspace.json"
+        if run.status not in FINAL_STATUSES or not ws_record.is_file():
+            continue
+        repo = Path(json.loads(ws_record.read_text(encoding="utf-8"))["repo"])
+        branch = f"temper/{run.id}"
+        had_tree = (run.path / "worktree").exists()
+        had_branch = bool(_git(repo, "branch", "--list", branch).stdout.strip())
+        if not (had_tree or had_branch):
+            continue
+        try:
+            Workspace.discard(repo, run_id=run.id, root=root)
+        except WorkspaceError as err:
+            removed.append(f"{run.id}: not pruned: {err}")
+            continue
+        what = [f"worktree {run.path / 'worktree'}"] * had_tree + [f"branch {branch}"] * had_branch
+        removed.append(f"{run.id} ({run.status}): removed {' and '.join(what)}")
+    return removed

@@ -26,7 +26,7 @@ import torch
 
 from engine.errors import ConfigError
 
-__all__ = ["TokenSource", "PackedSamples", "BatchLoader", "deal", "check_order_identity", "eval_batches", "check_eval_samples",
+__all__ = ["TokenSource", "PackedSamples", "BatchLoader", "deal", "check_order_identity", "DataMismatch", "eval_batches", "check_eval_samples",
            "LOADER_STATE_VERSION"]
 
 LOADER_STATE_VERSION = 1
@@ -155,10 +155,10 @@ class BatchLoader:
                               f"resume with an engine that writes version {LOADER_STATE_VERSION}, or start a fresh run",
                               "is not readable")
         if state["fingerprint"] != self.samples.fingerprint or state["num_samples"] != len(self.samples):
-            raise ConfigError("--resume", f"data fingerprint {state['fingerprint']}",
-                              "resume with the same dataset, tokenizer and --seq-length as the checkpoint, or start a "
-                              "fresh run", f"does not match this run's data ({self.samples.fingerprint}, "
-                              f"{len(self.samples)} samples of --seq-length {self.samples.seq_length})")
+            raise DataMismatch(f"this run's data ({len(self.samples)} samples of --seq-length {self.samples.seq_length}, "
+                               f"fingerprint {self.samples.fingerprint}) is not the data of the checkpoint it resumes "
+                               f"({state['num_samples']} samples, fingerprint {state['fingerprint']}): resume with the "
+                               "same dataset, tokenizer and --seq-length as the checkpoint, or start a fresh run")
         check_order_identity(state, seed=self.seed, global_batch_size=self.global_batch_size)
         epoch, step = int(state["epoch"]), int(state["step_in_epoch"])
         if not (epoch >= 0 and 0 <= step <= self.steps_per_epoch):
@@ -166,6 +166,15 @@ class BatchLoader:
                               "is out of range")
         self.epoch, self.step_in_epoch = epoch, step
         assert self.consumed_samples == state["consumed_samples"], "inconsistent loader state"
+
+
+class DataMismatch(ConfigError):
+    """A resume on other data than the checkpoint's. A ConfigError (one line, exit 2) whose text is about the data,
+    not posing as the value of one flag."""
+
+    def __init__(self, message: str):
+        self.field, self.value, self.fix = "--resume", None, message
+        ValueError.__init__(self, message)
 
 
 def check_order_identity(state: dict[str, Any], *, seed: int, global_batch_size: int) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig, parse_mix
-from engine.data.loader import BatchLoader, PackedSamples, check_order_identity, deal
+from engine.data.loader import BatchLoader, DataMismatch, PackedSamples, check_order_identity, deal
 from engine.errors import ConfigError
 
 __all__ = ["MixedSamples", "MixLoader", "make_loader", "mix_line", "MIX_STATE_VERSION"]
@@ -141,9 +141,9 @@ class MixLoader:
                               "resume with the checkpoint's data flags, or start a fresh run", "is not a --data-mix state "
                               f"this engine reads (version {MIX_STATE_VERSION})")
         if state["fingerprint"] != self.samples.fingerprint:
-            raise ConfigError("--data-mix", "", "resume with the checkpoint's sources, weights, anneal and --num-steps, "
-                              "or start a fresh run", f"does not match the checkpoint's mix ({state['fingerprint']} vs "
-                              f"{self.samples.fingerprint})")
+            raise DataMismatch(f"this run's --data-mix (fingerprint {self.samples.fingerprint}) is not the mix of the "
+                               f"checkpoint it resumes (fingerprint {state['fingerprint']}): resume with the checkpoint's "
+                               "sources, weights, anneal and --num-steps, or start a fresh run")
         check_order_identity(state, seed=self.seed, global_batch_size=self.global_batch_size)
         self.steps = int(state["steps"])
         self.cursors = [list(map(int, c)) for c in json.loads(state["cursors"])]

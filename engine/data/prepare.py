@@ -57,7 +57,13 @@ __all__ = [
     "resolve_local_splits",
     "is_local_source",
     "DATA_EXTENSIONS",
+    "PREPARE_FIELDS",
 ]
+
+# The EngineConfig fields `prepare` reads (its flags; `--help` lists no others). preset and vocab_size size the
+# token dtype; eval_samples decides whether a missing validation split is an error.
+PREPARE_FIELDS = ("preset", "vocab_size", "tokenizer_path", "hf_dataset", "hf_dataset_config", "hf_split",
+                  "hf_val_dataset", "hf_val_split", "hf_text_field", "hf_text_template", "eval_samples")
 
 # Extension -> `datasets` builder. Compression suffixes are looked through (json only in practice).
 DATA_EXTENSIONS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json",

@@ -14,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from engine.distributed.watchdog import exit_with_parent
 from engine.env import LaunchEnv
 from engine.errors import ConfigError
 
@@ -63,6 +64,8 @@ def init_parallel(env: LaunchEnv, tp: int, device_type: str, timeout_s: float = 
         device = torch.device("cuda", env.local_rank)
     else:
         device = torch.device("cpu")
+    if env.launcher == "torchrun":  # its workers outlive it otherwise (engine/distributed/watchdog.py)
+        exit_with_parent()
     if env.world_size == 1:
         return ParallelState.single(device)
     if not dist.is_initialized():

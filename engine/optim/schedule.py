@@ -1,8 +1,9 @@
 """Learning-rate schedules, as pure functions of the optimizer step (0-based).
 
 All share a linear warmup from lr / warmup to lr over `warmup_steps`, then:
-- cosine: half a cosine from lr to min_lr over the remaining steps;
-- linear: a straight line from lr to min_lr;
+- cosine: half a cosine from lr to min_lr over the remaining steps: lr at step `warmup_steps`, min_lr at the
+  last step (num_steps - 1; a run with one step after warmup trains it at lr);
+- linear: a straight line from lr to min_lr, with the same ends;
 - constant: lr;
 - wsd (warmup-stable-decay, MiniCPM): lr until the last `decay_steps` (default 10% of the run),
   then linearly down to min_lr. A run can branch off the stable phase at any step and decay.
@@ -59,7 +60,7 @@ def lr_at(cfg: EngineConfig, step: int, elapsed_s: float = 0.0) -> float:
             return peak
         progress = min(1.0, (step - start + 1) / decay)
         return peak + (floor - peak) * progress
-    span = max(1, cfg.num_steps - cfg.warmup_steps)
+    span = max(1, cfg.num_steps - 1 - cfg.warmup_steps)  # steps from the first after warmup to the last
     progress = min(1.0, (step - cfg.warmup_steps) / span)
     if cfg.lr_schedule == "linear":
         return peak + (floor - peak) * progress

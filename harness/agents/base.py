@@ -53,6 +53,11 @@ class SubprocessAgent(Protocol):
 
     name: str
 
+    def resolve(self) -> str:
+        """The executable's path; AgentError naming how to install it when it is missing (a run checks this
+        before it creates anything)."""
+        ...
+
     def attempt(self, workdir: Path, prompt: str, *, log_path: Path, timeout_s: float) -> CliAttempt: ...
 
 

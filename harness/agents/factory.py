@@ -11,6 +11,7 @@ Options are keyword arguments of the backend's constructor; an option a backend 
 ValueError naming the ones it does, rather than a silent no-op.
 """
 
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,17 @@ def _build(spec: str, factory: Callable[..., Any], *args: Any, **options: Any) -
     return factory(*args, **options)
 
 
+def _require_sdk(spec: str, module: str) -> None:
+    """The API backends' SDKs come with the `[llm]` extra; without it, one line saying so (exit 2), not a traceback."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name != module:
+            raise
+        raise ValueError(f"agent {spec!r} needs the {module!r} package, which is not installed: "
+                         f"install the [llm] extra with `pip install -e '.[llm]'`") from None
+
+
 def _model(spec: str, model: str) -> str:
     if not model or model != model.strip() or any(c.isspace() for c in model):
         raise _bad(spec, "the model name is empty or contains whitespace")
@@ -56,6 +68,8 @@ def make_agent(spec: str, **options: Any) -> Agent:
     kind, sep, rest = spec.partition(":")
     if not sep:
         raise _bad(spec, "missing '<kind>:'")
+    if kind in ("anthropic", "openai", "openai-compatible"):
+        _require_sdk(spec, "anthropic" if kind == "anthropic" else "openai")
     if kind == "anthropic":
         from harness.agents.anthropic_api import AnthropicAgent
 

@@ -22,9 +22,9 @@ candidate processes print through pipes it owns, and re-derives what they claim 
 - hardware.py: what machine the judge itself sees (a milestone's `requires`).
 """
 
-from harness.judge.hardware import NeedsHardware, check_requires
+from harness.judge.hardware import NeedsHardware, check_data, check_requires
 from harness.judge.metrics import JobOutcome, judge_metrics, model_mismatches
 from harness.judge.runner import GateError, GateRunner, verdict_text
 
-__all__ = ["GateRunner", "GateError", "NeedsHardware", "check_requires", "verdict_text", "JobOutcome", "judge_metrics",
+__all__ = ["GateRunner", "GateError", "NeedsHardware", "check_requires", "check_data", "verdict_text", "JobOutcome", "judge_metrics",
            "model_mismatches"]

@@ -211,8 +211,8 @@ SCHEDULE_FIELDS = ("lr", "min_lr_ratio", "lr_schedule", "warmup_steps", "decay_s
 def scheduled_lr(config: Mapping[str, Any], step: int) -> float:
     """The lr the expected config's schedule gives optimizer step `step` (0-based; printed step N is N - 1).
     Restated from engine/optim/schedule.py of the base: linear warmup from lr / warmup to lr, then
-    cosine / linear to lr * min_lr_ratio over the rest, constant, or wsd (flat, then a linear decay
-    over the last decay_steps, default 10 % of the run)."""
+    cosine / linear from lr at step `warmup` to lr * min_lr_ratio at the last step, constant, or wsd (flat,
+    then a linear decay over the last decay_steps, default 10 % of the run)."""
     peak = float(config["lr"])
     floor = peak * float(config["min_lr_ratio"])
     warmup, total = int(config["warmup_steps"]), int(config["num_steps"])
@@ -227,7 +227,7 @@ def scheduled_lr(config: Mapping[str, Any], step: int) -> float:
         if step < start:
             return peak
         return peak + (floor - peak) * min(1.0, (step - start + 1) / decay)
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, (step - warmup) / max(1, total - 1 - warmup))
     if kind == "linear":
         return peak + (floor - peak) * progress
     if kind == "cosine":

@@ -62,7 +62,7 @@ Tolerances (`tolerances_for`), relative:
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -338,8 +338,11 @@ def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | No
 def verify_exact_steps(pairs: Sequence[tuple[Path, Path]], *, expected_config: Mapping[str, Any],
                        printed_steps: Sequence[Any], batches: Mapping[int, StepBatch], device: str = "cpu",
                        tolerances: Tolerances | None = None, group_elems: int = 64 * 2**20, eos_id: int | None = None,
-                       order: BatchOrder | None = None) -> ExactEvidence:
+                       order: BatchOrder | None = None,
+                       on_checked: Callable[[int, int, int], None] | None = None) -> ExactEvidence:
     """Check each (checkpoint N - 1, checkpoint N) pair whose batch is in `batches` (module doc).
+
+    `on_checked(step, done, total)` after each pair, for a progress display (minutes on CPU for a long job).
 
     `batches`: by the loader's batch number (`order` maps a step to it; None: step N trained on batch N).
     `printed_steps`: the job's [LOSS] records (.step, .loss, .grad_norm); a step without one gets checks c
@@ -350,7 +353,7 @@ def verify_exact_steps(pairs: Sequence[tuple[Path, Path]], *, expected_config: M
     order = order or BatchOrder()
     printed = {r.step: r for r in printed_steps}
     ev.violations += order.decision_problems(printed_steps, expected_config)
-    for prev_path, path in pairs:
+    for done, (prev_path, path) in enumerate(pairs, 1):
         step = int(path.name.removeprefix("step_"))
         skipped = [(k, order.skipped_batch(k)) for k in order.skips if k.step == step]
         missing = [n for n in (order.batch_of(step), *(n for _, n in skipped)) if n not in batches]
@@ -362,4 +365,6 @@ def verify_exact_steps(pairs: Sequence[tuple[Path, Path]], *, expected_config: M
                         group_elems, eos_id, [(k, n, batches[n]) for k, n in skipped])
         except CheckpointError as err:
             ev.violations.append(f"exact step: {err}")
+        if on_checked is not None:
+            on_checked(step, done, len(pairs))
     return ev

@@ -10,15 +10,18 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from harness.spec import Requires
+from harness.spec import JobGate, Milestone, Requires
 
-__all__ = ["Machine", "NeedsHardware", "probe_machine", "check_requires", "gpu_processes", "wait_watching_gpus"]
+__all__ = ["Machine", "NeedsHardware", "probe_machine", "check_requires", "check_data", "gpu_processes",
+           "wait_watching_gpus"]
 
 
 class NeedsHardware(RuntimeError):
-    """The milestone cannot be judged on this machine; the message says what it needs."""
+    """The milestone cannot be judged on this machine (hardware, or the shared data its jobs read); the message
+    says what it needs. Nothing is judged."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,17 @@ def check_requires(requires: Requires, machine: Machine | None = None) -> str:
         return "cpu"
     have = ", ".join(machine.gpus) or "no GPU"
     raise NeedsHardware(f"needs {requires.describe()}; this machine has {len(machine.gpus)} ({have})")
+
+
+def check_data(milestone: Milestone, data: Path) -> None:
+    """NeedsHardware naming every path of the shared data folder (`{data}/...` in a job's argv) that this machine
+    lacks: without the corpus a job would fail and the candidate would be rejected for the machine's fault."""
+    wanted = sorted({arg[arg.index("{data}"):].removeprefix("{data}").lstrip("/") for g in milestone.gates
+                     if isinstance(g, JobGate) for arg in g.argv if "{data}" in arg})
+    missing = [w for w in wanted if not (data / w).exists()]
+    if missing:
+        raise NeedsHardware(f"needs the shared data folder's {', '.join(missing)}; {data} lacks "
+                            f"{'them' if len(missing) > 1 else 'it'} (set TEMPER_DATA to the folder that holds them)")
 
 
 def gpu_processes() -> dict[int, str]:

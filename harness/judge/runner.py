@@ -49,7 +49,7 @@ from harness.jobs import JobSpec, Sandbox, launch, overlay_changes, probe
 from harness.judge.barrier import BARRIER_OPTION as BARRIER, write_barrier
 from harness.judge.bytecode import PrecompileError, precompile
 from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, load_base
-from harness.judge.hardware import check_requires, wait_watching_gpus
+from harness.judge.hardware import check_data, check_requires, wait_watching_gpus
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
 from harness.judge.live import StepProgress, TestFileProgress, count_text
 from harness.judge.metrics import JobOutcome, judge_metrics
@@ -67,6 +67,7 @@ __all__ = ["GateRunner", "GateError", "verdict_text", "LOG_TAIL_LINES"]
 
 LOG_TAIL_LINES = 60
 _JUDGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding this judge's `harness` package
+_SHOWN_VIOLATIONS = 3  # on the progress line of a failed gate
 _MAX_VIOLATIONS = 200
 _JOB_ID = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _COLLECTED_ID = re.compile(r"^(\S+\.py::\S.*)$")
@@ -163,9 +164,10 @@ class GateRunner:
     def judge(self, diff: str, *, attempt: int, live_tree: Path | None = None) -> Verdict:
         """All gates on base + `diff`. attempt 0 is a dry run (recorded as jobs only, never as an attempt).
 
-        Raises NeedsHardware when this machine lacks what the milestone requires, GateError when the
+        Raises NeedsHardware when this machine lacks what the milestone requires (hardware, shared data), GateError when the
         candidate cannot be judged at all (the patch does not apply, no sandbox can start)."""
         device = check_requires(self.milestone.requires)
+        check_data(self.milestone, data_dir(self.home))
         sandbox_flags = self._check_sandbox()
         if attempt == 0:
             self._dry_runs += 1
@@ -212,7 +214,8 @@ class GateRunner:
             with _removed_after(judging.scratch), _judge_caches(judging.scratch[-1]):  # (the list is read at the end)
                 results = self._run_all(judging)
         failed = next((g for g in results if not g.passed and not g.skipped), None)
-        reason = f"gate {failed.name} failed: {failed.summary}" if failed else ""
+        reason = (f"gate {failed.name} failed: {failed.summary}" if failed else
+                  f"every gate passed ({', '.join(g.name for g in results)})")
         return Verdict(attempt=attempt, accepted=failed is None, gates=tuple(results), reason=reason,
                        flags=tuple(dict.fromkeys(judging.flags)), seed=seed)
 
@@ -354,7 +357,10 @@ class GateRunner:
                              violations=tuple(result.violations[:_MAX_VIOLATIONS]))
             if judging.attempt:
                 self.record.gate_result(judging.attempt, result)
-            self.progress("gate", f"{gate.name} {'pass' if result.passed else 'FAIL'}: {result.summary} ({result.duration_s:.1f} s)")
+            shown = () if result.passed else result.violations[:_SHOWN_VIOLATIONS]  # what failed, not only how many
+            more = len(result.violations) - len(shown)
+            self.progress("gate", f"{gate.name} {'pass' if result.passed else 'FAIL'}: {result.summary} ({result.duration_s:.1f} s)"
+                          + "".join(f"\n  {v}" for v in shown) + (f"\n  ... and {more} more (the verdict lists them)" if more else ""))
             results.append(result)
             if not result.passed:
                 failed = result
@@ -864,10 +870,14 @@ class GateRunner:
         except (OSError, ValueError, KeyError) as err:
             return [f"the judge cannot read the job's data: {err}"], {}
         plan, keeper = judging.saves[outcome.gate.name]
+        self.progress("job", f"{outcome.job_id}: holding its claims against its own weights (model, held-out loss, "
+                             f"applied lr) ...")
+        started = time.monotonic()
         evidence = verify_train_run(plan.save_dir, expected_config=expected, printed_steps=steps, printed_evals=evals,
                                     seed=judging.seed, validation=validation, training=training, device=judging.device,
                                     # The applied lr is fitted from steps N-1 and N, which the judge asked for.
                                     require_lr_check=plan.pairs_expected, check_schedule=outcome.gate.verify_schedule)
+        self.progress("job", f"{outcome.job_id}: claims read back in {time.monotonic() - started:.1f} s")
         measured = {k: float(v) for k, v in (("judge_val_loss", evidence.judge_val_loss),
                                              ("lr_estimate", evidence.lr_estimate)) if v is not None}
         if plan.scope == "none" or any(v.startswith(("config:", "model shape", "checkpoint:")) for v in evidence.violations):
@@ -977,8 +987,20 @@ class GateRunner:
             judging.flags.append(f"job {outcome.job_id}: exact steps not verified: the base engine has no `batches` command "
                                  "to state what each step trains on")
             return [], {}
+        started = time.monotonic()
+        self.progress("job", f"{outcome.job_id}: recomputing {len(pairs)} step(s) on their exact batches "
+                             f"(checkpoints {pairs[0][1].name}..{pairs[-1][1].name}) ...")
+
+        def checked(step: int, done: int, total: int) -> None:
+            elapsed = time.monotonic() - started
+            self.progress.live("job", f"{outcome.job_id}: exact step {step} checked, {done}/{total} in {elapsed:.0f} s"
+                                      + (f", about {elapsed / done * (total - done):.0f} s left" if done < total else ""),
+                               done, total)
+
         exact = verify_exact_steps(pairs, expected_config=expected, printed_steps=steps, batches=batches,
-                                   device=judging.device, eos_id=eos_id, order=order)
+                                   device=judging.device, eos_id=eos_id, order=order, on_checked=checked)
+        self.progress("job", f"{outcome.job_id}: {len(exact.checked)} exact step(s) checked in "
+                             f"{time.monotonic() - started:.1f} s")
         measured = {"exact_steps": float(len(exact.checked))}
         if exact.checked:
             measured["exact_grad_rel_max"] = max(c.grad_rel for c in exact.checked)

@@ -8,8 +8,8 @@ names with the engine's own export mapping, engine/export_hf.py) and the order o
 - the optimizer: torch.optim.AdamW (single-tensor implementation, foreach=False), betas (0.9, 0.95),
   eps 1e-8, weight decay 0.1 on matrices and embeddings (ndim >= 2), none on norm gains;
 - clipping: torch.nn.utils.clip_grad_norm_ at 1.0;
-- the schedule: linear warmup lr * (s + 1) / W for the first W steps, then half a cosine from lr to
-  0.1 lr over the remaining steps, written out below (step s is 0-based; the [LOSS] line prints s + 1).
+- the schedule: linear warmup lr * (s + 1) / W for the first W steps, then half a cosine from lr (step W)
+  to 0.1 lr (the last step, N - 1), written out below (step s is 0-based; the [LOSS] line prints s + 1).
 
 The engine job of milestones/alignment.toml runs exactly ENGINE_ARGV; the judge compares its [LOSS]
 lines with this file (loss_rel_diff). Run from the repository root (see README.md beside this file):
@@ -47,7 +47,7 @@ def lr_at(step: int) -> float:
     peak, floor, warmup, total = HP["lr"], HP["lr"] * HP["min_lr_ratio"], HP["warmup"], HP["num_steps"]
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, (step - warmup) / max(1, total - 1 - warmup))
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 

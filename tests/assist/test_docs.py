@@ -143,3 +143,44 @@ def test_the_configuration_reference_is_generated_from_engine_config() -> None:
         default = str(f.default).lower() if isinstance(f.default, bool) else \
             f'"{f.default}"' if isinstance(f.default, str) else repr(f.default)
         assert f"| `{default}` |" in row, (f.name, row)
+
+
+def test_the_install_docs_say_how_to_get_the_cpu_torch() -> None:
+    """Plain PyPI resolves Linux torch to the CUDA build (GBs of NVIDIA wheels): a page that installs the pinned
+    torch for CPU says to take torch alone from PyTorch's CPU index, and never calls the PyPI pin the CPU build."""
+    for doc in (REPO / "README.md", REPO / "docs" / "quickstart.md"):
+        text = doc.read_text(encoding="utf-8")
+        assert "is the CPU build" not in text, doc
+        cpu = [line for s in snippets(text) for line in s.splitlines() if "download.pytorch.org/whl/cpu" in line]
+        assert cpu, f"{doc.name}: no `pip install torch==... --index-url https://download.pytorch.org/whl/cpu`"
+        for line in cpu:  # torch alone from that index: the project's other dependencies come from the usual one
+            words = line.split("#")[0].split()
+            assert words[:2] == ["pip", "install"] and [w for w in words[2:] if not w.startswith("-") and "://" not in w] \
+                == [next(w for w in words if w.startswith("torch=="))], line
+
+
+def test_plain_torch_fallbacks_and_op_lists_name_every_op() -> None:
+    """Where a page gives the plain-torch fallback (several `--op-<op> baseline` flags) it gives one for every
+    registered op: a missed op keeps its compiled default (rope did). The add-op-version skill lists every op, and
+    AGENTS.md says how Codex installs the skills' marketplace."""
+    from engine.ops import OP_NAMES
+
+    flags = {op: f"--op-{op.replace('_', '-')} baseline" for op in OP_NAMES}
+    for doc in DOCS:
+        text = " ".join(doc.read_text(encoding="utf-8").split())
+        for run in re.findall(r"(?:--op-[a-z0-9-]+ baseline[` ]*){2,}", text):
+            assert all(f in run for f in flags.values()), f"{doc.relative_to(REPO)}: {run.strip()} lacks " + \
+                ", ".join(f for f in flags.values() if f not in run)
+    skill = (REPO / "plugins/temper/skills/add-op-version/SKILL.md").read_text(encoding="utf-8")
+    description = next(line for line in skill.splitlines() if line.startswith("description:"))
+    assert all(op in description for op in OP_NAMES), description
+    assert "codex plugin marketplace add ./" in (REPO / "AGENTS.md").read_text(encoding="utf-8")
+
+
+def test_the_cpu_thread_setting_is_documented() -> None:
+    """CPU runs on a small, shared machine are 2-3x faster with one intra-op thread: troubleshooting says when and
+    how (a command the quoted-commands check parses), and the README's CPU command points at it."""
+    trouble = (REPO / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    assert "`OMP_NUM_THREADS=1 python -m engine pretrain --preset tiny --device cpu`" in trouble
+    assert "torch.get_num_threads()" in trouble and "torchrun already sets `OMP_NUM_THREADS=1`" in trouble
+    assert "OMP_NUM_THREADS=1" in (REPO / "README.md").read_text(encoding="utf-8")

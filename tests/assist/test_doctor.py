@@ -19,7 +19,7 @@ SECRET = "sk-ant-doctor-test-0123456789abcdef"
 
 def doctor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "TEMPER_DATA")}
-    full.update(TEMPER_HOME=str(REPO), **env)
+    full.update({"TEMPER_HOME": str(REPO), **env})
     return subprocess.run([sys.executable, "-m", "harness", "doctor", *args], cwd=REPO, env=full, capture_output=True,
                           text=True, timeout=300, stdin=subprocess.DEVNULL)
 
@@ -90,7 +90,8 @@ def test_slurm_tools_missing_from_path(tmp_path: Path) -> None:
     no_slurm = checks(doctor("--requires", "slurm", "--json", PATH=str(bin_dir)))
     assert not no_slurm["slurm"]["ok"] and no_slurm["slurm"]["required"]
     assert no_slurm["slurm"]["detail"] == "sinfo and sbatch not on PATH"
-    assert "start-local-slurm" in no_slurm["slurm"]["fix"]
+    local = REPO.parent / "shared" / "slurm" / "start-local-slurm"  # named only where this machine has it
+    assert ("start-local-slurm" in no_slurm["slurm"]["fix"]) is local.is_file()
 
 
 def test_slurm_with_a_real_controller(slurm: None) -> None:
@@ -101,3 +102,16 @@ def test_slurm_with_a_real_controller(slurm: None) -> None:
     assert not found["nodes"]["ok"] and "1 node(s)" in found["nodes"]["detail"]  # one node: no multi-node here
     multi = doctor("--requires", "multi-node")
     assert multi.returncode == 1 and any(line.startswith("nodes: ") for line in multi.stderr.splitlines())
+
+
+def test_doctor_names_only_files_that_exist_and_no_placeholder(tmp_path: Path) -> None:
+    """The fixes name the sbatch script only where this Temper home has one (an installed package ships none),
+    and no raw `{data}` placeholder reaches the reader."""
+    bare = tmp_path / "home"  # a home without scripts/ (as beside an installed package)
+    bare.mkdir()
+    found = checks(doctor("--json", TEMPER_HOME=str(bare), TEMPER_DATA=str(tmp_path / "none")))
+    assert "{data}" not in json.dumps(found)
+    assert ".sbatch" not in found["nodes"]["fix"] and "torchrun --nnodes N" in found["nodes"]["fix"]
+    for word in (w.strip(",;()") for c in found.values() for w in (c["fix"] + " " + c["detail"]).split()):
+        if word.endswith(".sbatch") or "start-local-slurm" in word:
+            assert Path(word).is_absolute() and Path(word).is_file(), word

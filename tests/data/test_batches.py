@@ -41,7 +41,10 @@ def corpus_stream() -> torch.Tensor:
 
 
 def test_batches_hold_the_tokens_each_rank_trains_on(tmp_path):
-    batches(tmp_path, *ARGS, "--micro-batch-size", "2", "--grad-accum-steps", "2", "--steps", "1,5-6", "--world-size", "2")
+    proc = batches(tmp_path, *ARGS, "--micro-batch-size", "2", "--grad-accum-steps", "2", "--steps", "1,5-6",
+                   "--world-size", "2")
+    assert proc.stdout.startswith(f"[BATCHES] wrote {tmp_path / 'batches.json'}: the whole global batch of step(s) 1, 5, 6 "
+                                  f"(2 x {SEQ} tokens per micro-batch, world size 2)"), proc.stdout  # says what it wrote
     doc = json.loads((tmp_path / "batches.json").read_text())
     assert doc["format"] == "temper-batches" and doc["global_batch_size"] == 8 and sorted(doc["steps"]) == ["1", "5", "6"]
     stream = corpus_stream()

@@ -127,9 +127,10 @@ def test_resume_on_another_layout_with_the_same_global_batch():
 def test_mismatched_resume_raises():
     s = samples()
     state = loader(s).state_dict()
-    with pytest.raises(ConfigError, match="fingerprint") as err:
-        loader(samples(seq=SEQ + 1)).load_state_dict(state)  # other --seq-length
-    assert err.value.field == "--resume"
+    with pytest.raises(ConfigError, match="fingerprint") as err:  # other --seq-length (the trainer names the flag
+        loader(samples(seq=SEQ + 1)).load_state_dict(state)        # first: checkpoint.STATE_FIELDS)
+    assert str(err.value).startswith(f"this run's data (") and f"of --seq-length {SEQ + 1}, fingerprint" in str(err.value)
+    assert "is not the data of the checkpoint it resumes" in str(err.value) and "--resume=" not in str(err.value)
     with pytest.raises(ConfigError, match="fingerprint"):
         loader(samples(name="other-tokenizer")).load_state_dict(state)  # same numbers, other tokenizer
     with pytest.raises(ConfigError, match="fingerprint"):

@@ -104,6 +104,10 @@ def test_a_restored_loader_continues_the_same_sequence(folders):
     restored.load_state_dict(json.loads(json.dumps(part.state_dict())))
     assert [restored.next_global_rows() for _ in range(17)] == rows[23:]
     assert restored.tokens_by_source() == whole.tokens_by_source()
+    other = loader_for(mix_cfg(folders, "web:1,code:1,math:1", micro_batch_size=16))
+    with pytest.raises(ConfigError) as err:  # another mix: a sentence about the mix, not "--data-mix='' ..."
+        other.load_state_dict(part.state_dict())
+    assert str(err.value).startswith("this run's --data-mix (fingerprint ") and "is not the mix of the checkpoint" in str(err.value)
 
 
 def test_the_anneal_switches_at_its_step(folders):

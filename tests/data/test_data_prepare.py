@@ -4,6 +4,7 @@ import dataclasses
 import hashlib
 import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -432,3 +433,29 @@ def test_cli_prepare_end_to_end(tmp_path, write_jsonl, run_python):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("error: --hf-text-field='text' names field(s) ['text']")
     assert not (tmp_path / "bad").exists()
+
+
+def test_prepare_help_lists_only_the_flags_prepare_reads() -> None:
+    """`engine prepare --help` offers the EngineConfig fields prepare reads, not pretrain's ~90 training flags; the
+    list cannot drift from the code: every `cfg.<field>` engine/data/prepare.py reads is one of them."""
+    import ast
+    import contextlib
+    import io
+    from dataclasses import fields
+
+    from engine.cli import main
+    from engine.config import EngineConfig, flag_name
+    from engine.data.prepare import PREPARE_FIELDS
+
+    tree = ast.parse((REPO / "engine" / "data" / "prepare.py").read_text(encoding="utf-8"))
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id == "cfg"}
+    assert read and read <= set(PREPARE_FIELDS), read - set(PREPARE_FIELDS)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main(["prepare", "--help"])
+    usage = out.getvalue().split("\n\n")[0]  # the usage block: every option, and only options
+    offered = set(re.findall(r"\[(--[a-z][a-z0-9-]+)|(?<=\s)(--out)\b", usage))
+    offered = {a or b for a, b in offered} - {"--help"}
+    assert offered == {flag_name(f) for f in PREPARE_FIELDS} | {"--config", "--out", "--num-proc"}, offered
+    assert len({f.name for f in fields(EngineConfig)}) > 3 * len(PREPARE_FIELDS)  # the training flags are left out

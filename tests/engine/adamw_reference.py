@@ -33,7 +33,7 @@ HIDDEN_MATRICES = (".attn.qkv", ".attn.o", ".mlp.fc1", ".mlp.fc2")
 def cosine(step: int, *, peak: float, floor: float, warmup: int, total: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = (step - warmup) / (total - warmup)
+    progress = (step - warmup) / max(1, total - 1 - warmup)  # lr at step `warmup`, floor at the last step
     return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 

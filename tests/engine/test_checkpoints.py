@@ -139,6 +139,13 @@ def test_a_muP_scaling_change_on_resume_is_refused(base, tmp_path):
     assert refused.returncode == 2
     lines = [x for x in refused.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "--dim-model-base" in lines[0] and "differs from the checkpoint" in lines[0], refused.stderr
+    # another --seq-length: named as that flag with the checkpoint's value, not as a value of --resume
+    refused = run_engine("pretrain", *FAST, "--num-steps", "4", "--seq-length", "32", "--resume", str(ckpt),
+                         "--run-dir", str(tmp_path / "refused"), check=False)
+    lines = [x for x in refused.stderr.splitlines() if x.strip()]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert lines[0] == ("error: --seq-length=32 differs from the checkpoint (its data position counts windows of that "
+                        f"length): use --seq-length 64 as in the checkpoint {ckpt}, or start a new run"), lines[0]
 
 
 @pytest.mark.slow
@@ -190,6 +197,39 @@ def test_metrics_truncation_survives_a_kill_mid_rewrite(tmp_path):
     path.write_text(head + '{"kind": "loss", "st')
     from engine.metrics import keep_through_step
     assert keep_through_step(path, 5) == 1 and path.read_text() == head
+
+
+def test_latest_names_a_checkpoint_at_every_instant_and_kill_leftovers_are_removed(base, tmp_path):
+    """A writer rewriting `latest` as fast as it can, SIGKILLed mid-stream: every read in between sees a whole name
+    (write new, fsync, rename; never removed first). What kills leave (`.latest.tmp-<pid>`, a `step_N.tmp` folder, a
+    folder set aside by a re-save) is removed when the next run starts, and only that."""
+    run_dir, ckpts, _ = _copy(base, tmp_path)
+    code = ("import itertools; from pathlib import Path; from engine.atomic import write_text_atomic\n"
+            f"for i in itertools.count(): write_text_atomic(Path({str(ckpts / 'latest')!r}), f'step_{{i % 7:08d}}\\n')")
+    writer = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    seen = set()
+    try:
+        while len(seen) < 5 and writer.poll() is None:  # several rewrites observed
+            text = (ckpts / "latest").read_text()
+            assert len(text) == 14 and text.startswith("step_") and text.endswith("\n"), repr(text)
+            seen.add(text)
+    finally:
+        writer.kill()
+        writer.wait(timeout=60)
+    assert len(seen) >= 5
+    (ckpts / "latest").write_text("step_00000004\n")
+    (ckpts / ".latest.tmp-4242").write_text("step_000")  # a kill between the temp file's write and its rename
+    (ckpts / "step_00000006.tmp").mkdir()  # a kill mid-save
+    (ckpts / "step_00000006.tmp" / "__0_0.distcp").write_bytes(b"x" * 10)
+    (ckpts / ".step_00000002.old-4242-0a1b2c3d").mkdir()  # a kill between replace_dir's two renames
+    (ckpts / "notes.txt").write_text("mine")
+    kept = sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".") and not p.name.endswith(".tmp"))
+    killed = [f".latest.tmp-{writer.pid}"] * (ckpts / f".latest.tmp-{writer.pid}").exists()  # where the kill landed
+    proc = run_engine("pretrain", *FAST, "--num-steps", "4", "--save-every", "2", "--keep-last", "10", "--resume", "auto",
+                      "--run-dir", str(run_dir))
+    planted = [".latest.tmp-4242", ".step_00000002.old-4242-0a1b2c3d", "step_00000006.tmp"]
+    assert f"removed what interrupted saves left in {ckpts}: {', '.join(sorted(planted + killed))}\n" in proc.stdout
+    assert sorted(p.name for p in ckpts.iterdir()) == kept and (ckpts / "latest").read_text() == "step_00000004\n"
 
 
 def _big(*extra: str) -> list[str]:

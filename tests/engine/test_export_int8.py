@@ -101,6 +101,27 @@ def test_export_round_trip_and_evaluation(trained, tmp_path):
     assert ((got - ref).norm() / ref.norm()).item() < int8_error / 20
 
 
+def test_eval_int8_verifies_and_evaluates_an_export(trained, tmp_path):
+    """`engine eval-int8` reads an export back from the command line: the same val_loss / val_bpb as the export's
+    own round trip (the same evaluation, on CPU in fp32: equal to the printed digits); a corrupt file is refused in
+    one line, exit 2, before anything is unpickled."""
+    _, ckpt, _ = trained
+    out = tmp_path / "model.int8"
+    export = run_engine("export-int8", "--checkpoint", str(ckpt), "--out", str(out), "--device", "cpu")
+    m = re.search(r"val_loss \S+ -> (\S+) \(\S+\), val_bpb \S+ -> (\S+) \(", export.stdout)
+    checked = run_engine("eval-int8", "--int8", str(out), "--device", "cpu")
+    assert "checksum verified" in checked.stdout, checked.stdout
+    got = re.search(r"\[EVAL-INT8\] val_loss=(\S+) val_bpb=(\S+) over (\d+) tokens", checked.stdout)
+    assert got and (got.group(1), got.group(2)) == (m.group(1), m.group(2)), (checked.stdout, export.stdout)
+    flipped = bytearray(out.read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF
+    (tmp_path / "bad.int8").write_bytes(bytes(flipped))
+    bad = run_engine("eval-int8", "--int8", str(tmp_path / "bad.int8"), check=False)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "is corrupt" in bad.stderr, bad.stderr
+    missing = run_engine("eval-int8", "--int8", str(tmp_path / "none.int8"), check=False)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
 def test_default_threshold_keeps_small_tensors_in_fp32(trained, tmp_path):
     _, ckpt, _ = trained
     out = tmp_path / "model.int8"

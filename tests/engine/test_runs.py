@@ -1,8 +1,8 @@
 """Whole runs through the real CLI (subprocesses): determinism, resume, signals, divergence, export."""
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -137,6 +137,10 @@ def test_export_hf_loads_in_transformers(tmp_path):
     run_engine("pretrain", *TINY_FAST, "--preset", "tiny", "--num-steps", "3", "--run-dir", str(run_dir))
     out = tmp_path / "hf"
     run_engine("export-hf", "--checkpoint", str(run_dir / "checkpoints"), "--out", str(out), "--dtype", "float32")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for f in out.iterdir():  # files to share: what the umask gives a new file (0644 under 022), not 0600
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, (f.name, oct(f.stat().st_mode))
     hf = transformers.LlamaForCausalLM.from_pretrained(out).eval()
     from engine.export_hf import load_full_weights
 

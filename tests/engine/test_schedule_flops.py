@@ -20,14 +20,35 @@ def test_warmup_is_linear_to_peak():
 
 
 def test_cosine_endpoints_and_midpoint():
-    cfg = cfg_for("cosine")
+    cfg = cfg_for("cosine", num_steps=101)  # decay over steps 10..100: 90 intervals
     assert lr_at(cfg, 10) == pytest.approx(1.0)
-    assert lr_at(cfg, 55) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the 90 decay steps
-    assert lr_at(cfg, 99) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 89 / 90)))
+    assert lr_at(cfg, 55) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the decay
+    assert lr_at(cfg, 100) == pytest.approx(0.1)  # the last step trains at the minimum
+
+
+def decayed(schedule: str, s: int, *, peak: float, floor: float, warmup: int, steps: int) -> float:
+    """docs/configuration.md's schedule written out: warmup to peak, then from peak at step `warmup` to floor at the
+    last step `steps - 1` (0-based); fraction x = (s - warmup) / (steps - 1 - warmup) of the way."""
+    if s < warmup:
+        return peak * (s + 1) / warmup
+    x = (s - warmup) / (steps - 1 - warmup) if steps - 1 > warmup else 0.0
+    return floor + (peak - floor) * ((1 + math.cos(math.pi * x)) / 2 if schedule == "cosine" else 1 - x)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+@pytest.mark.parametrize("warmup,steps", [(0, 3), (1, 3), (2, 3), (10, 100), (0, 1), (5, 40)])
+def test_decay_reaches_the_minimum_at_the_last_step(schedule, warmup, steps):
+    """Every step against the closed form (float64 arithmetic both sides: 1e-12 relative is rounding); a 3-step
+    cosine run with warmup 1 ends at lr x min_lr_ratio = 1e-3, not half way (5.5e-3)."""
+    cfg = cfg_for(schedule, lr=1e-2, warmup_steps=warmup, num_steps=steps)
+    want = [decayed(schedule, s, peak=1e-2, floor=1e-3, warmup=warmup, steps=steps) for s in range(steps)]
+    assert [lr_at(cfg, s) for s in range(steps)] == pytest.approx(want, rel=1e-12)
+    if steps - 1 > warmup:
+        assert lr_at(cfg, steps - 1) == pytest.approx(1e-3, rel=1e-12)
 
 
 def test_linear_and_constant():
-    assert lr_at(cfg_for("linear"), 55) == pytest.approx(1.0 - 0.9 * 0.5)
+    assert lr_at(cfg_for("linear", num_steps=101), 55) == pytest.approx(1.0 - 0.9 * 0.5)
     assert [lr_at(cfg_for("constant"), s) for s in (10, 50, 99)] == [1.0, 1.0, 1.0]
 
 

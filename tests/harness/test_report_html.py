@@ -5,6 +5,7 @@ import html
 import html.parser
 import json
 import math
+import os
 import re
 import shutil
 import struct
@@ -128,6 +129,13 @@ def report(tmp_path_factory):
     record = build_run(root)
     path = write_report(record.dir)
     return record, path, path.read_text()
+
+
+def test_report_is_readable_by_others_as_the_umask_allows(report):
+    """A page to share: what the umask gives a new file (0644 under 022), not the records' private 0600."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert report[1].stat().st_mode & 0o777 == 0o666 & ~umask, oct(report[1].stat().st_mode)
 
 
 def test_report_is_wellformed_and_self_contained(report):

@@ -59,6 +59,15 @@ def test_honest_step_passes_far_inside_the_bounds(honest, steps5):
     assert c.grad_rel < FP32.grad / 25 and c.second_moment_rel < FP32.second_moment / 25
 
 
+def test_each_checked_step_is_reported_as_it_finishes(honest, steps5):
+    """The progress the judge shows during minutes of recomputation: which step, how many of how many."""
+    pairs, batches = steps5
+    seen = []
+    ev = verify_exact_steps(pairs, expected_config=expected_config(), printed_steps=honest.steps(), batches=batches,
+                            on_checked=lambda step, done, total: seen.append((step, done, total)))
+    assert seen == [(6, 1, 1)] and len(ev.checked) == 1
+
+
 def test_a_printed_loss_or_norm_off_by_a_thousandth_is_named(honest, steps5):
     pairs, batches = steps5
     for field in ("global_loss", "grad_norm"):

@@ -162,3 +162,22 @@ def test_usage_errors_exit_2_with_one_line(home: Path) -> None:
     assert proc.returncode == 2 and "has no commits yet" in proc.stderr
     proc = temper(bare, "demo")
     assert proc.returncode == 2 and "no milestones/demo-tiny.toml" in proc.stderr
+
+
+def test_an_api_agent_without_the_llm_extra_is_one_line_naming_it(home: Path, tmp_path: Path) -> None:
+    """Without the SDK (a stand-in package that fails to import as a missing one would), `temper run` says to
+    install the [llm] extra, exits 2 and creates nothing: no traceback, no run, no branch."""
+    import os
+
+    shadow = tmp_path / "no-sdk"
+    for module in ("anthropic", "openai"):
+        (shadow / module).mkdir(parents=True)
+        (shadow / module / "__init__.py").write_text(f'raise ModuleNotFoundError("No module named {module}", name="{module}")\n')
+    path = os.pathsep.join(p for p in (str(shadow), os.environ.get("PYTHONPATH", "")) if p)
+    for spec in ("anthropic:claude-x", "openai:gpt-x", "openai-compatible:http://127.0.0.1:9/v1#m"):
+        proc = temper(home, "run", "loop-tiny", "--agent", spec, PYTHONPATH=path, ANTHROPIC_API_KEY="k", OPENAI_API_KEY="k")
+        assert proc.returncode == 2, (spec, proc.stderr)
+        assert "pip install -e '.[llm]'" in proc.stderr and "Traceback" not in proc.stderr, (spec, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (home / "runs").exists() or run_dirs(home) == []
+    assert subprocess.run(["git", "branch", "--list", "temper/*"], cwd=home, capture_output=True, text=True).stdout == ""

@@ -64,6 +64,9 @@ def test_temper_gate_judges_patches_and_the_checkout_without_touching_it(home: P
     proc = temper(home, "gate", "loop-tiny", "--patch", str(bad))
     assert proc.returncode == 1
     assert "REJECTED: gate guards failed" in proc.stdout and "ssot" in proc.stdout and "[skip] pytest" in proc.stdout
+    # The progress line of the failed gate says what it found, not only how many.
+    shown = proc.stderr.split("guards FAIL: ", 1)[1].splitlines()
+    assert shown[0].startswith("1 finding in engine") and "engine/config.py" in shown[1] and "ssot" in shown[1], proc.stderr
 
     proc = temper(home, "gate", "loop-tiny", "--patch", str(tmp_path / "missing.patch"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
@@ -80,7 +83,7 @@ def test_temper_gate_judges_patches_and_the_checkout_without_touching_it(home: P
     before = tree_fingerprint(home)
     proc = temper(home, "gate", "loop-tiny")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ACCEPTED" in proc.stdout
+    assert proc.stdout.startswith("ACCEPTED: every gate passed (protected, guards, pytest)\n"), proc.stdout
     assert tree_fingerprint(home) == before
 
 

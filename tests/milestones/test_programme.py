@@ -173,3 +173,23 @@ def test_demo_tiny_is_failed_by_main(tmp_path):
 def test_demo_tiny_is_passed_by_the_demo_solution(tmp_path):
     code, verdict = gate("demo-tiny", HERE / "solutions" / "demo-tiny.patch", tmp_path)
     assert code == 0 and verdict["accepted"], summary(verdict)
+
+
+def test_a_milestone_without_its_data_is_refused_not_rejected(tmp_path):
+    """long-horizon reads the shared corpus; where it is absent the judge refuses like a hardware check (exit 3,
+    nothing judged, no record), and neither `temper milestones` nor the refusal shows the raw `{data}` placeholder."""
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    (tmp_path / "empty.patch").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TEMPER_RUNS_DIR": str(tmp_path / "runs"), "TEMPER_DATA": str(empty)}
+    env.pop("TEMPER_HOME", None)
+    proc = subprocess.run([sys.executable, "-m", "harness", "gate", "long-horizon", "--patch", str(tmp_path / "empty.patch")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "REJECTED" not in proc.stdout and "corpus/train-00000-of-00002.parquet" in proc.stderr, proc.stderr
+    assert "tokenizers/minicpm4" in proc.stderr and str(empty) in proc.stderr and "{data}" not in proc.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    listing = subprocess.run([sys.executable, "-m", "harness", "milestones"], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=120)
+    row = next(line for line in listing.stdout.splitlines() if line.startswith("long-horizon "))
+    assert f"no: {empty} lacks the data its jobs read" in row and "{data}" not in listing.stdout, row
