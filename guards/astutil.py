@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from guards.source import SourceModule
 
 __all__ = ["ImportTable", "ImportEdge", "Names", "imports_of", "names_of", "import_edges", "resolve_from", "literal_head",
-           "literal_fragments", "dotted_chain", "is_builtin", "dynamic_import_target", "IMPORT_FUNCTIONS"]
+           "literal_fragments", "data_operands", "dotted_chain", "is_builtin", "dynamic_import_target", "IMPORT_FUNCTIONS"]
 
 # What `from X import *` binds, for the few modules whose names the rules look for.
 _STAR_EXPORTS = {
@@ -96,11 +96,7 @@ class Names:
         qualified = self.imports.qualify(node)
         if qualified is not None:
             return qualified
-        parts = []
-        root = node
-        while isinstance(root, ast.Attribute):
-            parts.append(root.attr)
-            root = root.value
+        root, parts = _root_and_attrs(node)
         if isinstance(root, ast.Call):
             base = _call_target(self.module, root, self.imports)
             if base is None:
@@ -114,14 +110,34 @@ class Names:
         qualified = self._direct(node)
         if qualified is not None:
             return qualified
-        parts = []
-        root = node
-        while isinstance(root, ast.Attribute):
-            parts.append(root.attr)
-            root = root.value
+        root, parts = _root_and_attrs(node)
         if isinstance(root, ast.Name) and root.id in self.aliases and root.id not in self.imports.bindings:
             return ".".join([self.aliases[root.id], *reversed(parts)])
         return None
+
+
+def _root_and_attrs(node: ast.AST) -> tuple[ast.AST, list[str]]:
+    """`a.b.c` -> (the node `a`, ["c", "b"]): the attribute names innermost last."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return node, parts
+
+
+def data_operands(module: SourceModule) -> set[int]:
+    """ids of the items of tuple / list / set displays and of comparison operands: a string there is data about
+    names (a table of them, a test against one), not a way to what it names."""
+    cached = module.cache.get("data_operands")
+    if isinstance(cached, set):
+        return cached
+    found: set[int] = set()
+    for display in (*module.nodes(ast.Tuple), *module.nodes(ast.List), *module.nodes(ast.Set)):
+        found.update(id(e) for e in display.elts)
+    for compare in module.nodes(ast.Compare):
+        found.update(id(e) for e in (compare.left, *compare.comparators))
+    module.cache["data_operands"] = found
+    return found
 
 
 def names_of(module: SourceModule) -> Names:

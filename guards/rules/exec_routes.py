@@ -47,7 +47,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from guards.astutil import Names, import_edges, is_builtin, literal_head, names_of
+from guards.astutil import Names, data_operands, import_edges, is_builtin, literal_head, names_of
 from guards.config import CODE_SUFFIXES
 from guards.findings import Finding
 from guards.rules.base import Rule
@@ -270,11 +270,7 @@ class _Scan:
 
     def _strings(self) -> Iterator[tuple[int, int, str]]:
         module = self.module
-        consumed: set[int] = set()
-        for display in (*module.nodes(ast.Tuple), *module.nodes(ast.List), *module.nodes(ast.Set)):
-            consumed.update(id(e) for e in display.elts)
-        for compare in module.nodes(ast.Compare):
-            consumed.update(id(e) for e in (compare.left, *compare.comparators))
+        consumed = set(data_operands(module))
         for call in module.nodes(ast.Call):  # getattr & co.: judged by _computed_names
             if any(is_builtin(call.func, n, self.imports) for n in _GETATTRS):
                 consumed.update(id(a) for a in call.args[1:2])

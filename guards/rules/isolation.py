@@ -30,7 +30,8 @@ A justified exception is marked `# guard: allow isolation -- <why>`, which a rev
 import ast
 from collections.abc import Iterator
 
-from guards.astutil import ImportTable, dynamic_import_target, import_edges, imports_of, is_builtin, literal_head, names_of
+from guards.astutil import (ImportTable, data_operands, dynamic_import_target, import_edges, imports_of, is_builtin,
+                            literal_head, names_of)
 from guards.findings import Finding
 from guards.rules.base import Rule
 from guards.source import SourceModule
@@ -218,11 +219,7 @@ class _Scan:
 
     def _strings(self) -> Iterator[Finding]:
         module = self.module
-        consumed: set[int] = set()
-        for display in (*module.nodes(ast.Tuple), *module.nodes(ast.List), *module.nodes(ast.Set)):
-            consumed.update(id(e) for e in display.elts)
-        for compare in module.nodes(ast.Compare):
-            consumed.update(id(e) for e in (compare.left, *compare.comparators))
+        consumed = set(data_operands(module))
         for call in module.nodes(ast.Call):  # getattr(x, "name") is judged by _calls
             if call.args[1:] and (is_builtin(call.func, "getattr", self.imports) or is_builtin(call.func, "hasattr", self.imports)):
                 consumed.add(id(call.args[1]))

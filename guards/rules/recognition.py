@@ -33,7 +33,7 @@ import ast
 import re
 from collections.abc import Iterator
 
-from guards.astutil import Names, is_builtin, literal_fragments, literal_head, names_of
+from guards.astutil import Names, data_operands, is_builtin, literal_fragments, literal_head, names_of
 from guards.findings import Finding
 from guards.rules.base import Rule
 from guards.source import SourceModule
@@ -158,11 +158,7 @@ class _Scan:
 
     def _strings(self) -> Iterator[tuple[int, int, str, str]]:
         module = self.module
-        consumed: set[int] = set()
-        for display in (*module.nodes(ast.Tuple), *module.nodes(ast.List), *module.nodes(ast.Set)):
-            consumed.update(id(e) for e in display.elts)
-        for compare in module.nodes(ast.Compare):
-            consumed.update(id(e) for e in (compare.left, *compare.comparators))
+        consumed = set(data_operands(module))
         nodes = [*module.nodes(ast.Constant), *module.nodes(ast.JoinedStr), *module.nodes(ast.BinOp)]
         for node in nodes:
             pieces = literal_fragments(node) if not isinstance(node, ast.Constant) else \

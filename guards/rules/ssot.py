@@ -41,7 +41,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from guards.astutil import ImportTable, dynamic_import_target, imports_of, is_builtin, literal_head
+from guards.astutil import ImportTable, data_operands, dynamic_import_target, imports_of, is_builtin, literal_head
 from guards.findings import Finding
 from guards.project import Project
 from guards.rules.base import Rule
@@ -364,10 +364,7 @@ class _StrayScan:
         # Items of a collection display and operands of a comparison are data about names (this
         # package's own tables), not a way to an access: a handle they could be used on is flagged
         # where it is made.
-        for display in (*module.nodes(ast.Tuple), *module.nodes(ast.List), *module.nodes(ast.Set)):
-            consumed.update(id(e) for e in display.elts)
-        for compare in module.nodes(ast.Compare):
-            consumed.update(id(e) for e in (compare.left, *compare.comparators))
+        consumed |= data_operands(module)
         candidates = [n for n in module.nodes(ast.Constant) if id(n) not in consumed]
         candidates += [n for n in module.nodes(ast.BinOp) if isinstance(n.op, ast.Add) and id(n) not in consumed]
         for node in candidates:
