@@ -16,8 +16,8 @@ literal `__import__("x")` / `importlib.import_module("x")` roots):
 * using a name that runs code (`_NAMES`): the builtins exec / eval / compile / breakpoint, `torch.load`
   without a literal `weights_only=True`, `numpy.load` with `allow_pickle`, PyYAML's loaders that build
   objects, entry points, `typing.get_type_hints` (evaluates annotation text), a module's `__loader__` /
-  `__spec__`, `.exec_module` / `.load_module` / `.runsource` on anything, `.__self__` (a builtin
-  function's is the builtins module), `getattr` passed as a value, `vars()` / `locals()` without an
+  `__spec__` / `__builtins__`, `.exec_module` / `.load_module` / `.runsource` on anything, `.__self__` (a
+  builtin function's is the builtins module), `getattr`, `__import__` or `import_module` passed as a value, `vars()` / `locals()` without an
   argument, `operator.attrgetter` / `methodcaller` / `inspect.getattr_static` with a computed name;
 * a string naming a route (`"exec"`, `"run_path"`, `"__loader__"`, also built by `+`), as the name of
   getattr & co. or on its own (items of a table or a comparison are data), and a format string that
@@ -110,7 +110,9 @@ _ATTRS: dict[str, str] = {
     "__self__": "a builtin function's `__self__` is the builtins module (exec, eval, __import__)",
     "__loader__": "a module's loader runs files as modules",
 }
-_DUNDER_NAMES = {"__loader__": _ATTRS["__loader__"], "__spec__": "a module's spec holds the loader that runs files as modules"}
+_DUNDER_NAMES = {"__loader__": _ATTRS["__loader__"], "__spec__": "a module's spec holds the loader that runs files as modules",
+                 "__builtins__": "holds exec, eval, compile and __import__"}
+_IMPORTERS = frozenset({"importlib.import_module", "importlib.__import__", "builtins.__import__"})
 _BUILTINS = {"exec": "runs code given as text", "eval": "runs code given as text", "compile": "turns text into code",
              "breakpoint": "starts a debugger that runs typed code", "execfile": "runs a file"}
 # Names distinctive enough that a string spelling one is a way to it (getattr(x, "ex" + "ec")).
@@ -234,8 +236,11 @@ class _Scan:
                     found.append((0, node, f"`{node.id}`", _DUNDER_NAMES[node.id]))
                 elif node.id in _BUILTINS and is_builtin(node, node.id, self.imports):
                     found.append((0, node, f"`{node.id}()`", _BUILTINS[node.id]))
-                elif node.id == "getattr" and is_builtin(node, "getattr", self.imports) and id(node) not in self.calls_by_func:
-                    found.append((0, node, "`getattr` as a value", "reaches attributes by names computed elsewhere"))
+                elif node.id in ("getattr", "__import__") and is_builtin(node, node.id, self.imports) \
+                        and id(node) not in self.calls_by_func:
+                    found.append((0, node, f"`{node.id}` as a value", "reaches attributes or modules by names given elsewhere"))
+            if qualified in _IMPORTERS and id(node) not in self.calls_by_func:
+                found.append((0, node, f"`{qualified}` as a value", "imports modules by names given elsewhere"))
         for call in self.module.nodes(ast.Call):
             if any(is_builtin(call.func, n, self.imports) for n in _GETATTRS) and len(call.args) >= 2:
                 name, base = _literal(call.args[1]), self.names.qualify(call.args[0])

@@ -121,3 +121,17 @@ def test_the_judge_runs_every_rule_by_default():
     from harness.spec import GUARD_RULES
 
     assert set(GUARD_RULES) == set(RULES)
+
+
+def test_a_reviewers_suppression_works_and_a_candidates_new_one_is_refused(tmp_path):
+    """`# guard: allow exec-route -- <why>` silences the line for a reviewer's real need; the judge refuses the same
+    comment when a candidate adds it (new_suppressions reads both versions of the file)."""
+    from guards.suppression import new_suppressions
+
+    base = "import subprocess\n\n__all__ = []\n"
+    line = 'subprocess.run(["python3", "-V"], check=True)'
+    allowed = base + f"{line}  # guard: allow exec-route -- prints the interpreter's version into the run header\n"
+    assert _project(tmp_path, {"engine/__init__.py": base + line + "\n"}).findings
+    assert _project(tmp_path, {"engine/__init__.py": allowed}).findings == []
+    assert new_suppressions({"engine/__init__.py": base}, {"engine/__init__.py": allowed})
+    assert new_suppressions({"engine/__init__.py": allowed}, {"engine/__init__.py": allowed}) == []
