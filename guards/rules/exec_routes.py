@@ -164,21 +164,23 @@ def _literal(node: ast.AST) -> str | None:
 def _safe_call(qualified: str, call: ast.Call) -> bool:
     """The safe form of a conditional route: torch.load(weights_only=True), numpy.load without pickles,
     yaml.load(Loader=yaml.SafeLoader), inspect.get_annotations without eval_str."""
-    keywords = {k.arg: k.value for k in call.keywords if k.arg}
     if any(k.arg is None for k in call.keywords):
-        return False
-    const = lambda key: isinstance(keywords.get(key), ast.Constant) and keywords[key].value  # noqa: E731
+        return False  # **kwargs: anything
+    keywords = {k.arg: k.value for k in call.keywords}
+
+    def literal(key: str, value: bool) -> bool:
+        node = keywords.get(key)
+        return isinstance(node, ast.Constant) and node.value is value
+
     if qualified in ("torch.load", "torch.serialization.load"):
-        return "weights_only" in keywords and const("weights_only") is True
+        return literal("weights_only", True)
     if qualified == "numpy.load":
-        return "allow_pickle" not in keywords or (isinstance(keywords["allow_pickle"], ast.Constant)
-                                                   and keywords["allow_pickle"].value is False)
+        return "allow_pickle" not in keywords or literal("allow_pickle", False)
     if qualified == "inspect.get_annotations":
-        return "eval_str" not in keywords or (isinstance(keywords["eval_str"], ast.Constant)
-                                              and keywords["eval_str"].value is False)
+        return "eval_str" not in keywords or literal("eval_str", False)
     if qualified in ("yaml.load", "yaml.load_all"):
         loader = keywords.get("Loader", call.args[1] if len(call.args) > 1 else None)
-        return loader is not None and (ast.unparse(loader).rpartition(".")[2] in ("SafeLoader", "CSafeLoader", "BaseLoader"))
+        return loader is not None and ast.unparse(loader).rpartition(".")[2] in ("SafeLoader", "CSafeLoader", "BaseLoader")
     return False
 
 

@@ -72,7 +72,8 @@ _FACTS: dict[str, tuple[str, str]] = {
 # Modules of machine facts, by the family a value of one of them gives access to.
 _FACT_MODULES = {**dict.fromkeys(("os", "posix", "nt", "psutil", "resource", "getpass", "multiprocessing"), "process"),
                  **dict.fromkeys(("socket", "netifaces", "fcntl"), "network"), "platform": "hostname",
-                 **dict.fromkeys(("tempfile", "shutil"), "writability"), **dict.fromkeys(("sys", "faulthandler"), "interpreter")}
+                 **dict.fromkeys(("tempfile", "shutil"), "writability"),
+                 **dict.fromkeys(("sys", "faulthandler"), "interpreter")}
 # Fact names distinctive enough that a string spelling one is a way to it (`vars(os)["getppid"]`).
 _SPELLED = {q.rpartition(".")[2]: family for q, (family, _) in _FACTS.items()
             if "." in q and q.rpartition(".")[2] not in ("socket", "access", "flags", "prefix", "kill", "filters",
@@ -80,8 +81,9 @@ _SPELLED = {q.rpartition(".")[2]: family for q, (family, _) in _FACTS.items()
 _PATH_PIECES = re.compile(r"(^|/)(proc|sys/(class|devices|fs|kernel)|etc/(hostname|hosts|mtab|machine-id|resolv\.conf)|"
                           r"mounts|mountinfo|cgroups?|\.dockerenv|\.containerenv)(/|$)|^/sys(/|$)")
 _BARE_PIECES = frozenset({"proc", "sys", "hostname", "mounts", "mountinfo", "cgroup", "net", ".dockerenv"})
-_RECOGNITION_FIX = ("a run must behave the same wherever and however it is started; drop the read, or a reviewer lists this file "
-        "under guards.toml [recognition] {family} (or marks the line `# guard: allow recognition -- <why>`)")
+_RECOGNITION_FIX = ("a run must behave the same wherever and however it is started; drop the read, or a reviewer "
+                    "lists this file under guards.toml [recognition] {family} (or marks the line "
+                    "`# guard: allow recognition -- <why>`)")
 
 
 def _fact_of(qualified: str) -> tuple[str, str, str] | None:
@@ -102,7 +104,8 @@ class RecognitionRule(Rule):
             return
         for line, col, family, message in _Scan(module).findings():
             if not settings.allows(family, module.relpath):
-                yield module.finding(self.id, f"{message} ({family}): " + _RECOGNITION_FIX.format(family=family), line=line, col=col)
+                yield module.finding(self.id, f"{message} ({family}): " + _RECOGNITION_FIX.format(family=family),
+                                     line=line, col=col)
 
 
 class _Scan:
