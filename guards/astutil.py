@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from guards.source import SourceModule
 
-__all__ = ["ImportTable", "ImportEdge", "imports_of", "import_edges", "resolve_from", "literal_head",
-           "dotted_chain", "is_builtin", "dynamic_import_target", "IMPORT_FUNCTIONS"]
+__all__ = ["ImportTable", "ImportEdge", "Names", "imports_of", "names_of", "import_edges", "resolve_from", "literal_head",
+           "literal_fragments", "data_operands", "dotted_chain", "is_builtin", "dynamic_import_target", "IMPORT_FUNCTIONS"]
 
 # What `from X import *` binds, for the few modules whose names the rules look for.
 _STAR_EXPORTS = {
@@ -70,6 +70,103 @@ class ImportTable:
         if base is None:
             return None
         return f"{base}.{rest}" if rest else base
+
+
+class Names:
+    """What a name or attribute chain stands for, through imports and through local aliases of them.
+
+    `o = os; o.getpid` and `g = os.getpid; g` qualify as "os.getpid" (a local name bound anywhere in the
+    file by `=` or `:=` to something reached through an import), and so does `__import__("os").getpid`
+    (a literal dynamic import as the root). Flow-insensitive, like ImportTable.
+    """
+
+    def __init__(self, module: SourceModule):
+        self.module = module
+        self.imports = imports_of(module)
+        self.aliases: dict[str, str] = {}
+        binds = [(t, n.value) for n in module.nodes(ast.Assign) for t in n.targets]
+        binds += [(n.target, n.value) for n in module.nodes(ast.AnnAssign) if n.value is not None]
+        binds += [(n.target, n.value) for n in module.nodes(ast.NamedExpr)]
+        for target, value in binds:
+            qualified = self._direct(value)
+            if qualified is not None and isinstance(target, ast.Name):
+                self.aliases.setdefault(target.id, qualified)
+
+    def _direct(self, node: ast.AST) -> str | None:
+        qualified = self.imports.qualify(node)
+        if qualified is not None:
+            return qualified
+        root, parts = _root_and_attrs(node)
+        if isinstance(root, ast.Call):
+            base = _call_target(self.module, root, self.imports)
+            if base is None:
+                return None
+            if not isinstance(root.func, ast.Attribute) and "." in base:  # __import__("a.b") returns a
+                base = base.split(".", 1)[0]
+            return ".".join([base, *reversed(parts)])
+        return None
+
+    def qualify(self, node: ast.AST) -> str | None:
+        qualified = self._direct(node)
+        if qualified is not None:
+            return qualified
+        root, parts = _root_and_attrs(node)
+        if isinstance(root, ast.Name) and root.id in self.aliases and root.id not in self.imports.bindings:
+            return ".".join([self.aliases[root.id], *reversed(parts)])
+        return None
+
+
+def _root_and_attrs(node: ast.AST) -> tuple[ast.AST, list[str]]:
+    """`a.b.c` -> (the node `a`, ["c", "b"]): the attribute names innermost last."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return node, parts
+
+
+def data_operands(module: SourceModule) -> set[int]:
+    """ids of the items of tuple / list / set displays and of comparison operands: a string there is data about
+    names (a table of them, a test against one), not a way to what it names."""
+    cached = module.cache.get("data_operands")
+    if isinstance(cached, set):
+        return cached
+    found: set[int] = set()
+    for display in (*module.nodes(ast.Tuple), *module.nodes(ast.List), *module.nodes(ast.Set)):
+        found.update(id(e) for e in display.elts)
+    for compare in module.nodes(ast.Compare):
+        found.update(id(e) for e in (compare.left, *compare.comparators))
+    module.cache["data_operands"] = found
+    return found
+
+
+def names_of(module: SourceModule) -> Names:
+    names = module.cache.get("names")
+    if not isinstance(names, Names):
+        names = module.cache["names"] = Names(module)
+    return names
+
+
+def literal_fragments(node: ast.AST) -> list[str]:
+    """Every literal piece of text a string expression is built from: the constants of an f-string, both
+    sides of `+`, the template of `%` / `.format`, bytes decoded as latin-1. "/proc/{pid}/stat" -> ["/proc/",
+    "/stat"]. Used where a piece alone (a path component) gives the expression away."""
+    found: list[str] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, ast.Constant):
+            if isinstance(current.value, str):
+                found.append(current.value)
+            elif isinstance(current.value, bytes):
+                found.append(current.value.decode("latin-1"))
+        elif isinstance(current, ast.JoinedStr):
+            stack.extend(current.values)
+        elif isinstance(current, ast.BinOp) and isinstance(current.op, (ast.Add, ast.Mod)):
+            stack.extend((current.left, current.right) if isinstance(current.op, ast.Add) else (current.left,))
+        elif isinstance(current, ast.Call) and isinstance(current.func, ast.Attribute) and current.func.attr == "format":
+            stack.append(current.func.value)
+    return found
 
 
 def dotted_chain(node: ast.AST) -> str | None:

@@ -16,6 +16,14 @@ and the fix; the CLI turns it into exit code 2. The format (every key optional u
     [public-surface]
     allow_private = ["torch._foreach_*"]          # private names that may be used anyway (`*`: prefix)
 
+    [exec-route]
+    packages = ["engine"]                         # packages that never run code the guards cannot read
+    data_suffixes = [".toml", ".md"]              # the only files besides *.py those packages may hold
+
+    [recognition]
+    packages = ["engine"]                         # packages that never look at what machine runs them
+    process = ["engine/atomic.py"]                # fact family -> the files that may read it (FAMILIES)
+
 A layer entry covers the module it names and everything below it ("engine.model" covers
 engine/model/*), except the package's own name ("engine"), which covers only engine/__init__.py:
 otherwise every module would silently fall into that layer. The most specific entry wins.
@@ -27,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GuardsConfig", "IsolationSettings", "EnvWhitelist", "LayerMap", "GuardsConfigError", "CONFIG_NAME", "load_config",
+__all__ = ["GuardsConfig", "IsolationSettings", "ExecRouteSettings", "RecognitionSettings", "FAMILIES", "CODE_SUFFIXES",
+           "EnvWhitelist", "LayerMap", "GuardsConfigError", "CONFIG_NAME", "load_config",
            "find_config", "parse_whitelist"]
 
 CONFIG_NAME = "guards.toml"
@@ -35,6 +44,10 @@ CONFIG_NAME = "guards.toml"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _SEPARATOR_CELL = re.compile(r":?-{3,}:?")
+# Files Python loads as code (bytecode, extension modules, archives on sys.path, .pth lines, windowed scripts):
+# never data, whatever a config says.
+CODE_SUFFIXES = frozenset({".pyc", ".pyo", ".pyw", ".pyz", ".pth", ".so", ".pyd", ".dll", ".dylib", ".zip", ".egg",
+                           ".whl"})
 
 
 class GuardsConfigError(ValueError):
@@ -90,6 +103,30 @@ class IsolationSettings:
 
 
 @dataclass(kw_only=True, frozen=True)
+class ExecRouteSettings:
+    """`[exec-route]`: the packages whose code must all be readable by the guards, and the data files they hold."""
+
+    packages: tuple[str, ...] = ()
+    data_suffixes: tuple[str, ...] = ()  # file suffixes besides .py allowed under those packages (".toml")
+
+
+# The facts a process can tell a judged run by (guards/rules/recognition.py); each is allowed per file.
+FAMILIES = ("process", "network", "hostname", "writability", "interpreter", "system-files")
+
+
+@dataclass(kw_only=True, frozen=True)
+class RecognitionSettings:
+    """`[recognition]`: the packages that never read facts of the machine or process they run on, and for each
+    fact family the few files that need it (atomic temp names carry the pid, the run header names the host)."""
+
+    packages: tuple[str, ...] = ()
+    allowed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # family -> relative .py paths
+
+    def allows(self, family: str, relpath: str | None) -> bool:
+        return relpath is not None and relpath in self.allowed.get(family, ())
+
+
+@dataclass(kw_only=True, frozen=True)
 class GuardsConfig:
     path: Path
     root: Path
@@ -100,6 +137,8 @@ class GuardsConfig:
     forbidden: dict[str, tuple[str, ...]]
     allow_private: tuple[str, ...] = ()
     isolation: IsolationSettings = field(default_factory=IsolationSettings)
+    exec_route: ExecRouteSettings = field(default_factory=ExecRouteSettings)
+    recognition: RecognitionSettings = field(default_factory=RecognitionSettings)
 
     def private_allowed(self, dotted: str) -> bool:
         for pattern in self.allow_private:
@@ -204,7 +243,7 @@ def load_config(path: Path) -> GuardsConfig:
         raise GuardsConfigError(f"{path}: cannot read ({err})") from err
     except tomllib.TOMLDecodeError as err:
         raise GuardsConfigError(f"{path}: not valid TOML ({err}); fix the syntax") from err
-    _unknown_keys(data, {"ssot", "dag", "public-surface", "isolation"}, str(path))
+    _unknown_keys(data, {"ssot", "dag", "public-surface", "isolation", "exec-route", "recognition"}, str(path))
 
     ssot = _table(data, "ssot", str(path))
     _unknown_keys(ssot, {"env_whitelist", "env_modules"}, f"{path} [ssot]")
@@ -243,6 +282,26 @@ def load_config(path: Path) -> GuardsConfig:
         loader_modules=_str_list(isolation.get("loader_modules", []), f"{where} loader_modules (relative .py paths)", files),
         settable=_str_list(isolation.get("settable", []), f"{where} settable"))
 
+    routes = _table(data, "exec-route", str(path))
+    where = f"{path} [exec-route]"
+    _unknown_keys(routes, {"packages", "data_suffixes"}, where)
+    exec_route = ExecRouteSettings(
+        packages=_str_list(routes.get("packages", []), f"{where} packages"),
+        data_suffixes=_str_list(routes.get("data_suffixes", []), f"{where} data_suffixes (suffixes such as \".toml\")",
+                                re.compile(r"\.[a-z0-9]+")))
+    if ".py" in exec_route.data_suffixes or any(s in CODE_SUFFIXES for s in exec_route.data_suffixes):
+        raise GuardsConfigError(f"{where} data_suffixes: {', '.join(s for s in exec_route.data_suffixes if s == '.py' or s in CODE_SUFFIXES)} "
+                                "is code Python can load, not data; remove it")
+
+    recognition = _table(data, "recognition", str(path))
+    where = f"{path} [recognition]"
+    _unknown_keys(recognition, {"packages", *FAMILIES}, where)
+    recognition_settings = RecognitionSettings(
+        packages=_str_list(recognition.get("packages", []), f"{where} packages"),
+        allowed={family: _str_list(recognition.get(family, []), f"{where} {family} (relative .py paths)", files)
+                 for family in FAMILIES})
+
     return GuardsConfig(path=path, root=path.parent, whitelist_path=whitelist_path,
                         whitelist=parse_whitelist(whitelist_path), env_modules=dict(env_modules),
-                        layers=layers, forbidden=forbidden, allow_private=allow_private, isolation=settings)
+                        layers=layers, forbidden=forbidden, allow_private=allow_private, isolation=settings,
+                        exec_route=exec_route, recognition=recognition_settings)

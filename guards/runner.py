@@ -30,6 +30,7 @@ def check_paths(paths: Iterable[Path], config: GuardsConfig, rule_ids: Sequence[
     if unknown:
         raise ValueError(f"unknown rule id(s) {', '.join(unknown)}; known: {', '.join(RULES)}")
     cwd = (cwd or Path.cwd()).resolve()
+    paths = [Path(p) for p in paths]
     files = [f.resolve() for f in iter_python_files(paths)]
     namer = ModuleNamer(config.root)
     names = [namer.name(f) for f in files]
@@ -57,6 +58,7 @@ def check_paths(paths: Iterable[Path], config: GuardsConfig, rule_ids: Sequence[
             for rule in rules:
                 findings.extend(rule.check(parsed))
         for rule in rules:
+            findings.extend(rule.check_tree(paths, cwd))
             findings.extend(rule.finish())
     finally:
         gc.set_threshold(*threshold)

@@ -103,7 +103,7 @@ NEW_TEST_GLOB = "tests/**/test_*.py"
 
 GATE_KINDS = ("protected", "guards", "pytest", "job", "metrics")
 # Rule names of `temper guards check` (guards/): the engine's red lines.
-GUARD_RULES = ("ssot", "dag", "public-surface", "fail-fast", "isolation")
+GUARD_RULES = ("ssot", "dag", "public-surface", "fail-fast", "isolation", "exec-route", "recognition")
 # Engine subcommand each engine job task runs (`python -m engine <argv[0]> ...`). The op tasks (bench,
 # stress) run the judge's own harness/opbench.py instead, configured by the gate's `bench` table.
 _TASK_COMMAND = {"train": "pretrain", "prepare": "prepare"}
@@ -328,7 +328,7 @@ class GuardsGate(_GateBase):
 
     kind: Literal["guards"]
     paths: list[_RelPath] = Field(default_factory=lambda: ["engine"], min_length=1)
-    rules: list[Literal["ssot", "dag", "public-surface", "fail-fast", "isolation"]] = Field(
+    rules: list[Literal["ssot", "dag", "public-surface", "fail-fast", "isolation", "exec-route", "recognition"]] = Field(
         default_factory=lambda: list(GUARD_RULES), min_length=1
     )
 

@@ -1,6 +1,7 @@
-"""The shape of a rule: a stable id, a per-file check, and an optional whole-run step at the end."""
+"""The shape of a rule: a stable id, a per-file check, a look at the other files, and an optional whole-run step."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import ClassVar
 
 from guards.findings import Finding
@@ -25,6 +26,10 @@ class Rule:
         self.config = project.config
 
     def check(self, module: SourceModule) -> Iterable[Finding]:
+        return ()
+
+    def check_tree(self, paths: Sequence[Path], cwd: Path) -> Iterable[Finding]:
+        """Findings about files the per-module check never sees (files that are not *.py): `paths` as given."""
         return ()
 
     def finish(self) -> Iterable[Finding]:

@@ -30,7 +30,8 @@ A justified exception is marked `# guard: allow isolation -- <why>`, which a rev
 import ast
 from collections.abc import Iterator
 
-from guards.astutil import ImportTable, dynamic_import_target, import_edges, imports_of, is_builtin, literal_head
+from guards.astutil import (ImportTable, data_operands, dynamic_import_target, import_edges, imports_of, is_builtin,
+                            literal_head, names_of)
 from guards.findings import Finding
 from guards.rules.base import Rule
 from guards.source import SourceModule
@@ -91,7 +92,7 @@ class _Scan:
         self.rule_id, self.module, self.imports, self.settings = rule_id, module, imports, settings
         self.reported: set[int] = set()
         self.lines: set[int] = set()
-        self.aliases = self._aliases()
+        self.names = names_of(module)
 
     def _finding(self, node: ast.AST, message: str) -> Finding:
         self.reported.add(id(node))
@@ -105,30 +106,8 @@ class _Scan:
         yield from self._calls()
         yield from self._strings()
 
-    # -- what a name stands for
-    def _aliases(self) -> dict[str, str]:
-        """Local names bound (anywhere in the file) to something reached through an import: `T = torch.Tensor`."""
-        aliases: dict[str, str] = {}
-        for node in self.module.nodes(ast.Assign):
-            target = self.imports.qualify(node.value)
-            if target is not None:
-                for t in node.targets:
-                    if isinstance(t, ast.Name):
-                        aliases[t.id] = target
-        return aliases
-
     def qualify(self, node: ast.AST) -> str | None:
-        target = self.imports.qualify(node)
-        if target is not None:
-            return target
-        root = node
-        parts = []
-        while isinstance(root, ast.Attribute):
-            parts.append(root.attr)
-            root = root.value
-        if isinstance(root, ast.Name) and root.id in self.aliases:
-            return ".".join([self.aliases[root.id], *reversed(parts)])
-        return None
+        return self.names.qualify(node)
 
     def _settable(self, target: str) -> bool:
         return any(target == p or target.startswith(p + ".") for p in self.settings.settable)
@@ -240,11 +219,7 @@ class _Scan:
 
     def _strings(self) -> Iterator[Finding]:
         module = self.module
-        consumed: set[int] = set()
-        for display in (*module.nodes(ast.Tuple), *module.nodes(ast.List), *module.nodes(ast.Set)):
-            consumed.update(id(e) for e in display.elts)
-        for compare in module.nodes(ast.Compare):
-            consumed.update(id(e) for e in (compare.left, *compare.comparators))
+        consumed = set(data_operands(module))
         for call in module.nodes(ast.Call):  # getattr(x, "name") is judged by _calls
             if call.args[1:] and (is_builtin(call.func, "getattr", self.imports) or is_builtin(call.func, "hasattr", self.imports)):
                 consumed.add(id(call.args[1]))

@@ -25,7 +25,10 @@ reference the checks above can see is a finding everywhere, the env module inclu
   `set` / `export`, or whose literal text expands `$VAR` or names `environ` / `getenv`, and any shell
   command (`shell=True`, `os.system`, `os.popen`) built at run time;
 * `eval` / `exec` / `compile` of a string: code the check cannot read. A launch that passes `env=`
-  explicitly gives the child only what it was handed and is fine.
+  explicitly gives the child only what it was handed and is fine;
+* in the packages `[exec-route] packages` names, every other way to run code this check cannot read
+  (guards/rules/exec_routes.py: runpy, pickle, `getattr(builtins, ...)`, loaders, a child started with
+  computed code): the same routes read the environment past the checks above.
 
 Constants. A module-level UPPER_CASE name bound to a literal (number, string, tuple of literals)
 that two modules of one top-level package bind to different values is the same knob defined twice;
@@ -38,10 +41,11 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from guards.astutil import ImportTable, dynamic_import_target, imports_of, is_builtin, literal_head
+from guards.astutil import ImportTable, data_operands, dynamic_import_target, imports_of, is_builtin, literal_head
 from guards.findings import Finding
 from guards.project import Project
 from guards.rules.base import Rule
+from guards.rules.exec_routes import code_routes
 from guards.source import SourceModule
 
 __all__ = ["SsotRule"]
@@ -182,7 +186,16 @@ class SsotRule(Rule):
     def check(self, module: SourceModule) -> Iterator[Finding]:
         self._collect_constants(module)
         imports = imports_of(module)
-        yield from _StrayScan(self.id, module, imports).findings()
+        stray = _StrayScan(self.id, module, imports)
+        yield from stray.findings()
+        if module.package in self.config.exec_route.packages:
+            # exec of "import os; os.environ[...]", a pickle that reaches os.getenv, a child started with computed
+            # code: each runs code this rule cannot read, so each is an environment read it cannot check.
+            for line, col, message in code_routes(module, self.project.is_module):
+                if line in stray.lines:
+                    continue
+                yield module.finding(self.id, f"{message}; code this check cannot read may read any environment "
+                                              f"variable: {_FIX}", line=line, col=col)
         if not any(target.split(".", 1)[0] in _ENV_MODULES for target in imports.bindings.values()):
             return  # os / posix / nt are never imported: nothing here can reach the environment
         refs, dynamic = _env_refs(module, imports)
@@ -351,10 +364,7 @@ class _StrayScan:
         # Items of a collection display and operands of a comparison are data about names (this
         # package's own tables), not a way to an access: a handle they could be used on is flagged
         # where it is made.
-        for display in (*module.nodes(ast.Tuple), *module.nodes(ast.List), *module.nodes(ast.Set)):
-            consumed.update(id(e) for e in display.elts)
-        for compare in module.nodes(ast.Compare):
-            consumed.update(id(e) for e in (compare.left, *compare.comparators))
+        consumed |= data_operands(module)
         candidates = [n for n in module.nodes(ast.Constant) if id(n) not in consumed]
         candidates += [n for n in module.nodes(ast.BinOp) if isinstance(n.op, ast.Add) and id(n) not in consumed]
         for node in candidates:

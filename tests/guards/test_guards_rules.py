@@ -3,8 +3,10 @@
 import pytest
 from guards_testkit import FIXTURES, actual_findings, check_fixture, expected_findings
 
-BAD = ["ssot_bad", "dag_bad", "surface_bad", "failfast_bad", "isolation_bad"]
-CLEAN = ["ssot_clean", "dag_clean", "surface_clean", "failfast_clean", "isolation_clean"]
+BAD = ["ssot_bad", "dag_bad", "surface_bad", "failfast_bad", "isolation_bad", "execroute_bad", "recognition_bad"]
+CLEAN = ["ssot_clean", "dag_clean", "surface_clean", "failfast_clean", "isolation_clean", "execroute_clean",
+         "recognition_clean"]
+RULE_IDS = ("ssot", "dag", "public-surface", "fail-fast", "isolation", "exec-route", "recognition")
 
 
 @pytest.mark.parametrize("fixture", BAD)
@@ -27,12 +29,13 @@ def test_clean_fixture_has_no_findings(fixture):
 
 
 @pytest.mark.parametrize("fixture,rule", [("ssot_bad", "ssot"), ("dag_bad", "dag"), ("surface_bad", "public-surface"),
-                                          ("failfast_bad", "fail-fast"), ("isolation_bad", "isolation")])
+                                          ("failfast_bad", "fail-fast"), ("isolation_bad", "isolation"),
+                                          ("recognition_bad", "recognition")])
 def test_each_bad_fixture_is_about_its_own_rule(fixture, rule):
     """The bad fixtures break only the rule they are for, so a rule that goes quiet cannot hide behind another."""
     findings = check_fixture(fixture)
     assert {f.rule for f in findings} == {rule}
-    others = [r for r in ("ssot", "dag", "public-surface", "fail-fast", "isolation") if r != rule]
+    others = [r for r in RULE_IDS if r != rule]
     assert check_fixture(fixture, others) == []
 
 
