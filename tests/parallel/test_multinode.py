@@ -38,29 +38,19 @@ def _env(**kw: int | str) -> LaunchEnv:
 # --- the launcher's variables, read and checked (cheap: no process is started) ----------------------------------
 
 
-def test_torchrun_variables_give_rank_local_rank_and_node(monkeypatch):
-    for name in ("SLURM_PROCID", "SLURM_NTASKS"):
+@pytest.mark.parametrize("values, unset, want", [
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+      "GROUP_WORLD_SIZE": "2"}, ("SLURM_PROCID", "SLURM_NTASKS"), (3, 1, 4, 2, 2, 1)),  # torchrun, node 1 of 2
+    ({"SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_NODES": "2", "SLURM_NODEID": "1"},
+     ("RANK", "WORLD_SIZE"), (2, 0, 4, 2, 2, 1)),  # srun without torchrun, node 1 of 2
+])
+def test_launcher_variables_give_rank_local_rank_and_node(monkeypatch, values, unset, want):
+    for name in unset:
         monkeypatch.delenv(name, raising=False)
-    values = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
-              "GROUP_WORLD_SIZE": "2"}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     env = launch_env()
-    assert (env.rank, env.local_rank, env.world_size, env.local_world_size, env.num_nodes, env.node_rank) == \
-        (3, 1, 4, 2, 2, 1)
-    check_nodes(env, tp=2)
-
-
-def test_srun_variables_give_rank_local_rank_and_node(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    values = {"SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_NODES": "2",
-              "SLURM_NODEID": "1"}
-    for name, value in values.items():
-        monkeypatch.setenv(name, value)
-    env = launch_env()
-    assert (env.rank, env.local_rank, env.world_size, env.local_world_size, env.num_nodes, env.node_rank) == \
-        (2, 0, 4, 2, 2, 1)
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size, env.num_nodes, env.node_rank) == want
     check_nodes(env, tp=2)
 
 
