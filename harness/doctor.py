@@ -162,7 +162,7 @@ def _account() -> Check:
 
 def _nodes(count: int) -> Check:
     return Check("nodes", count >= 2, f"{count} node(s) in SLURM partitions that are up",
-                 "multi-node runs need >= 2 nodes: sbatch --nodes=N scripts/slurm/pretrain_multi_node.sbatch on a "
+                 "multi-node runs need >= 2 nodes: sbatch --nodes=N scripts/slurm/pretrain.sbatch on a "
                  "cluster, or torchrun --nnodes N on each host (docs/parallelism.md)", ("multi-node",))
 
 
