@@ -96,14 +96,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_nodes(per_node: tuple[int, int], *args: str) -> list[subprocess.CompletedProcess]:
-    """One torchrun per "node", both on this host, meeting by c10d rendezvous at 127.0.0.1:<free port>."""
+def _two_nodes(per_node: tuple[int, int], *args: str, node1_prefix: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess]:
+    """One torchrun per "node", both on this host, meeting by c10d rendezvous at 127.0.0.1:<free port>;
+    `node1_prefix` wraps the second node's launcher (a mount namespace that hides a folder from it)."""
     port, run_id = _free_port(), f"temper-test-{os.getpid()}"
     launchers = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(n),
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id, "--max-restarts", "0",
-         "-m", "engine", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for n in per_node]
+        [*(node1_prefix if node else ()), sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+         "--nproc-per-node", str(n), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+         run_id, "--max-restarts", "0", "-m", "engine", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+        for node, n in enumerate(per_node)]
     out = []
     for launcher in launchers:
         stdout, stderr = launcher.communicate(timeout=600)
@@ -150,3 +152,27 @@ def test_two_nodes_with_unequal_process_counts_are_refused(tmp_path):
                       "every node (2 nodes x N processes), or pass --nnodes that divides 3"], [p.stderr for p in procs]
     assert not run_dir.exists()
 
+
+
+@pytest.mark.slow
+def test_a_run_dir_not_shared_by_the_nodes_is_refused_at_the_first_save(tmp_path):
+    """Node 1 runs in a mount namespace (bubblewrap) whose run dir is its own empty tmpfs, as a host's local disk:
+    its shards land where rank 0 cannot see them. The first save stops every rank with one line naming --save-dir
+    and the fix; nothing is published (no `latest`, no step folder), only the unfinished `.tmp`."""
+    from harness.jobs.sandbox import bwrap_binary
+
+    bwrap = bwrap_binary()
+    if bwrap is None:
+        pytest.skip("no bubblewrap here: cannot give the second node its own filesystem")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    hide = (bwrap, "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", str(run_dir), "--")
+    procs = _two_nodes((1, 1), "pretrain", *TINY_DP, "--micro-batch-size", "1", "--global-batch-size", "2",
+                       "--num-steps", "2", "--save-every", "2", "--run-dir", str(run_dir), node1_prefix=hide)
+    assert all(p.returncode != 0 for p in procs)
+    for proc in procs:  # every rank refuses alike (no rank left waiting in a collective)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: --save-dir=")]
+        assert len(errors) == 1 and "is not shared by the nodes: rank 0 does not see 1 shard file(s)" in errors[0] \
+            and "(e.g. __1_0.distcp): put --run-dir / --save-dir on a filesystem every node sees" in errors[0], proc.stderr
+    saved = run_dir / "checkpoints"
+    assert sorted(p.name for p in saved.iterdir()) == ["step_00000002.tmp"]
