@@ -109,11 +109,23 @@ def save_checkpoint(save_dir: Path, step: int, state: dict[str, Any], meta: dict
     digests: dict[str, Any] = {}
     for part in _all_gather(hash_files(tmp, files_to_hash(tmp, rank, world)), group):
         digests.update(part)
+    _check_shared(save_dir, tmp, digests, rank, group)
     if rank == 0:
         write_text_atomic(tmp / MANIFEST, manifest_text(digests))
         _publish(save_dir, tmp, final, keep_last)
     _barrier(group)
     return final
+
+
+def _check_shared(save_dir: Path, tmp: Path, digests: dict[str, Any], rank: int, group: Any) -> None:
+    """Every rank's shards must be in the folder rank 0 publishes. On several nodes a --save-dir on each
+    host's own disk leaves them elsewhere and the checkpoint would not resume; refused on every rank alike."""
+    seen = _all_gather(sorted(p.name for p in tmp.iterdir()) if rank == 0 else None, group)[0]
+    missing = sorted(set(digests) - set(seen))
+    if missing:
+        raise ConfigError("--save-dir", str(save_dir), "put --run-dir / --save-dir on a filesystem every node sees "
+                          "(NFS, Lustre, ...)", f"is not shared by the nodes: rank 0 does not see {len(missing)} "
+                          f"shard file(s) other ranks wrote there (e.g. {missing[0]})")
 
 
 def _publish(save_dir: Path, tmp: Path, final: Path, keep_last: int) -> None:

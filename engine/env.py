@@ -36,6 +36,8 @@ class LaunchEnv:
     local_world_size: int
     launcher: str  # "torchrun", "srun" or "none"
     slurm_job_id: str
+    num_nodes: int = 1  # torchrun's --nnodes (GROUP_WORLD_SIZE), srun's step node count
+    node_rank: int = 0  # this host's place among them (GROUP_RANK, SLURM_NODEID)
 
 
 def _int(name: str, default: int) -> int:
@@ -49,7 +51,10 @@ def _int(name: str, default: int) -> int:
 
 
 def launch_env() -> LaunchEnv:
-    """Read ranks from torchrun's variables, else from srun's, else a single process."""
+    """Read ranks from torchrun's variables, else from srun's, else a single process.
+
+    Taken as the launcher gives them; engine/distributed/nodes.py checks that they describe the same
+    number of processes on every node, ranks numbered node by node."""
     job = os.environ.get("SLURM_JOB_ID", "")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         world = _int("WORLD_SIZE", 1)
@@ -60,16 +65,21 @@ def launch_env() -> LaunchEnv:
             local_world_size=_int("LOCAL_WORLD_SIZE", world),
             launcher="torchrun",
             slurm_job_id=job,
+            num_nodes=_int("GROUP_WORLD_SIZE", 1),
+            node_rank=_int("GROUP_RANK", 0),
         )
     if "SLURM_PROCID" in os.environ and _int("SLURM_NTASKS", 1) > 1:
         world = _int("SLURM_NTASKS", 1)
+        nodes = _int("SLURM_STEP_NUM_NODES", 1)
         return LaunchEnv(
             rank=_int("SLURM_PROCID", 0),
             local_rank=_int("SLURM_LOCALID", 0),
             world_size=world,
-            local_world_size=world,
+            local_world_size=world // nodes if nodes > 0 else world,  # uneven splits: nodes.py refuses them
             launcher="srun",
             slurm_job_id=job,
+            num_nodes=nodes,
+            node_rank=_int("SLURM_NODEID", 0),
         )
     return LaunchEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, launcher="none", slurm_job_id=job)
 

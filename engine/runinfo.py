@@ -68,15 +68,19 @@ def environment() -> dict[str, Any]:
 
 
 def header_lines(*, device: torch.device, launcher: str, world: int, tp: int, dp: int, op_versions: dict[str, str],
-                 data: str, params: int, matmul_params: int, flops_per_token: float, config: dict[str, Any]) -> list[str]:
+                 data: str, params: int, matmul_params: int, flops_per_token: float, config: dict[str, Any],
+                 hosts: tuple[str, ...] = ()) -> list[str]:
+    """`hosts`: one name per node (ParallelState.hosts); empty for a single process (the first line names its host)."""
     env = environment()
+    nodes = max(1, len(hosts))
+    where = f" nodes={nodes} per_node={world // nodes}" + (f" hosts={','.join(hosts)}" if hosts else "")
     libs = " ".join(f"{k}={v}" for k, v in env["libs"].items())
     ops = " ".join(f"{k}={v}" for k, v in sorted(op_versions.items()))
     return [
         f"[RUN] temper engine git={env['git']} python={env['python']} torch={env['torch']} "
         f"cuda={env['cuda']} device={device_name(device)} host={env['host']}",
         f"[RUN] argv={' '.join(sys.argv)}",
-        f"[RUN] layout launcher={launcher} world={world} tp={tp} dp={dp}",
+        f"[RUN] layout launcher={launcher} world={world} tp={tp} dp={dp}{where}",
         f"[RUN] ops {ops}",
         f"[RUN] libs {libs}",
         f"[RUN] data {data}",

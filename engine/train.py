@@ -200,7 +200,7 @@ class Trainer:
                                      resume_step=self.step if self.resume_from is not None else None)
         n_params = global_param_count(self.model, par)
         for line in header_lines(device=par.device, launcher=launcher, world=par.world_size, tp=par.tp_size,
-                                 dp=par.dp_size, op_versions=self.ops.versions, data=self.data.description,
+                                 dp=par.dp_size, hosts=par.hosts, op_versions=self.ops.versions, data=self.data.description,
                                  params=n_params, matmul_params=matmul_params(cfg),
                                  flops_per_token=flops_per_token(cfg), config=to_dict(cfg)):
             self.metrics.info(line)

@@ -164,9 +164,9 @@ def _account() -> Check:
 
 def _nodes(count: int, home: Path) -> Check:
     # The sbatch scripts live in a Temper checkout, not in the installed package: name one only where it exists.
-    script = home / "scripts" / "slurm" / "pretrain_multi_node.sbatch"
+    script = home / "scripts" / "slurm" / "pretrain.sbatch"
     how = (f"sbatch --nodes=N {script} on a cluster, or torchrun --nnodes N on each host" if script.is_file() else
-           "torchrun --nnodes N -m engine pretrain on each host (or from your own sbatch script)")
+           "torchrun --nnodes N -m engine pretrain on each host (or from your own sbatch script)") + " (docs/parallelism.md)"
     return Check("nodes", count >= 2, f"{count} node(s) in SLURM partitions that are up",
                  f"multi-node runs need >= 2 nodes: {how}", ("multi-node",))
 

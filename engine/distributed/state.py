@@ -8,12 +8,14 @@ With more TP ranks than KV heads, each KV head lives on `kv_replicas` = T / kv_h
 ranks; `kv_group` joins the ranks holding the same head, whose K/V weight gradients are summed.
 """
 
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from engine.distributed.nodes import check_nodes
 from engine.distributed.watchdog import exit_with_parent
 from engine.env import LaunchEnv
 from engine.errors import ConfigError
@@ -33,6 +35,7 @@ class ParallelState:
     tp_group: "dist.ProcessGroup | None" = None
     dp_group: "dist.ProcessGroup | None" = None
     kv_group: "dist.ProcessGroup | None" = None  # TP ranks sharing this rank's replicated KV head
+    hosts: tuple[str, ...] = ()  # host name of each node, in node order (the run header's record)
 
     @property
     def is_main(self) -> bool:
@@ -54,6 +57,7 @@ def init_parallel(env: LaunchEnv, tp: int, device_type: str, timeout_s: float = 
     Every rank must call new_group for every group, in the same order, even for groups it is not
     in: that is torch.distributed's contract.
     """
+    check_nodes(env, tp)
     if device_type == "cuda":
         gpus = torch.cuda.device_count()
         if env.local_rank >= gpus:
@@ -93,9 +97,12 @@ def init_parallel(env: LaunchEnv, tp: int, device_type: str, timeout_s: float = 
             group = dist.new_group(ranks)
             if env.rank in ranks:
                 kv_group = group
+    names: list[str | None] = [None] * world
+    dist.all_gather_object(names, socket.gethostname())
+    hosts = tuple(str(names[node * env.local_world_size]) for node in range(env.num_nodes))
     return ParallelState(rank=env.rank, world_size=world, tp_rank=env.rank % tp, tp_size=tp,
                          dp_rank=env.rank // tp, dp_size=dp, device=device, tp_group=tp_group, dp_group=dp_group,
-                         kv_group=kv_group)
+                         kv_group=kv_group, hosts=hosts)
 
 
 def shutdown_parallel() -> None:

@@ -120,7 +120,7 @@ def test_the_check_finds_a_missing_subcommand_or_flag() -> None:
     text = ("Run `temper doctor --requires gpu` and `temper gate demo-tiny --patchh x.diff`.\n\n```bash\n"
             "python -m engine pretrain --preset tiny \\\n    --num-stepz 5   # comment --not-checked\n"
             "torchrun --nproc-per-node 2 -m engine pretrain --tp 2 --tpp 2\ntemper teleport\n"
-            "sbatch scripts/slurm/pretrain_single_node.sbatch --preset tiny --bogus 1\n```\n")
+            "sbatch scripts/slurm/pretrain.sbatch --preset tiny --bogus 1\n```\n")
     assert [p.split(": ", 1)[1] for p in problems_in(text)] == [
         "temper gate has no flag --patchh", "engine pretrain has no flag --num-stepz", "engine pretrain has no flag --tpp",
         "temper has no subcommand 'teleport'", "engine pretrain has no flag --bogus"]
