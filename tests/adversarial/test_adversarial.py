@@ -33,6 +33,7 @@ import pytest
 from harness.settings import data_dir
 from tests.adversarial.cases import CASES, GPU_TWINS, HONEST, TWIN_MILESTONES, Case, build_patch, git
 from tests.adversarial.training import TRAINING_CASES, TRAINING_TWINS
+from tests.adversarial.v3_configs import V3_CONFIG_CASES
 from tests.judge.op_milestones import write_milestones
 
 __all__: list[str] = []
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.timeout(1800)
 REPO = Path(__file__).resolve().parents[2]
 UNSANDBOXED = not (REPO / "harness" / "jobs" / "sandbox.py").is_file()
 TIMEOUT_S = 1500
-ALL_CASES = CASES + TRAINING_CASES
+ALL_CASES = CASES + TRAINING_CASES + V3_CONFIG_CASES
 TWIN_EDITS = {**HONEST, **TRAINING_TWINS}
 # perf with a goal every honest engine meets: perf's own jobs and checks, so that the GPU cheats' honest twin
 # can be accepted while perf's MFU bar is an open goal (main measures 42.9 % of 45 %).
