@@ -159,17 +159,18 @@ HALF_LR_AT_STEP_4 = ("import engine.optim.optimizer as o\n_orig = o.MixedPrecisi
                      "o.MixedPrecisionAdamW.step = step\n")
 
 
-def test_the_applied_lr_is_fitted_at_every_kept_step(tmp_path):
-    expected = expected_config(num_steps=5, warmup_steps=2)
-    honest = train(tmp_path / "honest", num_steps=5, keep_last=6)
+def test_the_applied_lr_is_fitted_at_every_kept_step(honest, tmp_path):
+    expected = expected_config()
     pairs = step_pairs(list_checkpoints(honest.save_dir))
-    assert len(pairs) == 4
     problems, measured = check_lr_contract("", printed_steps=honest.steps(), expected=expected, pairs=pairs, resumed=False)
-    assert problems == [] and measured["lr_fitted_steps"] == 4 and measured["lr_fitted_rel_max"] < 1e-3
-    problems, _ = check_lr_contract("lr", printed_steps=honest.steps(), expected=expected, pairs=[], resumed=False)
+    assert problems == [] and measured["lr_fitted_steps"] == len(pairs) >= 1 and measured["lr_fitted_rel_max"] < 1e-3
+    problems, _ = check_lr_contract("lr", printed_steps=honest.steps(), expected=expected, pairs=pairs, resumed=False)
     assert problems and "contract lr = lr" in problems[0]
-    cheat = train(tmp_path / "cheat", num_steps=5, keep_last=6, prelude=HALF_LR_AT_STEP_4)
-    problems, _ = check_lr_contract("", printed_steps=cheat.steps(), expected=expected,
-                                    pairs=step_pairs(list_checkpoints(cheat.save_dir)), resumed=False)
+    # printed right at every step, applied wrong at step 4 only: the final pair (5, 6) the evidence fits is honest
+    cheat = train(tmp_path / "cheat", keep_last=7, prelude=HALF_LR_AT_STEP_4)
+    pairs = step_pairs(list_checkpoints(cheat.save_dir))
+    assert len(pairs) == 5
+    problems, _ = check_lr_contract("", printed_steps=cheat.steps(), expected=expected, pairs=pairs, resumed=False)
     assert len(problems) == 1 and "at step 4 the optimizer applied" in problems[0], problems
+    assert check_lr_contract("", printed_steps=cheat.steps(), expected=expected, pairs=pairs[-1:], resumed=False)[0] == []
 
