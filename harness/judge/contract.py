@@ -88,12 +88,17 @@ def _applied(pairs: Sequence[tuple[Path, Path]], expected: Mapping[str, Any], wa
     b1, b2, eps = (float(expected[k]) for k in ("adam_beta1", "adam_beta2", "adam_eps"))
     names = None if checkpoint_bytes(expected) <= FIT_ALL_BYTES else [_LR_TENSOR]
     out: dict[int, float] = {}
+    loaded: dict[Path, Any] = {}  # consecutive pairs share a checkpoint: each is read once
     for prev_path, path in pairs:
         try:
-            prev = load_checkpoint(prev_path, kinds=("master",), names=names)
-            cur = load_checkpoint(path, names=names)
+            for p in (prev_path, path):
+                if p not in loaded:
+                    loaded[p] = load_checkpoint(p, names=names)
+            prev, cur = loaded[prev_path], loaded[path]
         except CheckpointError as err:
             return out, [f"learning rate: {err}"]
+        for p in [p for p in loaded if p != path]:
+            del loaded[p]
         step, target = cur.step, want(cur.step)
         worst = (-1.0, "", math.nan, 1.0)
         for name, w in cur.masters.items():
