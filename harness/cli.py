@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
     gate.add_argument("--quiet", action="store_true", help="no progress lines on stderr (the verdict is still printed)")
     gate.add_argument("--unsandboxed", action="store_true", help=_UNSANDBOXED)
+    gate.add_argument("--judge-seed", type=int, default=None, metavar="N",
+                      help="replay a judging: its secret (a verdict's \"seed\"): the same draw, held-out windows and secret steps")
+    gate.add_argument("--draw", default=None, metavar="FILE|JSON",
+                      help="judge with these drawn values (a verdict.json, its \"draw\", or {name: value}) over the secret's draw")
 
     listing = sub.add_parser("milestones", help="list the milestones: id, the hardware each needs, its goal in one line")
     listing.add_argument("--json", action="store_true", help="print the milestones as JSON on stdout")
@@ -155,7 +159,7 @@ def _gate(args: argparse.Namespace) -> int:
     from harness.session import gate_candidate
 
     verdict, run_dir = gate_candidate(args.milestone, patch=args.patch, base=args.base, progress=_progress(args.quiet or args.json),
-                                      unsandboxed=args.unsandboxed)
+                                      unsandboxed=args.unsandboxed, judge_seed=args.judge_seed, draw=args.draw)
     if args.json:
         print(json.dumps({**verdict.to_json(), "run_dir": str(run_dir)}, indent=2))
     else:

@@ -311,8 +311,10 @@ def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, 
 
 def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str = "HEAD", home: Path | None = None,
                    runs_root: Path | None = None, progress: Progress | None = None,
-                   unsandboxed: bool = False) -> tuple[Verdict, Path]:
+                   unsandboxed: bool = False, judge_seed: int | None = None,
+                   draw: str | None = None) -> tuple[Verdict, Path]:
     """Judge the checkout's uncommitted changes, or `patch`, on base (+ the milestone's setup), no agent.
+    `judge_seed` / `draw` replay a recorded judging (harness/judge/draws.py): its secret, the values it drew.
 
     Recorded as a run (`<id>-gate`, attempt 1) so its job logs and report live where every run's do.
     """
@@ -325,6 +327,14 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
     milestone = load_spec(milestone_name, home)
     check_requires(milestone.requires)  # NeedsHardware before anything is created
     check_data(milestone, data_dir(home))
+    override = None
+    if draw is not None:
+        from harness.judge.draws import DrawError, load_override
+
+        try:
+            override = load_override(draw)
+        except DrawError as err:
+            raise UsageError(str(err)) from None
     repo_head(home)
     base_sha = _git(home, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").stdout.strip()
     if not base_sha:
@@ -347,7 +357,7 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
             judge_base = setup_base(scratch, milestone, home, run_id)
         record.workspace_ready(repo=str(home), judge_base=judge_base, source=source)
         verdict = GateRunner(milestone=milestone, repo=home, base=judge_base, record=record, progress=progress, home=home,
-                             unsandboxed=unsandboxed).judge(diff, attempt=1)
+                             unsandboxed=unsandboxed, judge_seed=judge_seed, draw=override).judge(diff, attempt=1)
     except NeedsHardware:  # refused, nothing judged: no record of it
         shutil.rmtree(record.dir)
         raise

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from harness.globs import glob_match  # the one matcher; re-exported here (harness.spec.glob_match)
 
@@ -36,6 +36,8 @@ __all__ = [
     "GuardsGate",
     "PytestGate",
     "JobGate",
+    "DrawVar",
+    "DRAW_KINDS",
     "OpBench",
     "OP_TASKS",
     "SHAPE_KEYS",
@@ -243,11 +245,14 @@ def referenced_jobs(argv: list[str]) -> set[str]:
 
 
 def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, job_dirs: Mapping[str, str | Path],
-                seed: int = 0, device: str = "cpu", data: str | Path = "") -> list[str]:
+                seed: int = 0, device: str = "cpu", data: str | Path = "",
+                drawn: Mapping[str, str] | None = None) -> list[str]:
     """Fill a job's argv placeholders: {job_dir}, {worktree}, {job_dir:NAME} (an earlier job's folder),
     {seed} (drawn by the judge for each judging, so acceptance inputs cannot be special-cased) and
     {device} ("cuda" or "cpu": what the judge runs the milestone on) and {data} (the shared data folder:
-    TEMPER_DATA, else ../shared/data beside the judge's home; see harness.settings.data_dir).
+    TEMPER_DATA, else ../shared/data beside the judge's home; see harness.settings.data_dir), and the
+    milestone's other drawn values (`drawn`: {name} and {name.key} of its [draw] table, {corpus}; see
+    harness/judge/draws.py).
 
     `{{` and `}}` are literal braces. The spec loader has already checked every name.
     """
@@ -256,7 +261,7 @@ def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, j
         if token in ("{{", "}}"):
             return token[0]
         name = match.group(1)
-        fixed = {"job_dir": job_dir, "worktree": worktree, "seed": seed, "device": device, "data": data}
+        fixed = {"job_dir": job_dir, "worktree": worktree, "seed": seed, "device": device, "data": data, **(drawn or {})}
         if name in fixed:
             return str(fixed[name])
         if name.startswith("job_dir:") and name[len("job_dir:"):] in job_dirs:
@@ -407,7 +412,8 @@ class JobGate(_GateBase):
     task: Literal["train", "prepare", "stress", "bench"]
     launcher: Literal["local", "slurm"] = "local"
     nodes: int = Field(default=1, gt=0)
-    nproc: int = Field(default=1, gt=0)  # processes per node
+    # Processes per node; or a drawn value, "{layout.nproc}" (CPU jobs: the layouts a judging draws, up to 8 processes)
+    nproc: int | str = Field(default=1)
     gpus: int = Field(default=0, ge=0)  # GPUs per node; 0: CPU job
     partition: str = ""  # slurm only; empty: the cluster's default
     timeout_s: float = Field(gt=0)
@@ -425,12 +431,42 @@ class JobGate(_GateBase):
     # checks the applied learning rate against the printed one. Off only where no final weights exist
     # (a job the judge kills on purpose).
     verify: bool = True
-    # Also hold every printed lr against the schedule the base engine defines for the job's config. Off for
-    # a milestone whose point is a new schedule (its acceptance test checks the printed lr instead; the lr
-    # actually applied is still fitted from the weights and must match what was printed).
-    verify_schedule: bool = True
+    # The milestone's learning-rate contract, a formula of s, lr, W, N, ... (harness/formula.py): every printed lr
+    # and the lr the judge fits from every pair of checkpoints it holds must follow it (harness/judge/contract.py).
+    # Empty: they follow the schedule the base engine defines for the job's config. Never off: a milestone whose
+    # point is a new schedule states it here.
+    lr_contract: str = ""
     log: str = "log"
     metrics_file: str = "metrics.jsonl"  # relative to the job's folder
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_schedule_switch(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "verify_schedule" in data:
+            raise ValueError("verify_schedule is gone: no gate turns the schedule check off; a milestone whose point is "
+                             "a new schedule states it as lr_contract = \"lr * min(s / W, sqrt(W / s))\" (harness/formula.py)")
+        return data
+
+    @field_validator("nproc")
+    @classmethod
+    def _nproc(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value <= 0:
+            raise ValueError(f"nproc {value} must be positive")
+        if isinstance(value, str) and not re.fullmatch(r"\{[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)?\}", value):
+            raise ValueError(f"nproc {value!r}: a number, or one drawn value such as \"{{layout.nproc}}\"")
+        return value
+
+    @field_validator("lr_contract")
+    @classmethod
+    def _lr_contract(cls, value: str) -> str:
+        if value:
+            from harness.formula import Formula, FormulaError
+
+            try:
+                Formula(value)
+            except FormulaError as err:
+                raise ValueError(f"lr_contract: {err}") from None
+        return value
 
     @field_validator("env")
     @classmethod
@@ -444,6 +480,53 @@ class JobGate(_GateBase):
     @classmethod
     def _file(cls, value: str) -> str:
         return _check_relpath(value, "file")
+
+
+# What a [draw] entry may say besides a DrawVar table: how a seed is drawn, and the judge-cut training corpus.
+# "small": 0..100, the seeds people type; "large": 2**32 .. 2**63 - 1; "any": either, at even odds.
+# "epoch-crossing" (the entry `corpus` only): {corpus} is a prepared dataset the judge cuts from the base's
+# bundled corpus for each job, so small that the job's run crosses an epoch boundary (harness/judge/draws.py).
+DRAW_KINDS = ("small", "large", "any", "epoch-crossing")
+_DRAW_NAME = r"[a-z][a-z0-9_]*"
+
+
+class DrawVar(_Strict):
+    """One value a judging draws from its secret (harness/judge/draws.py): an integer from `range` [lo, hi]
+    (inclusive; a `multiple` of k when given), or one of `choices`: numbers, or tables of numbers that a job reads
+    as {name.key} (a layout: {nproc = 4, tp = 2, gas = 3}). Job argv reads it as {name}."""
+
+    range: tuple[int, int] | None = None
+    multiple: int = Field(default=1, gt=0)
+    choices: list[int | float | dict[str, int | float]] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DrawVar":
+        if (self.range is None) == (self.choices is None):
+            raise ValueError("give exactly one of range = [lo, hi] or choices = [...]")
+        if self.range is not None:
+            lo, hi = self.range
+            if lo > hi or not any(v % self.multiple == 0 for v in range(lo, min(hi, lo + self.multiple) + 1)):
+                raise ValueError(f"range {list(self.range)} holds no multiple of {self.multiple}")
+        if self.choices is not None:
+            tables = [c for c in self.choices if isinstance(c, dict)]
+            if tables and (len(tables) != len(self.choices) or any(set(t) != set(tables[0]) for t in tables)):
+                raise ValueError("choices are all numbers or all tables with the same keys")
+            for key in (tables[0] if tables else {}):
+                if not re.fullmatch(_DRAW_NAME, key):
+                    raise ValueError(f"choice key {key!r} must match {_DRAW_NAME}")
+        return self
+
+    def keys(self) -> tuple[str, ...]:
+        """The {name.key} parts a table choice offers (() for numbers)."""
+        return tuple(self.choices[0]) if self.choices and isinstance(self.choices[0], dict) else ()
+
+    def values_of(self, key: str = "") -> list[int | float]:
+        """Every value the entry (or its `key`) can take: for the spec's own checks (nproc of a drawn layout)."""
+        if self.range is not None:
+            lo, hi = self.range
+            return [v for v in range(lo, hi + 1) if v % self.multiple == 0]
+        assert self.choices is not None
+        return [c[key] if isinstance(c, dict) else c for c in self.choices]
 
 
 class MetricRule(_Strict):
@@ -540,6 +623,10 @@ class Milestone(_Strict):
     hidden: str | None = None
     binary: list[_Glob] = Field(default_factory=list)  # editable paths where binary content is allowed
     requires: Requires = Field(default_factory=Requires)
+    # What each judging draws from its secret (harness/judge/draws.py): {name: DrawVar table, or a DRAW_KINDS word}.
+    # `seed` is drawn ("any") when not named. Job argv reads the values as {name} / {name.key}, hidden tests
+    # from the file TEMPER_JUDGE_DRAW names.
+    draw: dict[str, DrawVar | Literal["small", "large", "any", "epoch-crossing"]] = Field(default_factory=dict)
     gates: list[Gate] = Field(min_length=1)
     budget: Budget
 
@@ -701,7 +788,7 @@ def _cross_checks(m: Milestone) -> list[tuple[str, str]]:
         if isinstance(gate, ProtectedGate) and i > 0:
             problems.append((f"{where}.kind", "only the first gate may be \"protected\""))
         if isinstance(gate, JobGate):
-            problems += _job_checks(gate, where, jobs)
+            problems += _job_checks(gate, where, jobs, m.draw)
             problems += _hardware_checks(m.requires, gate, where)
             jobs[gate.name] = gate
         if isinstance(gate, MetricsGate):
@@ -711,6 +798,7 @@ def _cross_checks(m: Milestone) -> list[tuple[str, str]]:
             for j, rule in enumerate(gate.rules):
                 problems += _rule_checks(m, rule, f"{where}.rules[{j}]", jobs)
     problems += _state_twins(m)
+    problems += _draw_checks(m.draw)
     for i, glob in enumerate(m.editable):
         prefix = _literal_prefix(glob)
         if prefix and not prefix.startswith("tests/") and any(
@@ -757,8 +845,45 @@ def _hardware_checks(requires: Requires, gate: JobGate, where: str) -> list[tupl
     return problems
 
 
-def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate]) -> list[tuple[str, str]]:
+def _draw_checks(draw: Mapping[str, Any]) -> list[tuple[str, str]]:
     problems = []
+    for name, entry in draw.items():
+        if not re.fullmatch(_DRAW_NAME, name) or name in _FIXED_PLACEHOLDERS and name != "seed":
+            problems.append((f"draw.{name}", f"a drawn name matches {_DRAW_NAME} and is none of {', '.join(_FIXED_PLACEHOLDERS[:2])}, "
+                                             f"{', '.join(_FIXED_PLACEHOLDERS[3:])}"))
+        elif (entry == "epoch-crossing") != (name == "corpus"):
+            problems.append((f"draw.{name}", "corpus = \"epoch-crossing\" is the one corpus entry; seeds are \"small\", "
+                                             "\"large\" or \"any\""))
+    return problems
+
+
+def _drawn_names(draw: Mapping[str, Any]) -> set[str]:
+    """The placeholders a [draw] table offers: {name}, {name.key} of table choices, {seed} always."""
+    names = {"seed"}
+    for name, entry in draw.items():
+        names.add(name)
+        if isinstance(entry, DrawVar):
+            names |= {f"{name}.{key}" for key in entry.keys()}
+    return names
+
+
+def _drawn_nproc(gate: JobGate, where: str, draw: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A drawn nproc names a drawn value whose every choice is a process count the judge can start here."""
+    if isinstance(gate.nproc, int):
+        return []
+    name, _, key = gate.nproc.strip("{}").partition(".")
+    entry = draw.get(name)
+    if not isinstance(entry, DrawVar) or (key and key not in entry.keys()) or (not key and entry.keys()):
+        return [(f"{where}.nproc", f"{gate.nproc} names no drawn number of the [draw] table")]
+    if gate.gpus or gate.launcher != "local":
+        return [(f"{where}.nproc", "a drawn process count is for local CPU jobs")]
+    if not all(isinstance(v, int) and 1 <= v <= 8 for v in entry.values_of(key)):
+        return [(f"{where}.nproc", f"{gate.nproc} must draw whole numbers 1..8, not {entry.values_of(key)}")]
+    return []
+
+
+def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate], draw: Mapping[str, Any]) -> list[tuple[str, str]]:
+    problems = _drawn_nproc(gate, where, draw)
     if gate.task in OP_TASKS:
         if gate.bench is None:
             problems.append((f"{where}.bench", f"a {gate.task} job needs a bench table: op, shape (and version, reps, ...)"))
@@ -787,13 +912,14 @@ def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate]) -> list[
             run_dir = ""
         if run_dir != "{job_dir}":
             problems.append((f"{where}.argv", "train jobs must pass \"--run-dir\", \"{job_dir}\" so the metrics land in the job's folder"))
+    drawn = _drawn_names(draw)
     for k, arg in enumerate(gate.argv):
         for name in _placeholders(arg):
-            if name in _FIXED_PLACEHOLDERS:
+            if name in _FIXED_PLACEHOLDERS or name in drawn:
                 continue
             if name.startswith("job_dir:") and name[len("job_dir:"):] in earlier:
                 continue
-            problems.append((f"{where}.argv[{k}]", f"unknown placeholder {{{name}}}: use {{job_dir}}, {{worktree}}, {{seed}}, {{device}}, {{data}} or {{job_dir:NAME}} of an earlier job ({', '.join(earlier) or 'none'})"))
+            problems.append((f"{where}.argv[{k}]", f"unknown placeholder {{{name}}}: use {{job_dir}}, {{worktree}}, {{seed}}, {{device}}, {{data}}, {{job_dir:NAME}} of an earlier job ({', '.join(earlier) or 'none'}) or a name of the [draw] table ({', '.join(sorted(drawn))})"))
     return problems
 
 

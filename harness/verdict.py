@@ -65,7 +65,8 @@ class Verdict:
     commit: str = ""
     reason: str = ""
     flags: tuple[str, ...] = ()
-    seed: int = 0  # the judge's draw for this judging ({seed} in job argv, TEMPER_JUDGE_SEED for tests)
+    seed: int = 0  # the judge's secret for this judging (TEMPER_JUDGE_SEED for tests; `temper gate --judge-seed`)
+    draw: dict[str, Any] = field(default_factory=dict)  # what it drew from it (harness/judge/draws.py; `--draw`)
 
     @property
     def failed_gate(self) -> GateResult | None:
@@ -87,4 +88,5 @@ class Verdict:
             reason=data.get("reason", ""),
             flags=tuple(data.get("flags", ())),
             seed=int(data.get("seed", 0)),
+            draw=dict(data.get("draw", {})),
         )

@@ -43,7 +43,8 @@ c. Learning rate. From checkpoints N - 1 and N, torch's AdamW step is
    to hide a larger lr. Disagreement above `lr_rtol` is a violation naming "learning rate".
    Every printed lr must also follow the EXPECTED config's schedule (`scheduled_lr`, restated from
    the base's engine/optim/schedule.py), so an engine change that raises the lr and prints it
-   truthfully is caught too (switch off with check_schedule=False for schedule milestones).
+   truthfully is caught too (a milestone that states its own lr_contract is held to that instead:
+   harness/judge/contract.py, check_schedule=False here).
 
 What this does not catch (documented, out of scope here): a job that rewrites checkpoint N - 1's
 masters consistently (the step between N - 1 and N then looks smaller; judge_val_loss still holds
@@ -459,7 +460,12 @@ def _check_schedule(ev: Evidence, steps: list[Any], expected: Mapping[str, Any],
         ev.notes.append(f"learning rate schedule not checked: the expected config lacks {missing}")
         return
     for rec in sorted(steps, key=lambda r: r.step):
-        want = scheduled_lr(expected, rec.step - 1)
+        try:
+            want = scheduled_lr(expected, rec.step - 1)
+        except ValueError as err:
+            ev.violations.append(f"learning rate: the base engine defines no such schedule ({err}) and the milestone "
+                                 "states no lr_contract for it")
+            return
         if rec.lr is None or not _rel(rec.lr, want) <= rtol:
             ev.violations.append(f"learning rate: step {rec.step} printed lr={rec.lr}; the expected config's "
                                  f"{expected['lr_schedule']} schedule gives {want:.6g}")

@@ -26,11 +26,14 @@ Every Python process a gate starts imports the checkout's code first (its workin
 pytest), loads only bytecode the judge compiled (harness/judge/bytecode.py; unsandboxed: none, it goes elsewhere),
 and gets `settings.child_env()`: no API keys. Sandboxed, it runs as a user's run would (docs/HARNESS.md, "A judged
 run is a user's run"): Python's defaults, a writable checkout and home, no cache or temp variables of the judge's.
-Each judging draws a seed (`{seed}` in job argv, TEMPER_JUDGE_SEED for tests) so acceptance inputs cannot be
-special-cased.
+Each judging draws a secret seed and from it the configurations its jobs and hidden tests run
+(harness/judge/draws.py: `{seed}` and the milestone's [draw] values in job argv, TEMPER_JUDGE_SEED and the
+TEMPER_JUDGE_DRAW file for tests), so acceptance inputs cannot be special-cased; the verdict records the draw, and
+`temper gate --judge-seed / --draw` replays it.
 """
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -48,7 +51,8 @@ from typing import Any
 from harness.jobs import JobSpec, Sandbox, launch, overlay_changes, probe
 from harness.judge.barrier import BARRIER_OPTION as BARRIER, write_barrier
 from harness.judge.bytecode import PrecompileError, precompile
-from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, load_base
+from harness.judge.baseconfig import ConfigUnknown, base_file, expected_config, flag_values, load_base
+from harness.judge.draws import DRAW_FILE_ENV, Draw, DrawError, corpus_tokens, draw_values, write_corpus
 from harness.judge.hardware import check_data, check_requires, wait_watching_gpus
 from harness.judge.keeper import CheckpointKeeper, draw_pairs
 from harness.judge.live import StepProgress, TestFileProgress, count_text
@@ -123,11 +127,13 @@ class _Judging:
     expected: dict[str, str]  # the checkout's manifest once the patch is applied; must not move after
     seed: int
     device: str
+    draw: Draw
     jobs: dict[str, JobOutcome] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
     new_tests_ran: bool = False
     saves: dict[str, tuple[SavePlan, CheckpointKeeper | None]] = field(default_factory=dict)  # train job -> its saves
     batches: dict[tuple[str, ...], Any] = field(default_factory=dict)  # base `engine batches` argv -> its answer
+    corpora: dict[int, Path] = field(default_factory=dict)  # training tokens -> the judge-cut corpus of that size
     scratch: list[Path] = field(default_factory=list)  # the judge's own temp folders, removed after the judging
     pycache: tuple[Path, ...] = ()  # the judge-compiled bytecode folders of the checkout (read-only in the sandbox)
     overlays: list[Path] = field(default_factory=list)  # what sandboxed processes wrote to the checkout, not yet checked
@@ -143,7 +149,7 @@ class GateRunner:
 
     def __init__(self, *, milestone: Milestone, repo: Path, base: str, record: RunRecord,
                  progress: Progress | None = None, home: Path | None = None,
-                 unsandboxed: bool = False):
+                 unsandboxed: bool = False, judge_seed: int | None = None, draw: dict[str, Any] | None = None):
         self.milestone = milestone
         self.repo = Path(repo)
         self.home = Path(home or repo)
@@ -151,6 +157,9 @@ class GateRunner:
         self.record = record
         self.progress = progress or Progress(quiet=True)
         self.unsandboxed = unsandboxed
+        # Replay (`temper gate --judge-seed / --draw`): the secret of a recorded judging, values of a recorded draw.
+        self.judge_seed = judge_seed
+        self.draw_override = dict(draw or {})
         self.logs: dict[str, Path] = {}  # job id -> log, for the agent's read_log tool
         self.base_ids: dict[str, frozenset[str]] = {}  # pytest gate -> test IDs the base collects
         dry = record.dir / "dry"
@@ -175,12 +184,18 @@ class GateRunner:
         else:
             label, log_dir = f"a{attempt}", self.record.attempt_dir(attempt) / "gates"
         log_dir.mkdir(parents=True, exist_ok=True)
-        seed = secrets.randbelow(2**31 - 2) + 1
+        seed = self.judge_seed if self.judge_seed is not None else secrets.randbelow(2**31 - 2) + 1
+        try:
+            draw = draw_values(self.milestone.draw, seed, self.draw_override)
+        except DrawError as err:
+            raise GateError(str(err)) from None
+        self.progress("gate", f"drawn: {draw.describe()}")
+        self.record.note("draw", **draw.as_json())
         self._collect_base_ids(log_dir)
         with Workspace.scratch(self.repo, self.base) as scratch:
             tree = scratch.worktree
             holder = tree.parent
-            env = self._pytest_env(tree, holder, seed, sandboxed=not sandbox_flags)
+            env = self._pytest_env(tree, holder, seed, draw, sandboxed=not sandbox_flags)
             patch = holder / f"{secrets.token_hex(6)}.patch"
             patch.write_text(diff, encoding="utf-8", errors="surrogateescape")
             view = PatchView(paths=(), binary=(), modes=())
@@ -209,7 +224,7 @@ class GateRunner:
                         raise GateError(f"the judge cannot compile the checkout: {err}") from None
             judging = _Judging(attempt=attempt, label=label, tree=tree, holder=holder, live_tree=live_tree, diff=diff,
                                log_dir=log_dir, env_overrides=env, policy=policy, expected=tree_manifest(tree),
-                               seed=seed, device=device, flags=list(sandbox_flags), pycache=pycache)
+                               seed=seed, device=device, draw=draw, flags=list(sandbox_flags), pycache=pycache)
             judging.scratch.append(Path(tempfile.mkdtemp(dir=holder.parent)))
             with _removed_after(judging.scratch), _judge_caches(judging.scratch[-1]):  # (the list is read at the end)
                 results = self._run_all(judging)
@@ -217,7 +232,7 @@ class GateRunner:
         reason = (f"gate {failed.name} failed: {failed.summary}" if failed else
                   f"every gate passed ({', '.join(g.name for g in results)})")
         return Verdict(attempt=attempt, accepted=failed is None, gates=tuple(results), reason=reason,
-                       flags=tuple(dict.fromkeys(judging.flags)), seed=seed)
+                       flags=tuple(dict.fromkeys(judging.flags)), seed=seed, draw=draw.as_json())
 
     def read_log(self, job_id: str, tail: int = 200, grep: str = "") -> str:
         """Last `tail` lines (matching `grep`) of a job or pytest log of this run. ValueError names a job id or a
@@ -269,15 +284,22 @@ class GateRunner:
             target.unlink(missing_ok=True)  # never write through whatever stood there
             shutil.copyfile(file, target)
 
-    def _pytest_env(self, tree: Path, holder: Path, seed: int, *, sandboxed: bool = False) -> dict[str, str]:
+    def _pytest_env(self, tree: Path, holder: Path, seed: int, draw: Draw | None = None, *,
+                    sandboxed: bool = False) -> dict[str, str]:
         """Environment overrides of candidate processes: the checkout's code first, no pytest plugin unless the
-        judge names it (-p) and nobody's PYTEST_ADDOPTS; the judge's seed for tests. Bytecode: sandboxed, the
-        judge compiled the checkout and its `__pycache__` folders are read-only (harness/judge/bytecode.py), so
-        Python runs with its defaults, as a user's does; unsandboxed, it goes elsewhere."""
+        judge names it (-p) and nobody's PYTEST_ADDOPTS; the judge's seed and draw for tests (the draw's JSON in a
+        file of the read-only holder). Bytecode: sandboxed, the judge compiled the checkout and its `__pycache__`
+        folders are read-only (harness/judge/bytecode.py), so Python runs with its defaults, as a user's does;
+        unsandboxed, it goes elsewhere."""
         python = python_env(tree, _neutral(holder))
         if sandboxed:
             python = {"PYTHONPATH": python["PYTHONPATH"]}
-        return {**python, "TEMPER_JUDGE_SEED": str(seed), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": ""}
+        env = {**python, "TEMPER_JUDGE_SEED": str(seed), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": ""}
+        if draw is not None:
+            path = _neutral(holder) / "draw.json"
+            path.write_text(json.dumps(draw.values, sort_keys=True), encoding="utf-8")
+            env[DRAW_FILE_ENV] = str(path)
+        return env
 
     def _collect_base_ids(self, log_dir: Path) -> None:
         """Test IDs each pytest gate collects on the base (+ hidden material), in a checkout of its own that
@@ -646,14 +668,18 @@ class GateRunner:
     def _job(self, gate: JobGate, judging: _Judging) -> GateResult:
         if gate.task in OP_TASKS:
             return self._op_job(gate, judging)
+        gate = judging.draw.bind(gate)  # a drawn process count
         job_id = f"{judging.label}-{gate.name}"
         record_dir = self.record.dir / "jobs" / job_id
         if record_dir.is_dir():  # left by a judging a crash cut short: its files must not mix with this run's
             shutil.rmtree(record_dir)
         record_dir = self.record.job_dir(job_id)
         job_dir = _neutral(judging.holder)  # the job's own folder: writable by it, so only claims live there
-        argv = render_argv(gate.argv, job_dir=job_dir, worktree=judging.tree, seed=judging.seed, device=judging.device,
-                           data=data_dir(self.home), job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
+        try:
+            argv = self._render(gate, judging, job_dir)
+        except (DrawError, ConfigUnknown, KeyError, ValueError) as err:
+            return GateResult(name=gate.name, kind=gate.kind, passed=False,
+                              summary=f"the judge cannot draw job {job_id}'s configuration: {err}")
         verify = self._verifies(gate)
         keeper = None
         if verify:
@@ -803,6 +829,33 @@ class GateRunner:
                                  summary=result.detail)
         return result, gpus_seen
 
+    def _render(self, gate: JobGate, judging: _Judging, job_dir: Path) -> list[str]:
+        """The job's argv with its placeholders filled: the fixed ones, the judging's draw, and {corpus}, the judge-cut
+        corpus sized for this job's batch so that its run crosses an epoch boundary (harness/judge/draws.py)."""
+        def render(drawn: dict[str, str]) -> list[str]:
+            return render_argv(gate.argv, job_dir=job_dir, worktree=judging.tree, seed=judging.seed, device=judging.device,
+                               data=data_dir(self.home), job_dirs={name: o.job_dir for name, o in judging.jobs.items()},
+                               drawn=drawn)
+
+        drawn = judging.draw.placeholders()
+        if not any("{corpus}" in arg for arg in gate.argv):
+            return render(drawn)
+        defaults, presets = self._base()
+        expected = expected_config(render({**drawn, "corpus": ""}), defaults=defaults, presets=presets)
+        assert isinstance(gate.nproc, int)  # bound to the draw by the caller
+        tokens, _ = corpus_tokens(expected, gate.nproc * gate.nodes, judging.draw.values["corpus"])
+        if tokens not in judging.corpora:
+            from harness.judge.evidence import embedded_tokens
+
+            split = {name: base_file(self.repo, self.base, f"engine/data/corpus/{name}.jsonl") for name in ("train", "validation")}
+            if None in split.values():
+                raise DrawError("the base commit lacks engine/data/corpus/{train,validation}.jsonl to cut a corpus from")
+            judging.corpora[tokens] = write_corpus(_neutral(judging.holder), embedded_tokens(split["train"]).tokens,
+                                                   embedded_tokens(split["validation"]).tokens, tokens=tokens,
+                                                   offset=int(judging.draw.values["corpus"]["offset"]),
+                                                   description="cut by the judge from the base's bundled corpus")
+        return render({**drawn, "corpus": str(judging.corpora[tokens])})
+
     def _planned_steps(self, argv: list[str]) -> int | None:
         """The steps a train job's argv asks for, by the judge's reading of the base's config (for the progress bar)."""
         defaults, presets = self._base()
@@ -836,6 +889,7 @@ class GateRunner:
     def _verify_train(self, outcome: JobOutcome, judging: _Judging) -> tuple[list[str], dict[str, float]]:
         """Hold a finished train job's printed claims against its own final weights (harness/judge/evidence.py):
         model size, the loss of the weights on held-out data drawn with the judging's seed, the applied lr."""
+        from harness.judge.contract import check_lr_contract
         from harness.judge.digits import digit_problems
         from harness.judge.evidence import embedded_tokens, shard_tokens, verify_train_run
         from harness.judge.logparse import LogParseError, parse_engine_log, parse_eval_lines
@@ -876,18 +930,20 @@ class GateRunner:
         evidence = verify_train_run(plan.save_dir, expected_config=expected, printed_steps=steps, printed_evals=evals,
                                     seed=judging.seed, validation=validation, training=training, device=judging.device,
                                     # The applied lr is fitted from steps N-1 and N, which the judge asked for.
-                                    require_lr_check=plan.pairs_expected, check_schedule=outcome.gate.verify_schedule)
+                                    require_lr_check=plan.pairs_expected, check_schedule=not outcome.gate.lr_contract)
         self.progress("job", f"{outcome.job_id}: claims read back in {time.monotonic() - started:.1f} s")
         measured = {k: float(v) for k, v in (("judge_val_loss", evidence.judge_val_loss),
                                              ("lr_estimate", evidence.lr_estimate)) if v is not None}
         if plan.scope == "none" or any(v.startswith(("config:", "model shape", "checkpoint:")) for v in evidence.violations):
             return list(evidence.violations), measured  # another model, or no weights to hold a step against
         eos_id = (training or validation).eos_id  # where --document-mask starts a document, by the judge's tokenization
+        contract, held = check_lr_contract(outcome.gate.lr_contract, printed_steps=steps, expected=expected,
+                                           pairs=_kept_pairs(plan, keeper), resumed="resume" in flag_values(outcome.argv))
         problems, exact = self._verify_exact(outcome, judging, expected, steps, plan, keeper, text, eos_id)
         if not problems and not evidence.violations and plan.scope == "the final step":
             problems, replayed = self._replay(outcome, judging, expected, steps, eos_id)
             exact.update(replayed)
-        return [*problems, *evidence.violations], {**measured, **exact}
+        return [*problems, *evidence.violations, *contract], {**measured, **exact, **held}
 
     def _replay(self, outcome: JobOutcome, judging: _Judging, expected: dict[str, Any], steps: list[Any],
                 eos_id: int) -> tuple[list[str], dict[str, float]]:
@@ -904,8 +960,7 @@ class GateRunner:
         if not any(gate.name in referenced_jobs(g.argv) for g in self.milestone.gates if isinstance(g, JobGate)):
             shutil.rmtree(judging.saves[gate.name][0].save_dir, ignore_errors=True)
         replay_dir = _neutral(judging.holder)
-        argv = render_argv(gate.argv, job_dir=replay_dir, worktree=judging.tree, seed=judging.seed, device=judging.device,
-                           data=data_dir(self.home), job_dirs={name: o.job_dir for name, o in judging.jobs.items()})
+        argv = self._render(gate, judging, replay_dir)
         plan = plan_replay(argv, replay_dir, expected=expected, free_bytes=shutil.disk_usage(replay_dir).free)
         if isinstance(plan, str):
             judging.flags.append(f"job {outcome.job_id}: {plan}; only its final step is verified exactly")
@@ -956,12 +1011,10 @@ class GateRunner:
                       eos_id: int) -> tuple[list[str], dict[str, float]]:
         """Each step the job left checkpoints N - 1 and N for, against the judge's forward and backward pass on the
         exact batch of step N as the base engine states it (harness/judge/exactstep.py, batches.py)."""
-        from harness.judge.checkpoint import list_checkpoints
-        from harness.judge.exactstep import batch_order, step_pairs, verify_exact_steps
+        from harness.judge.exactstep import batch_order, verify_exact_steps
         from harness.judge.logparse import LogParseError, parse_skip_lines
 
-        found = {p.name: p for p in (keeper.paths() if keeper else [])} | {p.name: p for p in list_checkpoints(plan.save_dir)}
-        pairs = step_pairs(sorted(found.values(), key=lambda p: p.name))
+        pairs = _kept_pairs(plan, keeper)
         if not pairs:
             return [f"exact steps: the job left no two consecutive checkpoints in {plan.save_dir} (the judge asked for "
                     f"{plan.scope}), so no step's work can be verified"], {}
@@ -1107,6 +1160,15 @@ def _job_env(overrides: dict[str, str], *, path: bool = True) -> dict[str, str]:
     return {k: v for k, v in overrides.items() if not k.startswith(("PYTEST_", "TEMPER_JUDGE_")) and (path or k != "PYTHONPATH")}
 
 
+def _kept_pairs(plan: SavePlan, keeper: CheckpointKeeper | None) -> list[tuple[Path, Path]]:
+    """(checkpoint N - 1, checkpoint N) pairs of a job: those the judge linked as they appeared and those left."""
+    from harness.judge.checkpoint import list_checkpoints
+    from harness.judge.exactstep import step_pairs
+
+    found = {p.name: p for p in (keeper.paths() if keeper else [])} | {p.name: p for p in list_checkpoints(plan.save_dir)}
+    return step_pairs(sorted(found.values(), key=lambda p: p.name))
+
+
 def _wait_keeping(job: Any, keeper: CheckpointKeeper) -> Any:
     """Wait for a local job while `keeper` links the checkpoints it writes (harness/judge/keeper.py)."""
     try:
@@ -1160,4 +1222,7 @@ def verdict_text(verdict: Verdict) -> str:
                 lines.append("      log tail:")
                 lines += ["        " + line for line in gate.log_tail.splitlines()[-25:]]
     lines += [f"  flag: {f}" for f in verdict.flags]
+    if verdict.draw:
+        values = json.dumps(verdict.draw.get("values", {}), sort_keys=True, separators=(",", ":"))
+        lines.append(f"  drawn (judge seed {verdict.seed}; replay: --judge-seed {verdict.seed}, or --draw '{values}'): {values}")
     return "\n".join(lines)

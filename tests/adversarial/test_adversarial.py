@@ -37,6 +37,7 @@ from tests.adversarial.v3_inprocess import INPROCESS_CASES, PROBE as INPROCESS_P
 from tests.adversarial.v3_printed import PRINTED_CASES
 from tests.adversarial.v3_recognition import V3_RECOGNITION_CASES
 from tests.adversarial.v3_guards import GUARD_CASES_V3
+from tests.adversarial.v3_configs import V3_CONFIG_CASES
 from tests.judge.op_milestones import write_milestones
 
 __all__: list[str] = []
@@ -47,7 +48,7 @@ pytestmark = pytest.mark.timeout(1800)
 REPO = Path(__file__).resolve().parents[2]
 UNSANDBOXED = not (REPO / "harness" / "jobs" / "sandbox.py").is_file()
 TIMEOUT_S = 1500
-ALL_CASES = CASES + TRAINING_CASES + INPROCESS_CASES + PRINTED_CASES + V3_RECOGNITION_CASES + GUARD_CASES_V3
+ALL_CASES = CASES + TRAINING_CASES + INPROCESS_CASES + PRINTED_CASES + V3_RECOGNITION_CASES + GUARD_CASES_V3 + V3_CONFIG_CASES
 TWIN_EDITS = {**HONEST, **TRAINING_TWINS}
 # perf with a goal every honest engine meets: perf's own jobs and checks, so that the GPU cheats' honest twin
 # can be accepted while perf's MFU bar is an open goal (main measures 42.9 % of 45 %).

@@ -3,9 +3,11 @@
 Held out: it lives in milestones/demo-tiny/hidden/ and the judge copies it into the checkout it
 judges, never into the agent's worktree. It runs the real engine in a subprocess and reads the
 learning rate from the `[LOSS]` wire lines; the expected values come from the formula in the
-milestone's goal, written out here independently of the engine. Peak, warmup and step count are
-drawn from the judge's seed (TEMPER_JUDGE_SEED, a new one each judging), so no fixed input can be
-special-cased.
+milestone's goal, written out here independently of the engine. Peak, warmup, step count and the
+engine's --seed (a small one people type or a large one past 32 bits) are drawn from the judge's secret
+(TEMPER_JUDGE_SEED, a new one each judging), so no fixed input can be special-cased. The judge's own jobs
+run longer and wider configurations of the same secret and hold the same formula at every step
+(milestones/demo-tiny.toml, harness/judge/contract.py).
 """
 
 import math
@@ -22,6 +24,7 @@ _draw = random.Random(int(os.environ.get("TEMPER_JUDGE_SEED", "1234")))
 PEAK = round(_draw.uniform(2e-3, 2e-2), 6)
 WARMUP = _draw.randint(2, 6)
 STEPS = WARMUP + _draw.randint(5, 9)
+SEED = _draw.choice((_draw.randint(0, 100), _draw.randint(2**32, 2**63 - 1)))
 # `lr=%.6e` keeps 7 significant digits: the printed value is within 5e-7 relative of the true one.
 REL_TOL = 1e-6
 
@@ -32,7 +35,7 @@ def reference_lr(step: int) -> float:
 
 
 def run_engine(*flags: str, run_dir) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "engine", "pretrain", "--preset", "tiny", "--device", "cpu", "--seed", "1234",
+    argv = [sys.executable, "-m", "engine", "pretrain", "--preset", "tiny", "--device", "cpu", "--seed", str(SEED),
             "--eval-samples", "0", "--no-save-final", "--run-dir", str(run_dir), *flags]
     return subprocess.run(argv, capture_output=True, text=True, timeout=900)
 
