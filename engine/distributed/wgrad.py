@@ -133,7 +133,8 @@ def linear_grads(grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, sink, n
         grad_x = grad_y.matmul(w) if fp8 == "off" else linear_dgrad(g2, w, fp8).view(*x.shape)
     if needs_input_grad[1]:
         if sink is not None:
-            grad_w = sink.weight_grad(grad_y, x, w, fp8)
+            # the contract's sink takes (dy, x, w) (engine/ops/gemm_fc1/register.toml); the recipe only with --fp8
+            grad_w = sink.weight_grad(grad_y, x, w) if fp8 == "off" else sink.weight_grad(grad_y, x, w, fp8)
         elif fp8 != "off":
             grad_w = linear_wgrad(g2, x2, fp8, w.dtype)
         else:
