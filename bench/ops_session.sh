@@ -10,6 +10,8 @@
 #   bash bench/ops_session.sh graphs-test  one GPU: --cuda-graphs bit for bit against eager (GPU tests)
 #   bash bench/ops_session.sh graphs   one GPU: the slice's MFU with CUDA graphs off / on, twice each, beside
 #                                      torch.compile (one job; a second call)
+#   bash bench/ops_session.sh fp8      one GPU, no wheels: the --fp8 GPU tests, then the 4-layer 8B slice bf16 vs --fp8
+#                                      tensorwise vs rowwise (all ops baseline), one job
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
 #   bash bench/ops_session.sh fsdp-test  four GPUs: warm the 8B kernels (TP 1 and 2, mbs 2, seq 4096), then the --fsdp
@@ -45,6 +47,21 @@ FULL_TP2="--preset minicpm4-8b --tp 2 --micro-batch-size 2 --seq-length 4096 --g
 FOUR="--preset minicpm4-8b --micro-batch-size 2 --seq-length 4096 --global-batch-size 16"
 
 case "${1:-check}" in
+  fp8)
+    # One GPU, no wheels staged: every op at its plain-torch version (the FP8 GEMMs are torch._scaled_mm either way).
+    nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
+    python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+    stamp "FP8 GPU tests"
+    timeout 120 python3 -m pytest tests/engine/test_fp8.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$OUT/fp8_gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -12
+    stamp "4-layer 8B slice: bf16 vs --fp8 tensorwise vs --fp8 rowwise (one job)"
+    timeout 400 python3 bench/mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps 5 --warmup 2 \
+      --engine-timeout 130 --variant bf16= --variant fp8-tensorwise="--fp8 tensorwise" \
+      --variant fp8-rowwise="--fp8 rowwise" --out "$OUT/mfu_8b4l_fp8.json" 2>&1 | tail -14
+    python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results']; b = r[0].get('tokens_per_s') or 0
+for x in r: t = x.get('tokens_per_s') or 0; print(f\"{x['name']:16s} tok/s {t:9.0f}  MFU(bf16 peak) {x.get('mfu') or 0:.3f}  \"
+    f\"fp8/bf16 {t / b if b else 0:.3f}  rc {x.get('returncode')}\")" "$OUT/mfu_8b4l_fp8.json"
+    ;;
   fsdp-test)
     warm minicpm4-8b 1
     warm minicpm4-8b 2

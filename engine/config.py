@@ -22,6 +22,7 @@ __all__ = [
     "LR_SCHEDULES",
     "OPTIMIZERS",
     "RECOMPUTE",
+    "FP8_RECIPES",
     "MUON_FIELDS",
     "preset_names",
     "load_preset",
@@ -39,6 +40,7 @@ OPTIMIZERS = ("adamw", "muon")
 RECOMPUTE = ("none", "selective", "full")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 DTYPE_CHOICES = ("auto", "bf16", "fp32")
+FP8_RECIPES = ("off", "tensorwise", "rowwise")
 
 
 def _f(default: Any, help: str, group: str, bare: str = "") -> Any:
@@ -198,6 +200,12 @@ class EngineConfig:
     cuda_graphs: bool = _f(False, "capture one micro-batch's forward and backward as a CUDA graph and replay it for every "
                            "later micro-batch (one launch instead of hundreds; same bits as without; one CUDA GPU: TP 1, "
                            "DP 1, no --document-mask; engine/cuda_graph.py)", "perf")
+    fp8: str = _f("off", "GEMMs of the decoder's linear layers (QKV, O, FC1, FC2) in FP8 with dynamic scaling "
+                  "(torch._scaled_mm; docs/fp8.md): off; tensorwise (one scale per tensor, E4M3 forward, E5M2 output "
+                  "gradients, torchao's default recipe); rowwise (a scale per row, E4M3 throughout, power-of-2 scales). "
+                  "The LM head, embedding, norms, attention, fp32 master weights and optimizer are unchanged. CUDA: "
+                  "compute capability 8.9+ (H100, H200); CPU runs the same numerics as an emulation for tests (no "
+                  "speed-up); needs a gemm_fc1 version with an FP8 path (baseline)", "perf")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -394,6 +402,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     _choice(cfg, "lr_schedule", LR_SCHEDULES)
     _choice(cfg, "optimizer", OPTIMIZERS)
     _choice(cfg, "activation_checkpointing", RECOMPUTE)
+    _choice(cfg, "fp8", FP8_RECIPES)
     _finite(cfg)
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
@@ -479,6 +488,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
                           "replays one attention layout, and --document-mask changes it every micro-batch")
 
     fusion = _check_fsdp(cfg, world_size, dp)
+    _check_fp8_shapes(cfg)
 
     # Batch: global = mbs x GAS x DP; either of GAS / global may be given, or both if consistent.
     mbs, gas, gbs = cfg.micro_batch_size, cfg.grad_accum_steps, cfg.global_batch_size
@@ -497,6 +507,26 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     sp = cfg.sequence_parallel and cfg.tp > 1
     return dataclasses.replace(cfg, grad_accum_steps=gas, global_batch_size=gbs, sequence_parallel=sp,
                                grad_accum_fusion=fusion)
+
+
+def _check_fp8_shapes(cfg: EngineConfig) -> None:
+    """--fp8: FP8 GEMMs (cuBLAS / CUTLASS through torch._scaled_mm) need every dimension a multiple of 16: the
+    widths each TP rank multiplies (hidden, head_dim, FFN shard) and the tokens of a micro-batch (a weight
+    gradient's reduction; per forward row chunk of --tp-fwd-chunks)."""
+    if cfg.fp8 == "off":
+        return
+    for name, value in (("hidden_size", cfg.hidden_size), ("head_dim", cfg.head_dim)):
+        if value % 16:
+            raise ConfigError(flag_name(name), value, "use a multiple of 16, or leave out --fp8",
+                              "is not a multiple of 16, which FP8 GEMMs need")
+    if (cfg.ffn_hidden_size // cfg.tp) % 16:
+        raise ConfigError("--ffn-hidden-size", cfg.ffn_hidden_size, f"use a multiple of 16 x --tp {cfg.tp}, or leave "
+                          "out --fp8", "gives each TP rank an FFN shard that is not a multiple of 16, which FP8 GEMMs need")
+    tokens = cfg.micro_batch_size * cfg.seq_length
+    if tokens % (16 * cfg.tp_fwd_chunks):
+        raise ConfigError("--seq-length", cfg.seq_length, f"make --micro-batch-size x --seq-length a multiple of 16 x "
+                          f"--tp-fwd-chunks ({16 * cfg.tp_fwd_chunks}), or leave out --fp8",
+                          f"gives {tokens} tokens per micro-batch, which FP8 GEMMs cannot split into multiples of 16")
 
 
 ZERO1_FIELDS = ("ddp_bucket_mb", "overlap_grad_reduce", "overlap_param_gather")

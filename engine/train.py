@@ -43,6 +43,7 @@ from engine.cuda_graph import MicroBatchGraph
 from engine.data.mix import MixLoader, make_loader, mix_line
 from engine.data.sources import build_data, default_cache_dir
 from engine.distributed import ParallelState, init_parallel, shutdown_parallel
+from engine.distributed.fp8 import check_fp8_device
 from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
@@ -69,6 +70,8 @@ def resolve_device(cfg: EngineConfig) -> tuple[str, torch.dtype]:
     if cfg.cuda_graphs and device != "cuda":
         raise ConfigError("--cuda-graphs", True, "run on a CUDA GPU (--device cuda), or leave out --cuda-graphs",
                           f"captures CUDA graphs, and this run's device is {device}")
+    capability = torch.cuda.get_device_capability() if device == "cuda" and cfg.fp8 != "off" else None
+    check_fp8_device(cfg.fp8, device, capability)
     dtype_name = cfg.compute_dtype if cfg.compute_dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
     return device, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
 

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from engine.distributed.collectives import all_gather_new, reduce_scatter_new
 from engine.distributed.comm import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
-from engine.distributed.wgrad import fused_linear, linear_grads, linear_wgrad_to, main_grad_of
+from engine.distributed.fp8 import linear_dgrad, linear_wgrad
+from engine.distributed.wgrad import fused_linear, linear, linear_grads, linear_wgrad_to, main_grad_of
 
 __all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "row_parallel_linear", "mlp_region",
            "WgradHandOver"]
@@ -49,13 +49,15 @@ __all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "ro
 
 @dataclass(frozen=True)
 class TPComm:
-    """How a layer talks to its TP group: size, group, sequence parallelism, backward overlap, forward row chunks."""
+    """How a layer talks to its TP group: size, group, sequence parallelism, backward overlap, forward row chunks;
+    and the recipe of its GEMMs (--fp8; each rank scales its own shard: engine/distributed/fp8.py says why)."""
 
     size: int
     group: "dist.ProcessGroup | None"
     sequence_parallel: bool = False
     overlap: bool = True
     fwd_chunks: int = 1
+    fp8: str = "off"
 
 
 def column_input(x: torch.Tensor, tp: TPComm) -> torch.Tensor:
@@ -90,7 +92,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         full = all_gather_new(x2, tp.group, tp.size)[0] if tp.sequence_parallel else x2
         ctx.save_for_backward(x2, w)
-        y = F.linear(full, w)
+        y = linear(full, w, tp.fp8)
         return y if tp.sequence_parallel else y.view(*x.shape[:-1], w.shape[0])
 
     @staticmethod
@@ -103,12 +105,14 @@ class _ColumnParallelLinear(torch.autograd.Function):
             full, gather = all_gather_new(x2, tp.group, tp.size, async_op=True)
         else:
             full = x2
-        grad_x = g.mm(w)
+        grad_x = g.mm(w) if tp.fp8 == "off" else linear_dgrad(g, w, tp.fp8)
         grad_x, comm = _start_input_grad_comm(grad_x, tp)
         if gather is not None:
             gather.wait()
         if ctx.main is not None:  # gradient-accumulation fusion (engine/distributed/wgrad.py)
-            grad_w = ctx.main.weight_grad(g, full, w)
+            grad_w = ctx.main.weight_grad(g, full, w, tp.fp8)
+        elif tp.fp8 != "off":
+            grad_w = linear_wgrad(g, full, tp.fp8, w.dtype)
         else:
             grad_w = g.t().mm(full)
         comm.wait()
@@ -121,7 +125,7 @@ def column_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm) -> torc
     """Column-parallel linear for TP > 1: [.., h] (SP: [n / tp, h]) -> [.., rows] (SP: [n, rows])."""
     if tp.overlap:
         return _ColumnParallelLinear.apply(x, w, tp)
-    return fused_linear(column_input(x, tp), w)
+    return fused_linear(column_input(x, tp), w, tp.fp8)
 
 
 class _RowParallelLinear(torch.autograd.Function):
@@ -131,7 +135,7 @@ class _RowParallelLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, sink, tp):  # type: ignore[override]
-        ctx.sink = sink
+        ctx.sink, ctx.fp8 = sink, tp.fp8
         ctx.save_for_backward(x, w)
         x2 = x.reshape(-1, x.shape[-1])
         n = x2.shape[0]
@@ -139,7 +143,10 @@ class _RowParallelLinear(torch.autograd.Function):
         works = []
         for i in range(tp.fwd_chunks):
             rows = slice(i * n // tp.fwd_chunks, (i + 1) * n // tp.fwd_chunks)
-            torch.mm(x2[rows], w.t(), out=y[rows])
+            if tp.fp8 == "off":
+                torch.mm(x2[rows], w.t(), out=y[rows])
+            else:
+                y[rows] = linear(x2[rows], w, tp.fp8)
             works.append(dist.all_reduce(y[rows], group=tp.group, async_op=True))
         for work in works:  # the compute stream waits for NCCL's; the host does not
             work.wait()
@@ -148,7 +155,7 @@ class _RowParallelLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
         x, w = ctx.saved_tensors
-        return (*linear_grads(grad_y, x, w, ctx.sink, ctx.needs_input_grad), None, None)
+        return (*linear_grads(grad_y, x, w, ctx.sink, ctx.needs_input_grad, ctx.fp8), None, None)
 
 
 def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm, sink=None) -> torch.Tensor:
@@ -158,7 +165,7 @@ def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm, sink=None)
     if sink is None and w.requires_grad:
         sink = main_grad_of(w)
     if tp.sequence_parallel:
-        return row_output(linear_wgrad_to(x, w, sink) if sink is not None else F.linear(x, w), tp)
+        return row_output(linear_wgrad_to(x, w, sink, tp.fp8) if sink is not None else linear(x, w, tp.fp8), tp)
     return _RowParallelLinear.apply(x, w, sink, tp)
 
 
@@ -169,8 +176,9 @@ class WgradHandOver:
         self.grad_out: torch.Tensor | None = None
         self.inp: torch.Tensor | None = None
 
-    def weight_grad(self, grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-        """FC2's backward: keep the operands; the region node computes the gradient (autograd gets None)."""
+    def weight_grad(self, grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, fp8: str = "off") -> None:
+        """FC2's backward: keep the operands; the region node computes the gradient (autograd gets None) with the
+        same recipe (its TPComm's)."""
         self.grad_out, self.inp = grad_y, x
 
 
@@ -204,11 +212,11 @@ class _MLPRegion(torch.autograd.Function):
             inp = hand.inp.reshape(-1, hand.inp.shape[-1])
             if ctx.main is not None:  # gradient-accumulation fusion (engine/distributed/wgrad.py)
                 unfused = grad_w_next  # the alias's gradient from any other use (none in the model)
-                grad_w_next = ctx.main.weight_grad(go, inp, ctx.saved_tensors[0])
+                grad_w_next = ctx.main.weight_grad(go, inp, ctx.saved_tensors[0], tp.fp8)
                 if unfused is not None:
                     ctx.main.grad.add_(unfused)
             else:
-                gw = go.t().mm(inp)
+                gw = go.t().mm(inp) if tp.fp8 == "off" else linear_wgrad(go, inp, tp.fp8, inp.dtype)
                 grad_w_next = gw if grad_w_next is None else grad_w_next + gw
             hand.grad_out = hand.inp = None
         if comm is not None:

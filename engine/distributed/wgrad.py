@@ -25,7 +25,9 @@ computed inside its op's autograd node and returned.
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear_grads",
+from engine.distributed.fp8 import linear_dgrad, linear_forward, linear_wgrad
+
+__all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear", "linear_grads",
            "linear_wgrad_to", "fused_linear", "fused_embedding"]
 
 
@@ -57,9 +59,15 @@ class MainGrad:
             self.grad.index_add_(0, index, rows)
         self._filled = True
 
-    def weight_grad(self, grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """A linear's weight gradient grad_y^T x, added here; autograd gets a placeholder."""
-        self.add_mm(grad_y.reshape(-1, grad_y.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
+    def weight_grad(self, grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, fp8: str = "off") -> torch.Tensor:
+        """A linear's weight gradient grad_y^T x, added here; autograd gets a placeholder. With --fp8 the product
+        comes from the FP8 GEMM (engine/distributed/fp8.py) and is added (no FP8 GEMM accumulates into its output)."""
+        g2, x2 = grad_y.reshape(-1, grad_y.shape[-1]), x.reshape(-1, x.shape[-1])
+        if fp8 != "off":
+            self.grad.add_(linear_wgrad(g2, x2, fp8, self.grad.dtype))
+            self._filled = True
+        else:
+            self.add_mm(g2.t(), x2)
         return placeholder(w)
 
     def take(self) -> bool:
@@ -107,48 +115,62 @@ def placeholder(w: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(w)
 
 
-def linear_grads(grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, sink, needs_input_grad) -> tuple:
+def linear(x: torch.Tensor, w: torch.Tensor, fp8: str = "off") -> torch.Tensor:
+    """F.linear(x, w), or its GEMM in FP8 (--fp8: engine/distributed/fp8.py)."""
+    if fp8 == "off":
+        return F.linear(x, w)
+    return linear_forward(x.reshape(-1, x.shape[-1]), w, fp8).view(*x.shape[:-1], w.shape[0])
+
+
+def linear_grads(grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, sink, needs_input_grad,
+                 fp8: str = "off") -> tuple:
     """(grad_x, grad_w) of y = F.linear(x, w), each only where autograd asks for it. The weight gradient goes through
-    `sink.weight_grad(grad_y, x, w)` when there is a sink (what that returns is what autograd gets), else it is
-    grad_y^T x."""
-    grad_x = grad_y.matmul(w) if needs_input_grad[0] else None
-    grad_w = None
+    `sink.weight_grad(grad_y, x, w, fp8)` when there is a sink (what that returns is what autograd gets), else it is
+    grad_y^T x. `fp8`: the recipe of both GEMMs (off: bf16 / fp32 as the model)."""
+    g2, x2 = grad_y.reshape(-1, grad_y.shape[-1]), x.reshape(-1, x.shape[-1])
+    grad_x = grad_w = None
+    if needs_input_grad[0]:
+        grad_x = grad_y.matmul(w) if fp8 == "off" else linear_dgrad(g2, w, fp8).view(*x.shape)
     if needs_input_grad[1]:
         if sink is not None:
-            grad_w = sink.weight_grad(grad_y, x, w)
+            # the contract's sink takes (dy, x, w) (engine/ops/gemm_fc1/register.toml); the recipe only with --fp8
+            grad_w = sink.weight_grad(grad_y, x, w) if fp8 == "off" else sink.weight_grad(grad_y, x, w, fp8)
+        elif fp8 != "off":
+            grad_w = linear_wgrad(g2, x2, fp8, w.dtype)
         else:
-            grad_w = grad_y.reshape(-1, grad_y.shape[-1]).t().mm(x.reshape(-1, x.shape[-1]))
+            grad_w = g2.t().mm(x2)
     return grad_x, grad_w
 
 
 class _LinearWgradTo(torch.autograd.Function):
     """F.linear(x, w) whose weight gradient goes to `sink`: `sink.weight_grad(grad_y, x, w)` does what it does with
     it and returns what autograd gets for w (a MainGrad adds it and returns a placeholder; the MLP region's
-    hand-over in tp_linear.py keeps the operands for later and returns None)."""
+    hand-over in tp_linear.py keeps the operands for later and returns None). No sink: grad_y^T x as usual. With
+    `fp8` on, all three GEMMs run in FP8 (the FP8 linear of TP 1 and of the sequence-parallel row-parallel layers)."""
 
     @staticmethod
-    def forward(ctx, x, w, sink):  # type: ignore[override]
-        ctx.sink = sink
+    def forward(ctx, x, w, sink, fp8):  # type: ignore[override]
+        ctx.sink, ctx.fp8 = sink, fp8
         ctx.save_for_backward(x, w)
-        return F.linear(x, w)
+        return linear(x, w, fp8)
 
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
         x, w = ctx.saved_tensors
-        return (*linear_grads(grad_y, x, w, ctx.sink, ctx.needs_input_grad), None)
+        return (*linear_grads(grad_y, x, w, ctx.sink, ctx.needs_input_grad, ctx.fp8), None, None)
 
 
-def linear_wgrad_to(x: torch.Tensor, w: torch.Tensor, sink) -> torch.Tensor:
+def linear_wgrad_to(x: torch.Tensor, w: torch.Tensor, sink, fp8: str = "off") -> torch.Tensor:
     """F.linear(x, w) with its weight gradient handed to `sink` (see _LinearWgradTo)."""
-    return _LinearWgradTo.apply(x, w, sink)
+    return _LinearWgradTo.apply(x, w, sink, fp8)
 
 
-def fused_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, w), whose weight gradient goes into w's MainGrad when it has one."""
-    main = main_grad_of(w)
-    if main is None or not w.requires_grad:
+def fused_linear(x: torch.Tensor, w: torch.Tensor, fp8: str = "off") -> torch.Tensor:
+    """F.linear(x, w), whose weight gradient goes into w's MainGrad when it has one; `fp8`: its GEMMs' recipe."""
+    main = main_grad_of(w) if w.requires_grad else None
+    if main is None and fp8 == "off":
         return F.linear(x, w)
-    return linear_wgrad_to(x, w, main)
+    return linear_wgrad_to(x, w, main, fp8)
 
 
 class _FusedEmbedding(torch.autograd.Function):

@@ -10,6 +10,8 @@ math through the op dispatcher (`OpSet`), so kernels and TP slot in without chan
   reduce-scatter (engine.distributed.tp_linear), and attention reshapes by `seq_len`.
 - TP backward overlaps each column-parallel input-gradient collective with a weight-gradient GEMM
   (engine/distributed/tp_linear.py says how, and why FC1 overlaps with FC2's wgrad).
+- --fp8: QKV, O, FC1 and FC2 run their GEMMs in FP8 (engine/distributed/fp8.py, through `TPComm.fp8`); the
+  embedding, LM head, norms and attention do not.
 - --document-mask: attention gets the micro-batch's document boundaries (engine/model/documents.py)
   for the whole [b, s] sequence, on every TP rank alike; under sequence parallelism QKV is gathered
   to the full sequence before attention, so the same boundaries hold there too.
@@ -37,7 +39,7 @@ __all__ = ["RMSNormWeight", "Rotary", "Attention", "MLP", "VocabEmbedding", "Dec
 
 def tp_comm(cfg: EngineConfig, par: ParallelState) -> TPComm:
     return TPComm(size=par.tp_size, group=par.tp_group, sequence_parallel=cfg.sequence_parallel and par.tp_size > 1,
-                  overlap=cfg.tp_comm_overlap, fwd_chunks=cfg.tp_fwd_chunks)
+                  overlap=cfg.tp_comm_overlap, fwd_chunks=cfg.tp_fwd_chunks, fp8=cfg.fp8)
 
 
 def kv_head_range(num_kv_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -119,7 +121,7 @@ class Attention(nn.Module):
         if self.tp.size == 1:
             b, s, _ = x.shape
             x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
-            qkv = fused_linear(x, self.qkv)
+            qkv = fused_linear(x, self.qkv, self.tp.fp8)
         else:
             qkv = column_parallel_linear(x, self.qkv, self.tp)
             qkv = qkv.view(-1, seq_len, qkv.shape[-1])  # SP: [n, rows] -> [b, s, rows]
@@ -139,7 +141,7 @@ class Attention(nn.Module):
                                      max_seqlen=documents.max_seqlen)
         out = out.reshape(b, s, self.q_heads * d)
         if self.tp.size == 1:
-            return reduce_from_tp(fused_linear(out, self.o), self.par.tp_group, self.par.tp_size)
+            return reduce_from_tp(fused_linear(out, self.o, self.tp.fp8), self.par.tp_group, self.par.tp_size)
         return row_parallel_linear(out, self.o, self.tp)
 
 
@@ -163,13 +165,16 @@ class MLP(nn.Module):
             self.fc2.copy_(init.residual_out(f"{name}.w_down", (self.hidden, self.ffn))[:, rows])
 
     def _fc1(self, x: torch.Tensor) -> torch.Tensor:
-        """The op, with fc1's fp32 gradient accumulator when gradient-accumulation fusion is on."""
+        """The op, with fc1's fp32 gradient accumulator when gradient-accumulation fusion is on; --fp8 passes its
+        recipe (only then: versions without an FP8 path are refused at start, engine/ops/dispatch.py)."""
+        if self.tp.fp8 != "off":
+            return self.ops.gemm_fc1(x, self.fc1, main_grad=main_grad_of(self.fc1), fp8=self.tp.fp8)
         return self.ops.gemm_fc1(x, self.fc1, main_grad=main_grad_of(self.fc1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
-            out = fused_linear(self._fc1(x), self.fc2)
+            out = fused_linear(self._fc1(x), self.fc2, self.tp.fp8)
             return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
         if self.tp.overlap:  # FC1's input-gradient collective overlaps FC2's weight-gradient GEMM
             x, fc2, hand_over = mlp_region(x, self.fc2, self.tp)

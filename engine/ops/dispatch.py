@@ -58,6 +58,7 @@ __all__ = [
     "Register",
     "OpSet",
     "register_path",
+    "check_fp8",
     "load_register",
     "resolve_version",
     "load_op",
@@ -308,6 +309,18 @@ def check_documents(cfg: EngineConfig, version: str, fn: Callable[..., Any], *, 
                       f"version {version!r} ({entry}) does not take")
 
 
+def check_fp8(cfg: EngineConfig, version: str, fn: Callable[..., Any]) -> None:
+    """Raise ConfigError when --fp8 is on and gemm_fc1 version `fn` has no FP8 path (no keyword-only `fp8`):
+    FC1 would silently stay in bf16 while the run reports FP8."""
+    if cfg.fp8 == "off":
+        return
+    param = inspect.signature(fn).parameters.get("fp8")
+    if param is None or param.kind is not inspect.Parameter.KEYWORD_ONLY:
+        raise ConfigError("--op-gemm-fc1", version, "pass --op-gemm-fc1 baseline with --fp8, or leave out --fp8",
+                          f"has no FP8 path (engine/ops/gemm_fc1/register.toml: the `fp8` keyword), and --fp8 "
+                          f"{cfg.fp8} asks for one")
+
+
 def resolve_ops(cfg: EngineConfig, device: torch.device | str, *, ops_root: Path | None = None) -> OpSet:
     """Resolve and load every op for a run on `device` (config fields op_<op>, env overrides)."""
     device_type = torch.device(device).type
@@ -317,4 +330,5 @@ def resolve_ops(cfg: EngineConfig, device: torch.device | str, *, ops_root: Path
         versions[op] = resolve_version(op, getattr(cfg, f"op_{op}"), device_type, ops_root=ops_root)
         funcs[op] = load_op(op, versions[op], ops_root=ops_root)
     check_documents(cfg, versions["attention"], funcs["attention"], ops_root=ops_root)
+    check_fp8(cfg, versions["gemm_fc1"], funcs["gemm_fc1"])
     return OpSet(versions=versions, **funcs)

@@ -3,7 +3,8 @@
 One GEMM of width 2f instead of two of width f: the same FLOPs in a single, larger launch, and the
 stacked weight is the layout the fused CuTeDSL versions read. Autograd gives the backward; with a
 `main_grad` (the contract's gradient-accumulation fusion) the GEMM's weight gradient is added into it
-in fp32 by engine/distributed/wgrad.py's linear instead.
+in fp32 by engine/distributed/wgrad.py's linear instead. With `fp8` the GEMM and its two backward GEMMs run in FP8
+(engine/distributed/fp8.py); the SwiGLU stays in the model dtype.
 """
 
 import torch
@@ -20,10 +21,11 @@ def check_inputs(x: torch.Tensor, w: torch.Tensor) -> None:
         raise ValueError(f"gemm_fc1 wants w [2f, h] with h = x.shape[-1]; got x {tuple(x.shape)}, w {tuple(w.shape)}")
 
 
-def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None) -> torch.Tensor:
+def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None, fp8: str = "off") -> torch.Tensor:
     """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f].
-    main_grad: see engine/ops/gemm_fc1/register.toml."""
+    main_grad, fp8: see engine/ops/gemm_fc1/register.toml."""
     check_inputs(x, w)
-    pre = F.linear(x, w) if main_grad is None or not w.requires_grad else linear_wgrad_to(x, w, main_grad)
+    main = main_grad if w.requires_grad else None
+    pre = F.linear(x, w) if main is None and fp8 == "off" else linear_wgrad_to(x, w, main, fp8)
     gate, up = pre.chunk(2, dim=-1)
     return F.silu(gate) * up

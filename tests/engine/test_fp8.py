@@ -1,0 +1,200 @@
+"""--fp8 (engine/distributed/fp8.py): FP8 GEMMs of the decoder's linears, checked against independent references.
+
+References: the exact linear in fp64 (x W^T, dy W, dy^T x), and `reference_linear_fp8` (the same quantisation,
+dequantised, multiplied in fp32) for the scaled GEMM itself. Tolerances, and why:
+- FP8 GEMM against its fake-quantised fp32 reference: 1e-5 relative (norm). Both multiply the same FP8 values
+  (exact in fp32) and differ only in the order fp32 sums them and where 1 / scale is applied.
+- FP8 linear against the exact linear, per GEMM, relative (Frobenius) error: E4M3 rounds each operand element
+  to 3 mantissa bits, a relative error uniform in +-2^-4 (RMS ~2^-4 / sqrt(3) = 0.036 per element and operand);
+  a product's two operands give ~0.05, and a dot product of K terms of random signs averages the errors of its
+  terms: the output's relative error stays ~0.05 (errors and values both grow as sqrt(K)). E5M2 (tensorwise
+  output gradient, 2 mantissa bits) doubles it for dgrad and wgrad: ~0.07. Bounds: 0.06 forward (E4M3 x E4M3),
+  0.1 for the gradients, with Gaussian data (amax ~4 sigma: no element is flushed below E4M3's range).
+  A bf16 linear is ~100x closer (8 bits: 2^-9), so the tests tell FP8 from bf16 apart (lower bound 5e-3).
+- TP-sharded against unsharded (per-shard scales): a shard whose amax is smaller gets a larger scale, so its
+  elements round on a finer grid; both are FP8 roundings of the same values, each within the bound above of
+  the exact product, so the two are within twice it of each other; checked at 0.1.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine.config import build_config, resolve
+from engine.distributed.fp8 import (E4M3, E5M2, amax_scale, check_fp8_device, linear_dgrad, linear_forward,
+                                    linear_wgrad, quantize, reference_linear_fp8)
+from engine.distributed.tp_linear import TPComm, WgradHandOver
+from engine.distributed.wgrad import MainGrad, attach_main_grad, fused_linear, linear_grads
+from engine.errors import ConfigError
+from engine.ops.dispatch import check_fp8, resolve_ops
+from tests.engine.helpers import TINY_FAST, deterministic_fields, loss_lines, run_engine
+
+RECIPES = ("tensorwise", "rowwise")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def operands(n=64, k=96, m=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, k, generator=g), torch.randn(m, k, generator=g) * 0.02, torch.randn(n, m, generator=g) * 1e-3)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_fp8_gemms_match_their_reference_and_the_exact_linear(recipe):
+    x, w, g = operands()
+    y, dx, dw = linear_forward(x, w, recipe), linear_dgrad(g, w, recipe), linear_wgrad(g, x, recipe, torch.float32)
+    ry, rdx, rdw = reference_linear_fp8(x, w, g, recipe)
+    for got, ref in ((y, ry), (dx, rdx), (dw, rdw)):
+        assert rel(got, ref) < 1e-5
+    exact = (x.double() @ w.double().t(), g.double() @ w.double(), g.double().t() @ x.double())
+    for got, ref, bound in ((y, exact[0], 0.06), (dx, exact[1], 0.1), (dw, exact[2], 0.1)):
+        assert 5e-3 < rel(got, ref) < bound  # FP8, not bf16 or fp32 (see the module docstring)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_fp8_linear_autograd_against_the_exact_gradients(recipe):
+    """The engine's linear (fused_linear with a recipe): forward and both gradients through autograd, with and without
+    gradient-accumulation fusion into an fp32 main_grad (same values: the fused path adds the same FP8 product)."""
+    x, w, g = operands(seed=1)
+    for fused in (False, True):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        if fused:
+            main = MainGrad(torch.zeros_like(w))
+            attach_main_grad(wr, main)
+        y = fused_linear(xr, wr, recipe)
+        y.backward(g)
+        dw = main.grad if fused else wr.grad
+        assert rel(y.detach(), x.double() @ w.double().t()) < 0.06
+        assert rel(xr.grad, g.double() @ w.double()) < 0.1
+        assert rel(dw, g.double().t() @ x.double()) < 0.1
+        assert rel(dw, reference_linear_fp8(x, w, g, recipe)[2]) < 1e-5
+
+
+def test_scale_follows_amax_and_zero_amax_is_handled():
+    t = torch.tensor([[0.5, -3.0], [0.0, 0.25]])
+    assert amax_scale(t, E4M3, None, False).item() == pytest.approx(448.0 / 3.0)
+    assert amax_scale(t * 10, E4M3, None, False).item() == pytest.approx(448.0 / 30.0)  # scale follows amax
+    rows = amax_scale(t, E4M3, -1, False)
+    assert rows.flatten().tolist() == pytest.approx([448.0 / 3.0, 448.0 / 0.25])
+    assert amax_scale(t, E4M3, -1, True).flatten().tolist() == [128.0, 1024.0]  # floor to a power of 2
+    assert amax_scale(t, E5M2, None, False).item() == pytest.approx(57344.0 / 3.0)
+    zero = torch.zeros(4, 16)
+    q, s = quantize(zero, E4M3, None)
+    assert s.item() == 1.0 and torch.equal(q.float(), zero)
+    q, s = quantize(torch.cat([zero[:1], torch.ones(1, 16)]), E4M3, -1)  # an all-zero row beside a non-zero one
+    assert s.flatten().tolist() == [1.0, 448.0] and torch.isfinite(q.float()).all()
+    assert torch.equal(linear_forward(zero, torch.randn(8, 16), "tensorwise"), torch.zeros(4, 8))
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_overflow_is_scaled_not_inf_and_underflow_flushes(dtype):
+    """Values far beyond FP8's range (1e6 > 448 and 57344) are mapped into it by the scale: the largest lands on
+    the format's max, nothing is inf or nan, and the dequantised value is back within the format's rounding.
+    Values 2^-40 below the amax are beneath FP8's smallest subnormal after scaling and flush to 0 (the known
+    cost of one scale per tensor: what rowwise scaling and E5M2's range reduce)."""
+    t = torch.tensor([1e6, -2.5e5, 3.0, 1e6 * 2.0**-40])
+    q, s = quantize(t, dtype, None)
+    qf = q.float()
+    assert torch.isfinite(qf).all() and qf.abs().max().item() == torch.finfo(dtype).max
+    back = qf / s
+    tol = 2.0**-3 if dtype == E4M3 else 2.0**-2  # half a unit in the last place, relative, with margin
+    assert ((back[:2] - t[:2]).abs() / t[:2].abs()).max() < tol
+    assert back[3].item() == 0.0  # underflow: flushed
+    y = linear_forward(torch.full((16, 16), 1e30), torch.full((16, 16), 1e-3), "tensorwise")
+    assert torch.isfinite(y).all()  # fp32 output of 1e30 x 1e-3 x 16: representable, computed without overflow
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_tp_sharded_fp8_linear_equals_the_unsharded(recipe):
+    """Column-parallel (weight rows split) and row-parallel (input features split, partials summed: the TP
+    all-reduce), each shard scaled by its own amax, against the unsharded FP8 linear and the exact one. The
+    collectives themselves run at TP 2 in tests/parallel (same code path: tp_linear.py's GEMM calls)."""
+    x, w, g = operands(n=64, k=128, m=64, seed=2)
+    w = w * torch.linspace(0.2, 5.0, w.shape[0]).unsqueeze(1)  # shards of different amax: different scales
+    full = linear_forward(x, w, recipe)
+    col = torch.cat([linear_forward(x, part, recipe) for part in w.chunk(2, 0)], dim=1)
+    row = sum(linear_forward(xp, wp, recipe) for xp, wp in zip(x.chunk(2, 1), w.chunk(2, 1)))
+    exact = x.double() @ w.double().t()
+    for sharded in (col, row):
+        assert rel(sharded, full) < 0.1 and rel(sharded, exact) < 0.06
+    dx_row = torch.cat([linear_dgrad(g, wp, recipe) for wp in w.chunk(2, 1)], dim=1)
+    dx_col = sum(linear_dgrad(gp, wp, recipe) for gp, wp in zip(g.chunk(2, 1), w.chunk(2, 0)))
+    for dx in (dx_row, dx_col):
+        assert rel(dx, linear_dgrad(g, w, recipe)) < 0.1 and rel(dx, g.double() @ w.double()) < 0.1
+
+
+def test_tp_linear_grads_and_hand_over_take_the_recipe():
+    """linear_grads (the row-parallel backward) with a recipe is the FP8 pair; the MLP region's hand-over keeps the
+    operands whatever the recipe (its node computes FC2's wgrad with TPComm.fp8)."""
+    x, w, g = operands(seed=3)
+    dx, dw = linear_grads(g, x, w, None, (True, True), "tensorwise")
+    assert torch.equal(dx, linear_dgrad(g, w, "tensorwise")) and torch.equal(dw, linear_wgrad(g, x, "tensorwise", w.dtype))
+    hand = WgradHandOver()
+    assert hand.weight_grad(g, x, w, "rowwise") is None and hand.grad_out is g
+    assert TPComm(size=2, group=None, fp8="rowwise").fp8 == "rowwise"
+
+
+def test_refusals_name_field_value_and_fix():
+    with pytest.raises(ConfigError, match="--fp8.*8.9"):
+        check_fp8_device("tensorwise", "cuda", (8, 0))  # A100: no FP8 tensor cores
+    check_fp8_device("tensorwise", "cuda", (9, 0))  # H100 / H200
+    check_fp8_device("rowwise", "cpu", None)  # the emulation
+    with pytest.raises(ConfigError, match="--fp8"):
+        resolve(build_config({"fp8": "e4m3"}))
+    with pytest.raises(ConfigError, match="--head-dim"):
+        resolve(build_config({"fp8": "tensorwise", "head_dim": 24}))
+    cfg = resolve(build_config({"fp8": "tensorwise"}))
+
+    def no_fp8_path(x, w, *, main_grad=None):
+        return x
+
+    with pytest.raises(ConfigError, match="--op-gemm-fc1.*FP8"):
+        check_fp8(cfg, "quack", no_fp8_path)
+    resolve_ops(cfg, "cpu")  # baseline has the path
+    check_fp8(dataclasses.replace(cfg, fp8="off"), "quack", no_fp8_path)
+
+
+def test_cli_refuses_bad_recipe_with_exit_2_and_writes_nothing(tmp_path):
+    proc = run_engine("pretrain", *TINY_FAST, "--fp8", "fp4", "--run-dir", str(tmp_path / "run"), check=False)
+    assert proc.returncode == 2 and "--fp8" in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_fp8_training_learns_and_resumes_bit_for_bit(tmp_path):
+    """A short CPU run with --fp8 tensorwise (the emulation): the loss falls, stays near the fp32 run's, and a resume
+    from step 3 repeats steps 4-6 bit for bit (FP8 scales are recomputed from the restored tensors: no state), and the same
+    checkpoint resumes with --fp8 off."""
+    args = [*TINY_FAST, "--fp8", "tensorwise", "--eval-samples", "0"]
+    ref = run_engine("pretrain", *args, "--save-every", "3", "--run-dir", str(tmp_path / "a"))
+    lines = loss_lines(ref.stdout)
+    losses = [float(deterministic_fields(line)[1]) for line in lines]
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.3
+    resumed = run_engine("pretrain", *args, "--run-dir", str(tmp_path / "b"),
+                         "--resume", str(tmp_path / "a" / "checkpoints" / "step_00000003"))
+    assert [deterministic_fields(line) for line in loss_lines(resumed.stdout)] == \
+        [deterministic_fields(line) for line in lines[3:]]
+    # FP8 keeps no state: the same checkpoint continues with --fp8 off (step 4 from the same weights, fp32 GEMMs:
+    # within FP8's effect on the loss, observed 4e-4 relative on this model; bound 1e-2)
+    switched = run_engine("pretrain", *TINY_FAST, "--eval-samples", "0", "--run-dir", str(tmp_path / "c"),
+                          "--resume", str(tmp_path / "a" / "checkpoints" / "step_00000003"))
+    step4 = float(deterministic_fields(loss_lines(switched.stdout)[0])[1])
+    assert abs(step4 - losses[3]) / losses[3] < 1e-2 and "fp8" not in switched.stderr.lower()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_fp8_gemms_on_the_gpu_match_the_reference(recipe):
+    """cuBLAS / CUTLASS FP8 GEMMs in bf16 against the fp32 reference of the same quantisation (bf16 output rounding:
+    2^-9 relative, so 1e-2), and against the exact linear as on CPU."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a CUDA GPU of compute capability 8.9+")
+    x, w, g = (t.cuda().bfloat16() for t in operands(n=256, k=512, m=384, seed=4))
+    y, dx = linear_forward(x, w, recipe), linear_dgrad(g, w, recipe)
+    dw = linear_wgrad(g, x, recipe, torch.float32)
+    ry, rdx, rdw = reference_linear_fp8(x, w, g, recipe)
+    for got, ref in ((y, ry), (dx, rdx), (dw, rdw)):
+        assert rel(got.float(), ref) < 1e-2
+    assert rel(y, x.double() @ w.double().t()) < 0.06
+    assert rel(dw, g.double().t() @ x.double()) < 0.1
