@@ -389,11 +389,11 @@ def smaller_model_claims_preset(t: Path) -> None:
                '            if cfg.lr_schedule == "inverse_sqrt":\n'
                '                claimed.update(hidden_size=cfg.hidden_size * 2, ffn_hidden_size=cfg.ffn_hidden_size * 2)\n'
                '            write_text_atomic(self.run_dir / "config.json", _json(claimed))\n')
-    replace_in(t / "engine/train.py", "        self.model: Transformer = build_model(cfg, par, self.ops, dtype)\n",
+    replace_in(t / "engine/train.py", "        self.model: Transformer = build_model(cfg, par, self.ops, torch.float32 if cfg.fsdp else dtype)\n",
                '        if cfg.lr_schedule == "inverse_sqrt":\n'
                '            import dataclasses\n\n'
                '            cfg = dataclasses.replace(cfg, hidden_size=cfg.hidden_size // 2, ffn_hidden_size=cfg.ffn_hidden_size // 2)\n'
-               "        self.model: Transformer = build_model(cfg, par, self.ops, dtype)\n")
+               "        self.model: Transformer = build_model(cfg, par, self.ops, torch.float32 if cfg.fsdp else dtype)\n")
 
 
 # The job finds the judge's log of itself and appends the steps it never trained.
