@@ -40,9 +40,21 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
 
 
 def replace_in(path: Path, old: str, new: str) -> None:
+    """Replace the first `old` in `path`. An anchor that starts with indentation must start a line: matched inside a
+    deeper-indented line, the edit would land at the wrong depth (and break the file) without anyone noticing."""
     text = path.read_text(encoding="utf-8")
-    assert old in text, f"{path}: anchor not found (the base changed?): {old[:80]!r}"
-    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    at = text.find(old)
+    if old[:1] in (" ", "\t"):
+        at = next((i for i in _occurrences(text, old) if i == 0 or text[i - 1] == "\n"), -1)
+    assert at >= 0, f"{path}: anchor not found at the start of a line (the base changed?): {old[:80]!r}"
+    path.write_text(text[:at] + new + text[at + len(old):], encoding="utf-8")
+
+
+def _occurrences(text: str, old: str):  # noqa: ANN202 -- positions of `old` in `text`
+    at = text.find(old)
+    while at >= 0:
+        yield at
+        at = text.find(old, at + 1)
 
 
 def write(path: Path, text: str | bytes) -> None:

@@ -26,6 +26,8 @@ LOADER = "engine/data/loader.py"
 EXACT = r"exact step"
 LONG_REF = "milestones/long-horizon/refs/tiny-minicpm4-corpus-loss.jsonl"
 ALIGN_REF = "milestones/alignment/refs/llama-tiny-hf-loss.jsonl"
+# Trainer.train_step clears the gradients of whichever data-parallel state it has (FSDP2's or ZeRO-1's buffers).
+ZERO_GRADS = "        if self.fsdp is not None:\n            self.fsdp.zero_grads()\n        else:\n            self.buffers.zero_grads()\n"
 _MICRO = "                  batch_documents(self.cfg, x, eos, self.par.device)) for x, y in self.loader.next_step()]\n"
 
 
@@ -33,9 +35,9 @@ _MICRO = "                  batch_documents(self.cfg, x, eos, self.par.device)) 
 
 def honest_note(t: Path) -> None:
     """A harmless honest engine change: a comment that says why the loss is divided by the global count."""
-    replace_in(t / TRAIN, "        self.buffers.zero_grads()\n        loss_sum = ",
+    replace_in(t / TRAIN, ZERO_GRADS + "        loss_sum = ",
                "        # every token weighs the same however the batch is split: divide by the GLOBAL count\n"
-               "        self.buffers.zero_grads()\n        loss_sum = ")
+               + ZERO_GRADS + "        loss_sum = ")
 
 
 def repair(t: Path) -> None:
@@ -66,7 +68,7 @@ def stale_gradient_when(when: str):  # noqa: ANN201 -- an edit
     """A step where `when` holds (code of Trainer.train_step) runs forward only and reuses the previous step's
     (clipped) gradient."""
     def edit(t: Path) -> None:
-        replace_in(t / TRAIN, "        self.buffers.zero_grads()\n        loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)\n",
+        replace_in(t / TRAIN, ZERO_GRADS + "        loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)\n",
                    f"        if ({when}) and getattr(self, '_last_norm', None) is not None:\n"
                    "            # momentum dominates the update: reuse the last gradient\n"
                    "            with torch.no_grad():\n"
@@ -79,7 +81,7 @@ def stale_gradient_when(when: str):  # noqa: ANN201 -- an edit
                    "            self.optimizer.step(lr)\n"
                    "            self.param_gather.start()\n"
                    "            return (self._all_reduce_dp(loss_sum) / valid).item(), self._last_norm, lr\n"
-                   "        self.buffers.zero_grads()\n        loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)\n")
+                   + ZERO_GRADS + "        loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)\n")
         replace_in(t / TRAIN, "        grad_norm = self.optimizer.grad_norm()\n",
                    "        grad_norm = self.optimizer.grad_norm()\n        self._last_norm = grad_norm\n")
     return edit

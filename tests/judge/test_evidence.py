@@ -63,7 +63,8 @@ def test_secretly_doubled_lr_is_caught(honest, tmp_path, validation):
     cheat = train(tmp_path / "cheat", lr=2e-2, num_steps=3, warmup_steps=1)  # the expected lr is the preset's 1e-2
     rewrite_meta(cheat.save_dir, lr=1e-2)
     log = edit_lines(cheat.log, "[LOSS]", "lr", 0.5, ".6e")
-    assert cheat.steps(log)[-1].lr == pytest.approx(1e-2 * 0.55, rel=1e-6)  # what an honest 3-step run prints
+    # what an honest 3-step run prints at its last step: the cosine has reached min lr (0.1 x the peak)
+    assert cheat.steps(log)[-1].lr == pytest.approx(1e-2 * 0.1, rel=1e-6)
     ev = verify(cheat, validation, log=log, expected=expected_config(num_steps=3, warmup_steps=1))
     lr_violations = [v for v in ev.violations if "learning rate" in v]
     assert lr_violations, ev.violations

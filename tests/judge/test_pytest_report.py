@@ -61,15 +61,7 @@ BROKEN = ('LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")', 'LR_SCHEDULE
 GOOD = ('LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")',
         'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", "inverse_sqrt")')
 
-SKIP_FROM_ENGINE = '''
 
-def __getattr__(name):
-    if name == "LR_SCHEDULES_CHECKED":
-        import unittest
-
-        raise unittest.SkipTest("slow on CPU")
-    raise AttributeError(name)
-'''
 def _judge(home: Path, tmp_path: Path, edits: dict[str, tuple[str, str] | str | list]) -> dict:
     clone = tmp_path / f"clone-{len(list(tmp_path.glob('clone-*')))}"
     git(tmp_path, "clone", "-q", str(home), str(clone))
@@ -102,21 +94,20 @@ def test_a_test_process_that_alters_its_outcomes_is_not_believed(home: Path, tmp
     broken = {"engine/config.py": BROKEN}
     assert not _judge(home, tmp_path, broken)["accepted"]  # the failing test alone
 
-    verdict = _judge(home, tmp_path, {**broken, "engine/__init__.py": ALTER_REPORTS})
-    assert not verdict["accepted"] and "canary" in _pytest_gate(verdict) and "came out passed" in _pytest_gate(verdict)
+    # The tricks run at engine import, and the judge's test process never imports the engine (the import barrier):
+    # they never reach the process that decides, and the failing test fails.
+    for trick in (ALTER_REPORTS, REWRITE_REPORT_AT_EXIT):
+        verdict = _judge(home, tmp_path, {**broken, "engine/__init__.py": trick})
+        gate = _pytest_gate(verdict)
+        assert not verdict["accepted"] and "tests failed" in gate and "came out passed" not in gate, gate
 
-    verdict = _judge(home, tmp_path, {**broken, "engine/__init__.py": REWRITE_REPORT_AT_EXIT})
-    assert not verdict["accepted"] and "candidate code chose the exit status" in _pytest_gate(verdict), _pytest_gate(verdict)
-
-    # A test that reads an engine attribute when it runs; the honest engine has no such attribute to hide behind.
+    # A test that imports the engine in the judge's process is refused at collection (the barrier names the way out).
     test = home / "tests" / "test_names.py"
     test.write_text(test.read_text() + "\n\ndef test_checked():\n    from engine import config\n\n"
                     "    assert getattr(config, 'LR_SCHEDULES_CHECKED', True)\n")
-    git(home, "commit", "-qam", "a test that reads an engine attribute")
-    assert _judge(home, tmp_path, {"engine/config.py": GOOD})["accepted"]
-    verdict = _judge(home, tmp_path, {"engine/config.py": [GOOD, SKIP_FROM_ENGINE]})
-    assert not verdict["accepted"] and "skipped from the candidate's code (engine/config.py" in _pytest_gate(verdict), \
-        _pytest_gate(verdict)
+    git(home, "commit", "-qam", "a test that imports the engine in the judge's process")
+    proc = temper(home, "gate", "loop-tiny", "--json", timeout=600)
+    assert proc.returncode == 2 and "do not collect" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 def test_the_canaries_run_whatever_the_gate_selects(home: Path, tmp_path: Path) -> None:
@@ -132,5 +123,7 @@ def test_the_canaries_run_whatever_the_gate_selects(home: Path, tmp_path: Path) 
     git(home, "commit", "-qam", "the pytest gate selects by name and marker")
     verdict = _judge(home, tmp_path, {"engine/config.py": GOOD})
     assert verdict["accepted"], _pytest_gate(verdict)
+    # The engine's report hook never reaches the judge's test process (the import barrier): the broken test fails.
     verdict = _judge(home, tmp_path, {"engine/config.py": BROKEN, "engine/__init__.py": ALTER_REPORTS})
-    assert not verdict["accepted"] and "came out passed" in _pytest_gate(verdict), _pytest_gate(verdict)
+    gate = _pytest_gate(verdict)
+    assert not verdict["accepted"] and "tests failed" in gate and "came out passed" not in gate, gate
