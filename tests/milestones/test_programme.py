@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from engine.ops import OP_NAMES
+from engine.plan import plan
 from harness.settings import data_dir
 from harness.spec import load_milestones
 
@@ -27,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 CPU_MILESTONES = ("demo-tiny", "alignment", "bitwise-single", "resume", "bitwise-dptp", "long-horizon")
 GPU_MILESTONES = {"perf": "1 x H100/H200 GPU", "production": "8 x H100/H200 GPUs",
+                  "production-4gpu": "4 x H100/H200 GPUs",
                   "bitwise-dptp-nccl": "2 x H100/H200 GPUs",
                   **{f"op-{op}": "1 x H100/H200 GPU" for op in OP_NAMES}}  # stage 2: one milestone per hot op
 # The gate that defends each milestone's property: the planted regression must fail there.
@@ -91,6 +93,25 @@ def test_every_milestone_validates_and_the_programme_is_complete():
         benches = [g for g in stage2.gates if getattr(g, "task", "") in ("bench", "stress")]
         assert {g.task for g in benches} == {"bench", "stress"} and all(g.bench.op == op for g in benches)
         assert any(r.metric == "speedup" for g in stage2.gates if g.kind == "metrics" for r in g.rules)
+
+
+def test_production_4gpu_runs_the_layout_the_planner_picks_for_an_80gb_card():
+    """production-4gpu's argv pins `engine plan`'s fastest layout that fits an 80 GB card (engine/plan.py), so the
+    job runs the same on H100s and H200s. When the planner's pick moves (its memory model or its measured MFUs),
+    this fails: the milestone's argv and goal text follow the planner."""
+    (m,) = [x for x in load_milestones(REPO / "milestones", REPO) if x.id == "production-4gpu"]
+    (job,) = [g for g in m.gates if g.kind == "job"]
+    argv = job.argv
+
+    def flag(name: str, default: str = "") -> str:
+        return argv[argv.index(name) + 1] if name in argv else default
+
+    best = next(x for x in plan(flag("--preset"), int(job.nproc), 80.0, seq_length=int(flag("--seq-length")),
+                                global_batch=int(flag("--global-batch-size"))) if x.fits)
+    pinned = (int(flag("--tp", "1")), "fsdp" if "--fsdp" in argv else "zero1", int(flag("--micro-batch-size")),
+              flag("--activation-checkpointing", "none"))
+    assert pinned == (best.tp, best.mode, best.mbs, best.recompute), (pinned, best)
+    assert job.gpus == int(job.nproc) == m.requires.gpus
 
 
 def test_temper_milestones_lists_each_with_its_hardware(tmp_path):
