@@ -18,6 +18,9 @@
 #                                      GPU tests (bitwise run to run and across a resume, TP 1 x DP 2, TP 2 x DP 2)
 #   bash bench/ops_session.sh fsdp4    four GPUs: MiniCPM4-8B at TP 1 x FSDP 4, TP 2 x FSDP 2, TP 2 x DP 2 and
 #                                      DP 4 (ZeRO-1), selective activation checkpointing off and on (one job)
+#   bash bench/ops_session.sh production4  four GPUs: the train job of milestones/production-4gpu.toml (MiniCPM4-8B, the
+#                                      planner's 80 GB pick TP 2 x DP 2 ZeRO-1, mbs 2, global batch 32, 30 steps), timed
+#                                      by the engine's clock over steps 6..30 (the judge: bench/device_gates.sh)
 #   bash bench/ops_session.sh tp2-overlap  two GPUs: the TP 2 backward overlap on/off, the forward all-reduces
 #                                      in row chunks (--tp-fwd-chunks 2), and the TP 2 profile
 #                                      (exposed communication); a second call, each fits the 10-minute limit
@@ -79,6 +82,13 @@ for x in r: t = x.get('tokens_per_s') or 0; print(f\"{x['name']:16s} tok/s {t:9.
       --variant fsdp4-sac="--fsdp --activation-checkpointing selective" \
       --variant tp2-fsdp2-sac="--tp 2 --fsdp --activation-checkpointing selective" \
       --out "$OUT/mfu_8b_4gpu_fsdp.json" 2>&1 | grep -v "^\[" | tail -14
+    ;;
+  production4)
+    stamp "production-4gpu's train job: 30 steps, engine clock over steps 6..30 (one job, four GPUs)"
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+    timeout 250 python3 bench/mfu.py --nproc 4 --common "--preset minicpm4-8b --seq-length 4096 --micro-batch-size 2 \
+      --global-batch-size 32 --deterministic" --steps 25 --warmup 5 --engine-timeout 220 \
+      --variant tp2-dp2-zero1-gb32="--tp 2" --out "$OUT/mfu_8b_4gpu_production4.json" 2>&1 | grep -v "^\[" | tail -8
     ;;
   step)
     stamp "profile of the 8B slice (docs/benchmarks.md section 8b4l)"
