@@ -17,10 +17,12 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TEMPER_RUNS_DIR="$OUT/runs"
 home="$(mktemp -d)/home"
 mkdir -p "$home"
-if [ -d .git ]; then
-  git ls-files -co --exclude-standard -z | grep -zv -e '^runs/' -e '^\.gpu/' | xargs -0 cp --parents -t "$home"
+# A git worktree's .git is a file pointing at the main repository: copied along, the snapshot's commit below would
+# land on the worktree's branch. So git's own answer decides, and the copy never takes .git.
+if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+  git ls-files -co --exclude-standard -z | grep -zv -e '^runs/' -e '^\.gpu/' -e '^\.git$' | xargs -0 cp --parents -t "$home"
 else
-  tar --exclude=./runs --exclude=./.gpu --exclude="./$(basename "$OUT")" -cf - . | tar -xf - -C "$home"
+  tar --exclude=./.git --exclude=./runs --exclude=./.gpu --exclude="./$(basename "$OUT")" -cf - . | tar -xf - -C "$home"
 fi
 (cd "$home" && git init -q -b main && git add -A && \
   git -c user.name=device -c user.email=device@localhost commit -q -m "device snapshot") || exit 2
@@ -28,6 +30,16 @@ export TEMPER_HOME="$home"
 echo "=== $(date +%T) device"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+# Job and pytest logs, flattened: the device tool brings back only shallow folders. Also when the script is stopped
+# (an 8B judging can outlast a device call): the train job's log holds its [LOSS] lines as they came.
+collect_logs() {
+  mkdir -p "$OUT/logs"
+  find "$OUT/runs" -type f \( -name log -o -name '*.log' -o -name '*.times' \) 2>/dev/null | while read -r f; do
+    cp "$f" "$OUT/logs/$(echo "${f#"$OUT"/runs/}" | tr '/' '_')"
+  done
+}
+gate_pid=
+trap 'echo "stopped: judging cut short, logs so far in $OUT/logs"; [ -n "$gate_pid" ] && kill "$gate_pid" 2>/dev/null; collect_logs; exit 143' TERM INT
 flags=()
 why=$(python3 -c "from harness.jobs.sandbox import probe; print(probe() or '')")
 if [ -n "$why" ]; then
@@ -42,15 +54,15 @@ for arg in "$@"; do
   id="${arg%%=*}"; patch=(); name="$id"
   if [ "$arg" != "$id" ]; then patch=(--patch "${arg#*=}"); name="$id=$(basename "${arg#*=}" .patch)"; fi
   echo "=== $(date +%T) temper gate $name"
-  python3 -m harness gate "$id" "${patch[@]}" --json "${flags[@]}" > "$OUT/$name.json" 2> "$OUT/$name.err"
+  # In the background, so that a TERM (an outer `timeout`) reaches the trap below at once, not after the judging.
+  python3 -m harness gate "$id" "${patch[@]}" --json "${flags[@]}" > "$OUT/$name.json" 2> "$OUT/$name.err" &
+  gate_pid=$!
+  wait "$gate_pid"
   echo "rc=$?"
+  gate_pid=
   tail -3 "$OUT/$name.err"
 done
-# Job and pytest logs, flattened: the device tool brings back only shallow folders.
-mkdir -p "$OUT/logs"
-find "$OUT/runs" -type f \( -name '*.log' -o -name '*.times' \) | while read -r f; do
-  cp "$f" "$OUT/logs/$(echo "${f#"$OUT"/runs/}" | tr '/' '_')"
-done
+collect_logs
 echo "=== $(date +%T) verdicts"
 python3 - "$OUT" "$@" <<'EOF'
 import json, sys
