@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 CPU_MILESTONES = ("demo-tiny", "alignment", "bitwise-single", "resume", "bitwise-dptp", "long-horizon")
 GPU_MILESTONES = {"perf": "1 x H100/H200 GPU", "production": "8 x H100/H200 GPUs",
                   "production-4gpu": "4 x H100/H200 GPUs",
-                  "bitwise-dptp-nccl": "2 x H100/H200 GPUs",
+                  "bitwise-dptp-nccl": "2 x H100/H200 GPUs", "fp8-parity": "1 x H100/H200 GPU",
                   **{f"op-{op}": "1 x H100/H200 GPU" for op in OP_NAMES}}  # stage 2: one milestone per hot op
 # The gate that defends each milestone's property: the planted regression must fail there.
 # Long-horizon's regression (labels not shifted) is caught at its train job already: the losses it prints
@@ -39,6 +39,11 @@ GPU_MILESTONES = {"perf": "1 x H100/H200 GPU", "production": "8 x H100/H200 GPUs
 # norm is twice the judge's on the exact batch), by the exact-step check (harness/judge/exactstep.py).
 DEFENDING_GATE = {"alignment": "pytest", "bitwise-single": "first", "resume": "restart-metrics",
                   "bitwise-dptp": "dp2", "long-horizon": "train"}
+# GPU milestones with a planted regression, judged on the device (`-m gpu`; docs/fp8.md). fp8-parity's regression
+# (E5M2's range for E4M3 operands: activations and weights saturate above amax / 128) is expected at its fp8 train job
+# (a saturated forward cannot print the loss and apply the gradient the judge computes from the same weights); not
+# yet judged there (docs/fp8.md, "The fp8-parity milestone").
+GPU_DEFENDING_GATE = {"fp8-parity": "fp8"}
 
 def temper(*args: str, tmp_path: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python -m harness ARGS` with its runs and its temp folders (TMPDIR) under tmp_path."""
@@ -82,9 +87,9 @@ def test_every_milestone_validates_and_the_programme_is_complete():
     for mid in CPU_MILESTONES:
         assert ids[mid].requires.device in ("cpu", "any"), mid
         assert not ids[mid].missing_files(REPO), f"{mid} names missing files: {ids[mid].missing_files(REPO)}"
-    for mid in DEFENDING_GATE:
+    for mid, defending in {**DEFENDING_GATE, **GPU_DEFENDING_GATE}.items():
         assert (HERE / "regressions" / f"{mid}.patch").is_file()
-        assert DEFENDING_GATE[mid] in [g.name for g in ids[mid].gates]
+        assert defending in [g.name for g in ids[mid].gates]
     for mid in GPU_MILESTONES:
         assert ids[mid].requires.device == "cuda" and set(ids[mid].requires.gpu_types) == {"H100", "H200"}
     for op in OP_NAMES:  # stage 2: one milestone per hot op, only the op's folder editable
@@ -137,7 +142,7 @@ def test_a_gpu_milestone_on_cpu_exits_3_with_needs(milestone, tmp_path):
 
 
 def _needs_data(milestone: str) -> None:
-    if milestone == "long-horizon" and not data_dir(REPO).is_dir():
+    if milestone in ("long-horizon", "fp8-parity") and not data_dir(REPO).is_dir():
         pytest.skip(f"{data_dir(REPO)} is absent: set TEMPER_DATA to the shared data folder")
 
 
@@ -183,6 +188,20 @@ def test_the_planted_regression_fails_at_the_defending_gate(milestone, tmp_path)
     protected = verdict["gates"][0]
     assert protected["passed"], f"the regression patch must be a legal candidate (engine/ only): {summary(verdict)}"
     assert failed_gate(verdict) == DEFENDING_GATE[milestone], summary(verdict)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("milestone", sorted(GPU_DEFENDING_GATE))
+def test_a_gpu_milestone_is_passed_by_the_engine_and_failed_by_its_regression(milestone, tmp_path):
+    """On the device (bench/fp8_parity_session.sh judges both at once there, sandboxed, with bench/device_gates.sh)."""
+    _needs_data(milestone)
+    (tmp_path / "main").mkdir()
+    (tmp_path / "regression").mkdir()
+    code, verdict = gate(milestone, None, tmp_path / "main")
+    assert code == 0 and verdict["accepted"], summary(verdict)
+    code, verdict = gate(milestone, HERE / "regressions" / f"{milestone}.patch", tmp_path / "regression")
+    assert code == 1 and verdict["gates"][0]["passed"], summary(verdict)
+    assert failed_gate(verdict) == GPU_DEFENDING_GATE[milestone], summary(verdict)
 
 
 def test_demo_tiny_is_failed_by_main(tmp_path):
