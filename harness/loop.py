@@ -38,12 +38,12 @@ from harness.protocol import (
 )
 from harness.records import RunRecord
 from harness.settings import child_env
-from harness.spec import JUDGE_GLOBS, TEST_GLOB, Milestone
+from harness.spec import Milestone
 from harness.tools import ToolContext, ToolError, execute, tool_specs
 from harness.verdict import GateResult, Verdict
 from harness.workspace import Workspace
 
-__all__ = ["Loop", "LoopOptions", "check_limits", "count_submissions", "tool_protected_globs"]
+__all__ = ["Loop", "LoopOptions", "check_limits", "count_submissions"]
 
 CUT_OFF_CALL = ("Not run: your reply hit the output limit (max_tokens = {limit}) and this tool call may be cut off. "
                 "Send it again, smaller: split big patches or files into several calls.")
@@ -58,16 +58,6 @@ class LoopOptions:
 
     max_output_tokens: int = 16_384  # per model call
     shell_timeout_s: float = 300.0  # default of the agent's `run` tool
-
-
-def tool_protected_globs(milestone: Milestone) -> list[str]:
-    """What the file tools refuse to write. The gates protect the same set; the tools only fail early.
-
-    tests/** is left out when the milestone makes some tests editable (the tools cannot express "all of
-    tests/ but these"); the protected gate still rejects any other test change.
-    """
-    tests = [] if milestone.editable_test_globs else [TEST_GLOB]
-    return [*JUDGE_GLOBS, *tests, *milestone.protected]
 
 
 def check_limits(milestone: Milestone, record: RunRecord, wall_s: float) -> None:
@@ -107,10 +97,6 @@ def _brief(call: ToolCall, result: ToolResult) -> str:
     if result.is_error:
         return "ERROR " + _first_line(result.content, 90)
     lines = [line for line in result.content.splitlines() if line.strip()]
-    if call.name == "read_file":
-        return f"{len(lines)} lines"
-    if call.name == "search":
-        return f"{len(lines)} matching lines"
     if lines and lines[0].rstrip().endswith(":") and len(lines) > 1:
         return _first_line(lines[0] + " " + lines[1].strip(), 90)
     if call.name == "run" and lines:
@@ -139,8 +125,7 @@ class Loop:
         self.options = options or LoopOptions()
         self._t0 = time.monotonic() - wall_offset_s
         self.tools = tool_specs()
-        self.ctx = ToolContext(root=workspace.worktree, editable=list(milestone.editable),
-                               protected=tool_protected_globs(milestone), shell_timeout_s=self.options.shell_timeout_s,
+        self.ctx = ToolContext(root=workspace.worktree, shell_timeout_s=self.options.shell_timeout_s,
                                run_gates=self._dry_run, read_job_log=gates.read_log, env=child_env())
 
     # ------------------------------------------------------------------ entry
@@ -240,7 +225,7 @@ class Loop:
 
     @staticmethod
     def _tool_arg(call: ToolCall) -> str:
-        for key in ("path", "command", "pattern", "job_id"):
+        for key in ("command", "job_id"):
             if isinstance(call.arguments.get(key), str):
                 return f" {_first_line(call.arguments[key], 60)}"
         return ""

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from harness.jobs.process import Process, group_members as _group_members
 from harness.jobs.sandbox import Sandbox
-from harness.tools.text import omitted_marker
 
 __all__ = ["ShellResult", "run_shell", "group_members"]
 
@@ -66,7 +65,7 @@ class _HeadTail:
         if omitted <= 0:
             return (bytes(self.head) + bytes(tail)).decode("utf-8", errors="replace"), 0
         head = bytes(self.head).decode("utf-8", errors="replace")
-        return head + omitted_marker(omitted) + bytes(tail).decode("utf-8", errors="replace"), omitted
+        return head + f"\n[... {omitted} bytes omitted ...]\n" + bytes(tail).decode("utf-8", errors="replace"), omitted
 
 
 def group_members(pgid: int) -> list[int] | None:
