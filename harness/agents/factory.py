@@ -71,17 +71,17 @@ def make_agent(spec: str, **options: Any) -> Agent:
     if kind in ("anthropic", "openai", "openai-compatible"):
         _require_sdk(spec, "anthropic" if kind == "anthropic" else "openai")
     if kind == "anthropic":
-        from harness.agents.anthropic_api import AnthropicAgent
+        from harness.agents.api import anthropic_agent
 
-        return _build(spec, AnthropicAgent, _model(spec, rest), **options)
+        return _build(spec, anthropic_agent, _model(spec, rest), **options)
     if kind == "openai":
-        from harness.agents.openai_api import OpenAIChatAgent
+        from harness.agents.api import openai_agent
 
         if "compatible" in options:
             raise _bad(spec, "use the openai-compatible: form instead of the 'compatible' option")
-        return _build(spec, OpenAIChatAgent, _model(spec, rest), **options)
+        return _build(spec, openai_agent, _model(spec, rest), **options)
     if kind == "openai-compatible":
-        from harness.agents.openai_api import OpenAIChatAgent
+        from harness.agents.api import openai_agent
 
         base_url, hash_sep, model = rest.rpartition("#")
         if not hash_sep:
@@ -90,7 +90,7 @@ def make_agent(spec: str, **options: Any) -> Agent:
             raise _bad(spec, f"base_url {base_url!r} is not an http(s) URL")
         if "base_url" in options or "compatible" in options:
             raise _bad(spec, "the base_url comes from the spec itself")
-        return _build(spec, OpenAIChatAgent, _model(spec, model), base_url=base_url, compatible=True, **options)
+        return _build(spec, openai_agent, _model(spec, model), base_url=base_url, compatible=True, **options)
     if kind == "cli":
         from harness.agents.cli_agents import ClaudeCodeAgent, CodexAgent
 

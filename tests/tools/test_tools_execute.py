@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from harness.protocol import ToolCall
-from harness.tools import TOOL_NAMES, ToolContext, ToolError, execute, tool_specs
+from harness.tools import TOOL_NAMES, ToolContext, execute, tool_specs
 from tests.tools.tools_helpers import call
 
 
