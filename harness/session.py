@@ -13,7 +13,6 @@ the records already hold, so a killed replay run finishes as it would have.
 
 import json
 import shutil
-import subprocess
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ from harness.progress import Progress
 from harness.records import FINAL_STATUSES, RecordError, RunRecord, new_run_id, read_events
 from harness.spec import Milestone, SpecError, find_milestone, load_milestone
 from harness.verdict import Verdict
+from harness import workspace
 from harness.workspace import Workspace, WorkspaceError
 
 __all__ = [
@@ -59,20 +59,12 @@ class RunOutcome:
     discarded: bool = False  # it did no work, so its worktree, branch and records were removed
 
 
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-
-
 def repo_head(repo: Path) -> str:
-    """HEAD's sha of the git checkout at `repo`; UsageError saying what to do when there is none."""
-    if _git(repo, "rev-parse", "--is-inside-work-tree").returncode != 0:
-        raise UsageError(f"{repo} is not a git checkout; Temper runs agents in git worktrees of it. "
-                         "Run `git init && git add -A && git commit -m init` there first")
-    head = _git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
-    if head.returncode != 0:
-        raise UsageError(f"the git repository at {repo} has no commits yet; commit the project first "
-                         "(`git add -A && git commit -m init`): runs start from HEAD")
-    return head.stdout.strip()
+    """HEAD's sha of the git checkout at `repo` (harness.workspace.repo_head), as a UsageError when there is none."""
+    try:
+        return workspace.repo_head(repo)
+    except WorkspaceError as err:
+        raise UsageError(str(err)) from None
 
 
 def load_spec(name: str, home: Path) -> Milestone:
@@ -97,10 +89,6 @@ def with_budget(milestone: Milestone, overrides: dict[str, Any]) -> Milestone:
     return milestone.model_copy(update={"budget": budget})
 
 
-def _already_applied(tree: Path, patch: Path) -> bool:
-    return _git(tree, "apply", "--reverse", "--check", str(patch)).returncode == 0
-
-
 def setup_base(ws: Workspace, milestone: Milestone, home: Path, run_id: str) -> str:
     """Apply and commit the milestone's setup patch in `ws`; its commit is the judge's base.
 
@@ -112,7 +100,7 @@ def setup_base(ws: Workspace, milestone: Milestone, home: Path, run_id: str) -> 
     try:
         ws.apply_patch_file(patch)
     except WorkspaceError as err:
-        if _already_applied(ws.worktree, patch):
+        if ws.contains_patch(patch):
             return ws.head()
         raise UsageError(f"the setup patch {milestone.setup} does not apply to {ws.base[:12]}: {err}") from None
     return ws.commit_attempt(0, milestone=milestone.id, run_id=run_id, verdict="setup", mfu=None,
@@ -301,7 +289,7 @@ def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, 
         record.finish("error", f"workspace: {err}")
         raise UsageError(str(err)) from None
     progress("run", f"resuming {record.id} (was {previous}; {record.totals.turns} turns, {record.totals.attempts} attempts, "
-                    f"{offset:.0f} s so far)" + (f"; dropped a partial event line" if record.truncated_tail else ""))
+                    f"{offset:.0f} s so far)" + ("; dropped a partial event line" if record.truncated_tail else ""))
     options = LoopOptions(max_output_tokens=int(ready.get("max_output_tokens", LoopOptions.max_output_tokens)),
                           shell_timeout_s=float(ready.get("shell_timeout_s", LoopOptions.shell_timeout_s)))
     return _drive(milestone=milestone, record=record, ws=ws, agent=agent, judge_base=ready["judge_base"], repo=repo,
@@ -336,9 +324,10 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
         except DrawError as err:
             raise UsageError(str(err)) from None
     repo_head(home)
-    base_sha = _git(home, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").stdout.strip()
-    if not base_sha:
-        raise UsageError(f"--base {base!r} is not a commit of {home}")
+    try:
+        base_sha = workspace.resolve_commit(home, base)
+    except WorkspaceError:
+        raise UsageError(f"--base {base!r} is not a commit of {home}") from None
     if patch is not None:
         if not patch.is_file():
             raise UsageError(f"patch file {patch} does not exist")
@@ -384,16 +373,11 @@ def prune_runs(runs_root: Path | None = None) -> list[str]:
         if run.status not in FINAL_STATUSES or not ws_record.is_file():
             continue
         repo = Path(json.loads(ws_record.read_text(encoding="utf-8"))["repo"])
-        branch = f"temper/{run.id}"
-        had_tree = (run.path / "worktree").exists()
-        had_branch = bool(_git(repo, "branch", "--list", branch).stdout.strip())
-        if not (had_tree or had_branch):
-            continue
         try:
-            Workspace.discard(repo, run_id=run.id, root=root)
+            what = Workspace.discard(repo, run_id=run.id, root=root)
         except WorkspaceError as err:
             removed.append(f"{run.id}: not pruned: {err}")
             continue
-        what = [f"worktree {run.path / 'worktree'}"] * had_tree + [f"branch {branch}"] * had_branch
-        removed.append(f"{run.id} ({run.status}): removed {' and '.join(what)}")
+        if what:
+            removed.append(f"{run.id} ({run.status}): removed {' and '.join(what)}")
     return removed

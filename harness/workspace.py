@@ -32,7 +32,7 @@ import git
 
 from harness.atomic import write_atomic
 
-__all__ = ["HELD_OUT_PATTERNS", "Workspace", "WorkspaceError", "TRAILER_KEYS"]
+__all__ = ["HELD_OUT_PATTERNS", "Workspace", "WorkspaceError", "TRAILER_KEYS", "repo_head", "resolve_commit"]
 
 TRAILER_KEYS = ("Milestone", "Run", "Attempt", "Verdict", "MFU")
 _QUIET = (
@@ -78,11 +78,26 @@ def _open_repo(path: Path) -> git.Repo:
     return repo
 
 
-def _resolve_commit(repo_dir: Path, rev: str) -> str:
+def resolve_commit(repo_dir: Path, rev: str) -> str:
+    """The sha `rev` names in the repository at `repo_dir`; WorkspaceError when it names no commit."""
     try:
         return _git(repo_dir, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except WorkspaceError as e:
         raise WorkspaceError(f"{rev!r} is not a commit of the repository at {repo_dir}") from e
+
+
+def repo_head(repo: Path) -> str:
+    """HEAD's sha of the git checkout at `repo`; WorkspaceError saying what to do when there is none."""
+    try:
+        _git(repo, "rev-parse", "--is-inside-work-tree")
+    except WorkspaceError:
+        raise WorkspaceError(f"{repo} is not a git checkout; Temper runs agents in git worktrees of it. "
+                             "Run `git init && git add -A && git commit -m init` there first") from None
+    try:
+        return _git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+    except WorkspaceError:
+        raise WorkspaceError(f"the git repository at {repo} has no commits yet; commit the project first "
+                             "(`git add -A && git commit -m init`): runs start from HEAD") from None
 
 
 def _check_run_id(repo_dir: Path, run_id: str) -> str:
@@ -134,7 +149,7 @@ class Workspace:
         r = _open_repo(Path(repo))
         repo_dir = Path(r.working_tree_dir or repo).resolve()
         branch = _check_run_id(repo_dir, run_id)
-        base_sha = _resolve_commit(repo_dir, base)
+        base_sha = resolve_commit(repo_dir, base)
         if _branch_exists(repo_dir, branch):
             raise WorkspaceError(f"branch {branch} already exists; resume that run or pick another run id")
         run_dir = Path(root).resolve() / run_id
@@ -177,7 +192,7 @@ class Workspace:
         whether or not the body raised."""
         r = _open_repo(Path(repo))
         repo_dir = Path(r.working_tree_dir or repo).resolve()
-        base_sha = _resolve_commit(repo_dir, base)
+        base_sha = resolve_commit(repo_dir, base)
         # Neutral names: a random temp folder holding a checkout named as the user's own (a clone's name), so
         # nothing in the judged checkout's path says it is being judged.
         holder = Path(tempfile.mkdtemp())
@@ -192,14 +207,16 @@ class Workspace:
             _git(repo_dir, "worktree", "prune")
 
     @staticmethod
-    def discard(repo: Path, *, run_id: str, root: Path) -> None:
+    def discard(repo: Path, *, run_id: str, root: Path) -> list[str]:
         """Remove whatever exists of a run's worktree and branch (`temper demo` leaves the repository as it found
-        it, also when it stops half-way). The run's records under root/<run_id> stay."""
+        it, also when it stops half-way); returns what it removed. The run's records under root/<run_id> stay."""
         r = _open_repo(Path(repo))
         repo_dir = Path(r.working_tree_dir or repo).resolve()
         branch = _check_run_id(repo_dir, run_id)
         worktree = Path(root).resolve() / run_id / "worktree"
+        removed = [f"worktree {worktree}"] * worktree.exists() + [f"branch {branch}"] * _branch_exists(repo_dir, branch)
         Workspace(repo=repo_dir, worktree=worktree, base="", branch=branch, run_id=run_id).remove(delete_branch=True)
+        return removed
 
     def remove(self, *, delete_branch: bool = False) -> None:
         """Delete the worktree folder and its registration; the branch (the run's history) stays
@@ -270,18 +287,26 @@ class Workspace:
     def diff(self, base: str | None = None, *, binary: bool = True) -> str:
         """The worktree (committed or not, untracked files included) against `base` (default: the
         run's base commit), as a patch `git apply` and `apply_patch_file` accept."""
-        rev = _resolve_commit(self.worktree, base or self.base)
+        rev = resolve_commit(self.worktree, base or self.base)
         with self._snapshot_index() as env:
             args = ["diff", "--cached", *_DIFF_OPTS, *(["--binary"] if binary else []), rev]
             return _git(self.worktree, *args, env=env, strip=False)
 
     def changed_paths(self, base: str | None = None) -> list[str]:
         """Paths that differ from `base` (added, modified, deleted; both sides of a rename)."""
-        rev = _resolve_commit(self.worktree, base or self.base)
+        rev = resolve_commit(self.worktree, base or self.base)
         with self._snapshot_index() as env:
             args = ["diff", "--cached", "--name-only", "-z", "--no-renames", rev]
             out = _git(self.worktree, *args, env=env, strip=False)
         return sorted(p for p in out.split("\0") if p)
+
+    def contains_patch(self, path: Path) -> bool:
+        """Whether the worktree already holds the patch (it applies in reverse)."""
+        try:
+            _git(self.worktree, "apply", "--reverse", "--check", str(Path(path).resolve()))
+        except WorkspaceError:
+            return False
+        return True
 
     def apply_patch_file(self, path: Path) -> None:
         """Apply a patch file (as written by `diff`) to the worktree, all or nothing."""
@@ -297,7 +322,7 @@ class Workspace:
     def reset_to(self, sha: str) -> None:
         """Make the worktree and the run's branch exactly commit `sha` (untracked files go too;
         ignored files such as caches stay)."""
-        rev = _resolve_commit(self.worktree, sha)
+        rev = resolve_commit(self.worktree, sha)
         _git(self.worktree, "reset", "-q", "--hard", rev)
         _git(self.worktree, "clean", "-q", "-fd")
 
@@ -325,7 +350,7 @@ class Workspace:
             raise WorkspaceError(
                 f"{user_dir} has uncommitted changes; commit or stash them, then merge again:\n  {listing}"
             )
-        target = _resolve_commit(self.repo, sha or self.branch or self.head())
+        target = resolve_commit(self.repo, sha or self.branch or self.head())
         # The user's own identity signs the merge; Temper's only where none is configured.
         has_identity = bool(_git(user_dir, "config", "--default", "", "--get", "user.email"))
         identity = () if has_identity else _TEMPER_IDENTITY
