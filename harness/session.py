@@ -1,14 +1,9 @@
 """Runs as the CLI starts them: a new run, a resumed run, and a judged candidate (`temper gate`).
 
-A run (`start_run`): load the milestone from TEMPER_HOME, check the repository, create the record
-(runs/<id>/) and the workspace (branch temper/<id>, worktree runs/<id>/worktree at the checkout's
-HEAD, held-out material left out), commit the milestone's setup patch there (the judge's base), then
-drive the agent loop and write the report. The user's checkout is never touched, except by
-`merge=True` after an accepted verdict.
-
-Everything `resume_run` needs is in the records: the milestone file and its hash, the agent spec, and
-a `workspace` event (repository, judge base, budget overrides). A replay agent skips the turns
-the records already hold, so a killed replay run finishes as it would have.
+`start_run`: load the milestone, create the record (runs/<id>/) and the workspace (harness/workspace.py),
+commit the setup patch (the judge's base), drive the loop, write the report. The user's checkout is never
+touched, except by `merge=True` after an accepted verdict. `resume_run` reads all it needs from the records
+(milestone file and hash, agent spec, the `workspace` event); a replay skips the turns they already hold.
 """
 
 import json
@@ -22,23 +17,11 @@ from harness.progress import Progress
 from harness.records import FINAL_STATUSES, RecordError, RunRecord, new_run_id, read_events
 from harness.spec import Milestone, SpecError, find_milestone, load_milestone
 from harness.verdict import Verdict
-from harness import workspace
-from harness.workspace import Workspace, WorkspaceError
+from harness.workspace import Workspace, WorkspaceError, resolve_commit
+from harness.workspace import repo_head as git_head
 
-__all__ = [
-    "UsageError",
-    "RunOutcome",
-    "BUDGET_FIELDS",
-    "repo_head",
-    "load_spec",
-    "with_budget",
-    "setup_base",
-    "start_run",
-    "resume_run",
-    "gate_candidate",
-    "active_seconds",
-    "prune_runs",
-]
+__all__ = ["UsageError", "RunOutcome", "BUDGET_FIELDS", "repo_head", "load_spec", "with_budget", "setup_base",
+           "start_run", "resume_run", "gate_candidate", "active_seconds", "prune_runs"]
 
 BUDGET_FIELDS = ("max_turns", "max_tokens", "max_cost_usd", "max_wall_s", "max_attempts")
 
@@ -62,7 +45,7 @@ class RunOutcome:
 def repo_head(repo: Path) -> str:
     """HEAD's sha of the git checkout at `repo` (harness.workspace.repo_head), as a UsageError when there is none."""
     try:
-        return workspace.repo_head(repo)
+        return git_head(repo)
     except WorkspaceError as err:
         raise UsageError(str(err)) from None
 
@@ -325,7 +308,7 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
             raise UsageError(str(err)) from None
     repo_head(home)
     try:
-        base_sha = workspace.resolve_commit(home, base)
+        base_sha = resolve_commit(home, base)
     except WorkspaceError:
         raise UsageError(f"--base {base!r} is not a commit of {home}") from None
     if patch is not None:

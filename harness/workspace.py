@@ -23,14 +23,14 @@ configured.
 import contextlib
 import json
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
 from harness.atomic import write_atomic
+from harness.settings import child_env
 
 __all__ = ["HELD_OUT_PATTERNS", "Workspace", "WorkspaceError", "TRAILER_KEYS", "repo_head", "resolve_commit"]
 
@@ -51,15 +51,15 @@ class WorkspaceError(Exception):
 
 
 def _git(cwd: Path, *args: str, env: Mapping[str, str] | None = None, strip: bool = True) -> str:
+    """`git ARGS` in `cwd` (hooks off, see _QUIET): its stdout, or WorkspaceError with git's own message."""
     try:
-        out = git.Git(str(cwd)).execute(
-            ["git", *_QUIET, *args], env=env, strip_newline_in_stdout=strip, stdout_as_string=True
-        )
-    except git.GitCommandError as e:
-        stderr = (e.stderr or "").strip().removeprefix("stderr: ").strip("'\n ")
-        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {stderr or e}") from e
-    assert isinstance(out, str)
-    return out
+        proc = subprocess.run(["git", *_QUIET, *args], cwd=cwd, env=child_env(env), capture_output=True, text=True,
+                              errors="surrogateescape")
+    except OSError as e:  # cwd missing or not a folder
+        raise WorkspaceError(f"git {' '.join(args[:3])} cannot run in {cwd}: {e.strerror}") from e
+    if proc.returncode != 0:
+        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {proc.stderr.strip() or f'exit {proc.returncode}'}")
+    return proc.stdout.removesuffix("\n") if strip else proc.stdout
 
 
 def _git_path(cwd: Path, *rev_parse_args: str) -> Path:
@@ -68,14 +68,15 @@ def _git_path(cwd: Path, *rev_parse_args: str) -> Path:
     return (cwd / _git(cwd, "rev-parse", *rev_parse_args)).resolve()
 
 
-def _open_repo(path: Path) -> git.Repo:
+def _top(path: Path) -> Path:
+    """The top folder of the checkout holding `path`; WorkspaceError for no repository or a bare one."""
     try:
-        repo = git.Repo(path, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
+        bare = _git(path, "rev-parse", "--is-bare-repository") == "true"
+    except WorkspaceError as e:
         raise WorkspaceError(f"{path} is not inside a git repository") from e
-    if repo.bare:
+    if bare:
         raise WorkspaceError(f"{path} is a bare repository; point Temper at a checkout")
-    return repo
+    return Path(_git(path, "rev-parse", "--show-toplevel")).resolve()
 
 
 def resolve_commit(repo_dir: Path, rev: str) -> str:
@@ -146,8 +147,7 @@ class Workspace:
     @staticmethod
     def create(repo: Path, *, base: str, run_id: str, root: Path) -> "Workspace":
         """Branch `temper/<run_id>` at `base` and its worktree at root/<run_id>/worktree."""
-        r = _open_repo(Path(repo))
-        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        repo_dir = _top(Path(repo))
         branch = _check_run_id(repo_dir, run_id)
         base_sha = resolve_commit(repo_dir, base)
         if _branch_exists(repo_dir, branch):
@@ -168,8 +168,7 @@ class Workspace:
     def open(repo: Path, *, run_id: str, root: Path) -> "Workspace":
         """Re-open a run's workspace (resume). A worktree folder that was deleted is re-created
         from the branch, so only committed attempts survive that."""
-        r = _open_repo(Path(repo))
-        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        repo_dir = _top(Path(repo))
         branch = _check_run_id(repo_dir, run_id)
         run_dir = Path(root).resolve() / run_id
         record_path = run_dir / _RECORD
@@ -190,8 +189,7 @@ class Workspace:
     def scratch(repo: Path, base: str) -> Iterator["Workspace"]:
         """A throw-away detached worktree at `base` (for `temper gate --patch`), removed on exit
         whether or not the body raised."""
-        r = _open_repo(Path(repo))
-        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        repo_dir = _top(Path(repo))
         base_sha = resolve_commit(repo_dir, base)
         # Neutral names: a random temp folder holding a checkout named as the user's own (a clone's name), so
         # nothing in the judged checkout's path says it is being judged.
@@ -210,8 +208,7 @@ class Workspace:
     def discard(repo: Path, *, run_id: str, root: Path) -> list[str]:
         """Remove whatever exists of a run's worktree and branch (`temper demo` leaves the repository as it found
         it, also when it stops half-way); returns what it removed. The run's records under root/<run_id> stay."""
-        r = _open_repo(Path(repo))
-        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        repo_dir = _top(Path(repo))
         branch = _check_run_id(repo_dir, run_id)
         worktree = Path(root).resolve() / run_id / "worktree"
         removed = [f"worktree {worktree}"] * worktree.exists() + [f"branch {branch}"] * _branch_exists(repo_dir, branch)
@@ -333,19 +330,20 @@ class Workspace:
         `checkout`: a fast-forward when possible, else a merge commit. Refuses a dirty checkout,
         a detached HEAD, or a merge in progress; a conflicting merge is aborted. Returns the new
         HEAD of the user's branch."""
-        user = _open_repo(Path(checkout))
-        user_dir = Path(user.working_tree_dir or checkout).resolve()
+        user_dir = _top(Path(checkout))
         ours = _git_path(self.repo, "--git-common-dir")
         theirs = _git_path(user_dir, "--git-common-dir")
         if ours != theirs:
             raise WorkspaceError(f"{user_dir} is not a checkout of the repository at {self.repo}")
-        if user.head.is_detached:
+        try:
+            _git(user_dir, "symbolic-ref", "-q", "HEAD")
+        except WorkspaceError:
             raise WorkspaceError(f"{user_dir} has a detached HEAD; check out the branch to merge into first")
         for marker in ("MERGE_HEAD", "REBASE_HEAD", "CHERRY_PICK_HEAD", "rebase-merge", "rebase-apply"):
             if _git_path(user_dir, "--git-path", marker).exists():
                 raise WorkspaceError(f"{user_dir} has a merge, rebase or cherry-pick in progress; finish it first")
-        if user.is_dirty(index=True, working_tree=True, untracked_files=False):
-            status = _git(user_dir, "status", "--porcelain", "--untracked-files=no").splitlines()
+        status = _git(user_dir, "status", "--porcelain", "--untracked-files=no").splitlines()
+        if status:
             listing = "\n  ".join(status[:10]) + ("\n  ..." if len(status) > 10 else "")
             raise WorkspaceError(
                 f"{user_dir} has uncommitted changes; commit or stash them, then merge again:\n  {listing}"
