@@ -1,16 +1,8 @@
-"""A bounded shell for the agent: `bash -c` in the worktree, a deadline, and a kill that reaches
-every process the command started.
-
-The command runs through the harness's one process runner (harness.jobs.process) as the leader of a
-new session and process group. Whether it finishes or times out, every process still in that group
-afterwards is sent SIGTERM, then SIGKILL after a grace period, so `sleep 100 &` cannot outlive the
-tool call. The leader is not reaped until then: as an unreaped zombie it keeps the group id from
-being reused by an unrelated process while we signal it. A process that deliberately leaves the
-group (`setsid`, a daemon) escapes this; only the attempt's wall-time budget and the job launcher
-bound those, or a `sandbox` (harness.jobs.sandbox), whose pid namespace dies with the group.
-
-Output (stdout and stderr merged, in order) is kept as a head and a tail of bounded size while it
-streams, so a command printing gigabytes cannot exhaust memory.
+"""A bounded shell for the agent: `bash -c` in the worktree, a deadline, and a kill that reaches every process
+the command started (the harness's one process runner, harness.jobs.process: a new process group, SIGTERM then
+SIGKILL to whatever is left in it, so `sleep 100 &` cannot outlive the call; a process that leaves the group is
+bounded by the attempt's budget, or a `sandbox`'s pid namespace). Output is kept as a bounded head and tail
+while it streams, so a command printing gigabytes cannot exhaust memory.
 """
 
 from collections.abc import Mapping
