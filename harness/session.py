@@ -1,4 +1,4 @@
-"""Runs as the CLI starts them: a new run, a resumed run, and a judged candidate (`temper gate`).
+"""Agent runs as the CLI starts them: a new run, a resumed run, and pruning what finished runs left.
 
 `start_run`: load the milestone, create the record (runs/<id>/) and the workspace (harness/workspace.py),
 commit the setup patch (the judge's base), drive the loop, write the report. The user's checkout is never
@@ -16,12 +16,11 @@ from typing import Any
 from harness.progress import Progress
 from harness.records import FINAL_STATUSES, RecordError, RunRecord, new_run_id, read_events
 from harness.spec import Milestone, SpecError, find_milestone, load_milestone
-from harness.verdict import Verdict
-from harness.workspace import Workspace, WorkspaceError, resolve_commit
+from harness.workspace import Workspace, WorkspaceError
 from harness.workspace import repo_head as git_head
 
 __all__ = ["UsageError", "RunOutcome", "BUDGET_FIELDS", "repo_head", "load_spec", "with_budget", "setup_base",
-           "start_run", "resume_run", "gate_candidate", "active_seconds", "prune_runs"]
+           "start_run", "resume_run", "active_seconds", "prune_runs"]
 
 BUDGET_FIELDS = ("max_turns", "max_tokens", "max_cost_usd", "max_wall_s", "max_attempts")
 
@@ -278,68 +277,6 @@ def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, 
     return _drive(milestone=milestone, record=record, ws=ws, agent=agent, judge_base=ready["judge_base"], repo=repo,
                   progress=progress, home=source.resolve().parent.parent, unsandboxed=bool(ready.get("unsandboxed", False)),
                   wall_offset_s=offset, options=options, merge=merge)
-
-
-def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str = "HEAD", home: Path | None = None,
-                   runs_root: Path | None = None, progress: Progress | None = None,
-                   unsandboxed: bool = False, judge_seed: int | None = None,
-                   draw: str | None = None) -> tuple[Verdict, Path]:
-    """Judge the checkout's uncommitted changes, or `patch`, on base (+ the milestone's setup), no agent.
-    `judge_seed` / `draw` replay a recorded judging (harness/judge/draws.py): its secret, the values it drew.
-
-    Recorded as a run (`<id>-gate`, attempt 1) so its job logs and report live where every run's do.
-    """
-    from harness.judge import GateError, GateRunner, NeedsHardware, check_data, check_requires
-    from harness.report import write_report
-    from harness.settings import data_dir, runs_dir, temper_home
-
-    home = Path(home or temper_home())
-    progress = progress or Progress()
-    milestone = load_spec(milestone_name, home)
-    check_requires(milestone.requires)  # NeedsHardware before anything is created
-    check_data(milestone, data_dir(home))
-    override = None
-    if draw is not None:
-        from harness.judge.draws import DrawError, load_override
-
-        try:
-            override = load_override(draw)
-        except DrawError as err:
-            raise UsageError(str(err)) from None
-    repo_head(home)
-    try:
-        base_sha = resolve_commit(home, base)
-    except WorkspaceError:
-        raise UsageError(f"--base {base!r} is not a commit of {home}") from None
-    if patch is not None:
-        if not patch.is_file():
-            raise UsageError(f"patch file {patch} does not exist")
-        diff = patch.read_text(encoding="utf-8", errors="surrogateescape")
-        source = str(patch)
-    else:
-        diff = Workspace(repo=home, worktree=home, base=base_sha, branch=None, run_id="checkout").diff()
-        source = f"uncommitted changes of {home}"
-    run_id = new_run_id(f"{milestone.id}-gate")
-    record = RunRecord.create(milestone_id=milestone.id, spec_hash=milestone.spec_hash, agent={"spec": "none", "backend": "gate"},
-                              base_commit=base_sha, branch="", worktree="", milestone_path=str(milestone.source),
-                              run_id=run_id, runs_root=runs_root or runs_dir())
-    progress("run", f"{run_id}: judging {source} against milestone {milestone.id} at {base_sha[:12]}")
-    try:
-        with Workspace.scratch(home, base_sha) as scratch:
-            judge_base = setup_base(scratch, milestone, home, run_id)
-        record.workspace_ready(repo=str(home), judge_base=judge_base, source=source)
-        verdict = GateRunner(milestone=milestone, repo=home, base=judge_base, record=record, progress=progress, home=home,
-                             unsandboxed=unsandboxed, judge_seed=judge_seed, draw=override).judge(diff, attempt=1)
-    except NeedsHardware:  # refused, nothing judged: no record of it
-        shutil.rmtree(record.dir)
-        raise
-    except (GateError, UsageError, WorkspaceError) as err:
-        record.finish("error", str(err))
-        raise UsageError(f"{source} cannot be judged: {err}") from None
-    record.attempt(verdict, diff)
-    record.finish("accepted" if verdict.accepted else "rejected", verdict.reason)
-    write_report(record.dir)
-    return verdict, record.dir
 
 
 def prune_runs(runs_root: Path | None = None) -> list[str]:

@@ -289,14 +289,6 @@ class Workspace:
             args = ["diff", "--cached", *_DIFF_OPTS, *(["--binary"] if binary else []), rev]
             return _git(self.worktree, *args, env=env, strip=False)
 
-    def changed_paths(self, base: str | None = None) -> list[str]:
-        """Paths that differ from `base` (added, modified, deleted; both sides of a rename)."""
-        rev = resolve_commit(self.worktree, base or self.base)
-        with self._snapshot_index() as env:
-            args = ["diff", "--cached", "--name-only", "-z", "--no-renames", rev]
-            out = _git(self.worktree, *args, env=env, strip=False)
-        return sorted(p for p in out.split("\0") if p)
-
     def contains_patch(self, path: Path) -> bool:
         """Whether the worktree already holds the patch (it applies in reverse)."""
         try:
@@ -315,13 +307,6 @@ class Workspace:
         except WorkspaceError as e:
             raise WorkspaceError(f"patch {path} does not apply to {self.base[:12]}: {e}") from e
         _git(self.worktree, "apply", "--whitespace=nowarn", str(patch))
-
-    def reset_to(self, sha: str) -> None:
-        """Make the worktree and the run's branch exactly commit `sha` (untracked files go too;
-        ignored files such as caches stay)."""
-        rev = resolve_commit(self.worktree, sha)
-        _git(self.worktree, "reset", "-q", "--hard", rev)
-        _git(self.worktree, "clean", "-q", "-fd")
 
     # --------------------------------------------------------------------------------- merge
 
