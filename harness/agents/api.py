@@ -67,6 +67,8 @@ def _entries(anthropic: bool, message: Message) -> list[dict[str, Any]]:
         content: Any = [{"type": "text", "text": message.text}] if anthropic else message.text
         return [{"role": "user", "content": content}] if message.text else []
     if message.role == "tool":
+        if not message.results:
+            return []
         if anthropic:
             return [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": r.call_id, "content": r.content,
                                                   "is_error": r.is_error} for r in message.results]}]
@@ -138,7 +140,7 @@ def _usage(model: str, served: str, priced: bool, **tokens: int) -> Usage:
     return Usage(**tokens, cost_usd=cost)
 
 
-def parse_response(provider: str, response: Any, model: str) -> AgentTurn:
+def parse_response(provider: str, response: Any, model: str, name: str = "") -> AgentTurn:
     """An SDK response as an AgentTurn. Anthropic's raw blocks are kept when they hold more than text and tools."""
     if provider == "anthropic":
         texts, calls, blocks, plain = [], [], [], True
@@ -160,7 +162,7 @@ def parse_response(provider: str, response: Any, model: str) -> AgentTurn:
         return AgentTurn("\n".join(t for t in texts if t), tuple(calls), stop, usage, response.model or model,
                          () if plain else tuple(blocks))
     if not response.choices:
-        raise AgentError(f"{provider}:{model}: the server answered with no choices")
+        raise AgentError(f"{name or model}: the server answered with no choices")
     choice, calls = response.choices[0], []
     for i, c in enumerate(choice.message.tool_calls or ()):
         if getattr(c, "function", None) is None:  # a "custom" (free-form) tool call: never offered, so reported
@@ -209,7 +211,7 @@ class ApiAgent:
                                 prompt_caching=self.prompt_caching)
         create = self._client.messages.create if self.provider == "anthropic" else self._client.chat.completions.create
         try:
-            return parse_response(self.provider, create(**request), self.model)
+            return parse_response(self.provider, create(**request), self.model, self.name)
         except self._sdk.APIStatusError as err:
             raise AgentError(self._redact(self._describe(err))) from None
         except self._sdk.APIConnectionError as err:
