@@ -1,23 +1,11 @@
-"""The git side of a run: one branch and one worktree per run, one commit per attempt.
+"""All of Temper's git work: one branch and one worktree per run, one commit per attempt, diffs, merges.
 
-The agent works in `runs/<run-id>/worktree`, a git worktree of the user's repository on the branch
-`temper/<run-id>`, created from a base commit. The user's own checkout (its HEAD, index and files)
-is never touched, except by `merge_into_user`, which the CLI calls only with `--merge` after an
-accepted verdict and which refuses a dirty checkout.
-
-Every attempt becomes one commit (empty when nothing changed) whose message ends with trailers
-that `git log --format='%(trailers)'` and `Workspace.history()` read back:
-
-    Milestone: m03-fused-rmsnorm
-    Run: 20250101-120000-ab12
-    Attempt: 2
-    Verdict: rejected
-    MFU: 0.4312
-
-Git runs with hooks disabled, commit signing off and auto-gc off: the user's hooks and settings
-must neither block a run nor run code the agent wrote. Commits carry the identity
-`Temper <temper@localhost>`; a merge into the user's branch uses the user's own identity when one is
-configured.
+The agent works in `runs/<run-id>/worktree`, a git worktree of the user's repository on branch `temper/<run-id>`.
+The user's checkout (HEAD, index, files) is never touched, except by `merge_into_user` (`--merge`, after an
+accepted verdict; a dirty checkout is refused). Each attempt is one commit (empty when nothing changed) whose
+trailers `history()` reads back: Milestone, Run, Attempt, Verdict, MFU. Git runs with hooks, signing and
+auto-gc off (the user's hooks must neither block a run nor run code the agent wrote), as `Temper
+<temper@localhost>`; a merge uses the user's identity when one is configured.
 """
 
 import contextlib
