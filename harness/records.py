@@ -151,12 +151,12 @@ class _EventLog:
                 view = memoryview(line)
                 while view:
                     view = view[os.write(fd, view):]
+                self.next_seq += 1  # the line is in the file: a Ctrl-C during the fsync must not reuse its seq
                 os.fsync(fd)
             finally:
                 os.close(fd)
             if created:
                 fsync_dir(self.path.parent)
-            self.next_seq += 1
             return event
 
 
