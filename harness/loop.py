@@ -1,20 +1,11 @@
 """The agent loop: prompt, model turn, tools, submit, gates, feedback; until accepted or out of budget.
 
-Small on purpose (mini-swe-agent's shape). Control flow uses one exception hierarchy from
-harness.protocol: `Submitted` (the agent called `submit`, or ended a turn without tool calls),
-`FormatError` (the turn cannot be used, e.g. cut off at max_tokens: the model is told, the run goes
-on) and `LimitsExceeded` (a budget is spent: checked before every model call). Every step is on disk
-before the next one starts (RunRecord writes per event), so a killed harness loses at most the step
-in flight, and `Loop.run` on a reopened record picks up exactly where the records end (`_settle`):
-unexecuted tool calls run, an unjudged submission is judged, unsent feedback is sent.
-
-Two kinds of agents:
-- ChatAgent (API models, replay): the harness owns the conversation and runs the tools;
-- SubprocessAgent (Claude Code, Codex): one CLI session per attempt edits the worktree itself, with
-  the rendered prompt (and the last gate feedback) on stdin; the harness gates what it leaves behind.
-
-An attempt: the worktree's diff against the judge's base is judged in a clean scratch checkout by
-the gate runner, then committed on the run's branch with the verdict in its trailers.
+mini-swe-agent's shape, with control flow by exception: `Submitted` (submit, or a turn without tool calls),
+`FormatError` (a turn cut off at max_tokens: the model is told) and `LimitsExceeded` (checked before every
+model call). Every step is on disk before the next starts, so `Loop.run` on a reopened record picks up where
+the records end (`_settle`). A ChatAgent (API, replay) gets the tools; a SubprocessAgent (Claude Code, Codex)
+edits the worktree itself, one CLI session per attempt. An attempt: the worktree's diff against the judge's
+base, judged in the judge's own checkout, then committed on the run's branch with the verdict in its trailers.
 """
 
 import json
@@ -25,25 +16,16 @@ from harness.agents import ChatAgent, SubprocessAgent
 from harness.judge import GateError, GateRunner, verdict_text
 from harness.progress import Progress
 from harness.prompts import gate_failure_prompt, milestone_prompt, system_prompt
-from harness.protocol import (
-    AgentError,
-    AgentTurn,
-    FormatError,
-    LimitsExceeded,
-    Message,
-    Submitted,
-    ToolCall,
-    ToolResult,
-    Usage,
-)
+from harness.protocol import (AgentError, AgentTurn, FormatError, LimitsExceeded, Message, Submitted, ToolCall,
+                              ToolResult, Usage)
 from harness.records import RunRecord
 from harness.settings import child_env
-from harness.spec import JUDGE_GLOBS, TEST_GLOB, Milestone
+from harness.spec import Milestone
 from harness.tools import ToolContext, ToolError, execute, tool_specs
 from harness.verdict import GateResult, Verdict
 from harness.workspace import Workspace
 
-__all__ = ["Loop", "LoopOptions", "check_limits", "count_submissions", "tool_protected_globs"]
+__all__ = ["Loop", "LoopOptions", "check_limits", "count_submissions"]
 
 CUT_OFF_CALL = ("Not run: your reply hit the output limit (max_tokens = {limit}) and this tool call may be cut off. "
                 "Send it again, smaller: split big patches or files into several calls.")
@@ -58,16 +40,6 @@ class LoopOptions:
 
     max_output_tokens: int = 16_384  # per model call
     shell_timeout_s: float = 300.0  # default of the agent's `run` tool
-
-
-def tool_protected_globs(milestone: Milestone) -> list[str]:
-    """What the file tools refuse to write. The gates protect the same set; the tools only fail early.
-
-    tests/** is left out when the milestone makes some tests editable (the tools cannot express "all of
-    tests/ but these"); the protected gate still rejects any other test change.
-    """
-    tests = [] if milestone.editable_test_globs else [TEST_GLOB]
-    return [*JUDGE_GLOBS, *tests, *milestone.protected]
 
 
 def check_limits(milestone: Milestone, record: RunRecord, wall_s: float) -> None:
@@ -102,21 +74,11 @@ def _first_line(text: str, limit: int = 110) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _brief(call: ToolCall, result: ToolResult) -> str:
-    """What the progress view says about a tool result: its gist in one line."""
-    if result.is_error:
-        return "ERROR " + _first_line(result.content, 90)
+def _brief(result: ToolResult) -> str:
+    """What the progress view says about a tool result: its first line, and a shell's exit code."""
     lines = [line for line in result.content.splitlines() if line.strip()]
-    if call.name == "read_file":
-        return f"{len(lines)} lines"
-    if call.name == "search":
-        return f"{len(lines)} matching lines"
-    if lines and lines[0].rstrip().endswith(":") and len(lines) > 1:
-        return _first_line(lines[0] + " " + lines[1].strip(), 90)
-    if call.name == "run" and lines:
-        status = lines[-1].split(";")[0].strip("[") if lines[-1].startswith("[exit code") else ""
-        return _first_line(lines[0], 80) + (f" ({status})" if status and len(lines) > 1 else "")
-    return _first_line(result.content, 90)
+    status = lines[-1].split(";")[0].strip("[") if len(lines) > 1 and lines[-1].startswith("[exit code") else ""
+    return ("ERROR " if result.is_error else "") + _first_line(result.content, 80) + (f" ({status})" if status else "")
 
 
 def _cost(usage: Usage) -> str:
@@ -139,8 +101,7 @@ class Loop:
         self.options = options or LoopOptions()
         self._t0 = time.monotonic() - wall_offset_s
         self.tools = tool_specs()
-        self.ctx = ToolContext(root=workspace.worktree, editable=list(milestone.editable),
-                               protected=tool_protected_globs(milestone), shell_timeout_s=self.options.shell_timeout_s,
+        self.ctx = ToolContext(root=workspace.worktree, shell_timeout_s=self.options.shell_timeout_s,
                                run_gates=self._dry_run, read_job_log=gates.read_log, env=child_env())
 
     # ------------------------------------------------------------------ entry
@@ -232,7 +193,7 @@ class Loop:
             started = time.monotonic()
             result = ToolResult(call.id, AFTER_SUBMIT, is_error=True) if submitted is not None else execute(call, self.ctx)
             self.record.tool_result(result, duration_s=round(time.monotonic() - started, 3))
-            self.progress("tool", f"{call.name}{self._tool_arg(call)}: {_brief(call, result)}")
+            self.progress("tool", f"{call.name}{self._tool_arg(call)}: {_brief(result)}")
             if result.submitted:
                 submitted = str(call.arguments.get("message", ""))
         if submitted is not None:
@@ -240,7 +201,7 @@ class Loop:
 
     @staticmethod
     def _tool_arg(call: ToolCall) -> str:
-        for key in ("path", "command", "pattern", "job_id"):
+        for key in ("command", "job_id"):
             if isinstance(call.arguments.get(key), str):
                 return f" {_first_line(call.arguments[key], 60)}"
         return ""

@@ -1,7 +1,7 @@
 """The progress view: one line per event on stderr, with the elapsed time, so a person can follow a run.
 
-    [  12.4s] turn    3  claude-sonnet-4-5  2,310 in / 412 out  $0.0131  -> read_file, apply_patch
-    [  12.6s] tool       apply_patch: Applied 1 hunk to engine/config.py
+    [  12.4s] turn    3  claude-sonnet-4-5  2,310 in / 412 out  $0.0131  -> run, run_gates
+    [  12.6s] tool       run git apply <<'EOF': (no output) (exit code 0)
     [  40.1s] gate       guards FAIL: 2 findings in engine (120 files checked)
 
 Long silences get live lines (`live`): each test file of a pytest gate, each training step of a job. On a

@@ -1,10 +1,6 @@
-"""Prompts: jinja2 templates in `<TEMPER_HOME>/prompts/*.j2`, rendered with StrictUndefined.
-
-StrictUndefined because a prompt that silently drops a variable (an empty goal, a missing threshold)
-sends the agent off with the wrong task and nobody notices; here it raises `PromptError` naming the
-template and the variable. Templates are plain text (no HTML autoescape). The helpers below build
-the variables each template needs from a `Milestone` and a `Verdict`, so callers pass objects, not
-dicts assembled by hand.
+"""Prompts: jinja2 templates in `<TEMPER_HOME>/prompts/*.j2`, plain text, rendered with StrictUndefined: a
+prompt that silently dropped a variable (an empty goal, a missing threshold) would send the agent off with the
+wrong task, so a missing one raises `PromptError` naming it. The helpers take a Milestone or a Verdict.
 """
 
 from collections.abc import Sequence
@@ -17,17 +13,8 @@ from harness.protocol import ToolSpec
 from harness.spec import METRICS, MetricsGate, Milestone
 from harness.verdict import Verdict
 
-__all__ = [
-    "PromptError",
-    "ContextExcerpt",
-    "prompts_dir",
-    "render",
-    "render_in",
-    "context_excerpts",
-    "system_prompt",
-    "milestone_prompt",
-    "gate_failure_prompt",
-]
+__all__ = ["PromptError", "ContextExcerpt", "prompts_dir", "render", "render_in", "context_excerpts", "system_prompt",
+           "milestone_prompt", "gate_failure_prompt"]
 
 MAX_EXCERPT_CHARS = 12_000
 MAX_ITEMS = 10

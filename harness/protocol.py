@@ -1,26 +1,13 @@
-"""The small data types every part of the harness speaks: conversation, tool calls, usage, results.
+"""The provider-neutral conversation every part of the harness speaks: messages, turns, tool calls, usage.
 
-Provider-neutral on purpose: each agent backend converts `Message`s to its own wire format
-(Anthropic Messages, OpenAI Chat Completions) and back to an `AgentTurn`. Records store these
-types as JSON (`to_json` / `from_json`), and the replay backend plays recorded turns back.
+harness/agents/api.py translates it to and from the wires; records store it as JSON; replay plays turns back.
 """
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = [
-    "ToolSpec",
-    "ToolCall",
-    "ToolResult",
-    "Usage",
-    "AgentTurn",
-    "Message",
-    "StopReason",
-    "Submitted",
-    "LimitsExceeded",
-    "FormatError",
-    "AgentError",
-]
+__all__ = ["ToolSpec", "ToolCall", "ToolResult", "Usage", "AgentTurn", "Message", "StopReason", "Submitted",
+           "LimitsExceeded", "FormatError", "AgentError"]
 
 # end_turn: the model finished without tool calls; tool_use: it asked for tools; max_tokens: output
 # was cut off; refusal: the model declined; pause_turn: the server paused a long turn (continue it).
@@ -38,11 +25,7 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One tool invocation requested by the model.
-
-    `arguments` is the parsed JSON object. When the model sent arguments that are not valid JSON,
-    `arguments` is {} and `parse_error` says why; the loop answers with a tool error, not a crash.
-    """
+    """One tool invocation; arguments the model sent as invalid JSON are {} with `parse_error` saying why."""
 
     id: str
     name: str
@@ -73,24 +56,14 @@ class Usage:
 
     def __add__(self, other: "Usage") -> "Usage":
         cost = None if self.cost_usd is None or other.cost_usd is None else self.cost_usd + other.cost_usd
-        return Usage(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
-            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
-            cost_usd=cost,
-        )
+        return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens,
+                     self.cache_read_tokens + other.cache_read_tokens, self.cache_write_tokens + other.cache_write_tokens, cost)
 
 
 @dataclass(frozen=True)
 class AgentTurn:
-    """One model response: text, tool calls, why it stopped, and what it cost.
-
-    `provider_content` holds the provider's own content blocks of this turn when they carry more
-    than `text` and `tool_calls` can say (Anthropic thinking blocks with their signatures, server
-    tool blocks). The backend that produced the turn sends them back verbatim on the next call,
-    because the API rejects a tool loop whose thinking blocks were dropped. Empty otherwise.
-    """
+    """One model response: text, tool calls, why it stopped, and what it cost. `provider_content`: the provider's
+    own blocks when they say more than text and tool calls (Anthropic thinking blocks, sent back verbatim)."""
 
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
@@ -116,13 +89,8 @@ class AgentTurn:
 
 @dataclass(frozen=True)
 class Message:
-    """One entry of the provider-neutral conversation.
-
-    role "user": `text` from the harness (milestone prompt, gate feedback).
-    role "assistant": a model turn (`turn`).
-    role "tool": results of the previous assistant turn's tool calls (`results`), in call order.
-    The system prompt is not a Message: backends take it separately.
-    """
+    """One entry of the conversation: "user" `text` from the harness (prompt, gate feedback), an "assistant"
+    `turn`, or "tool" `results` of the previous turn's calls in call order. The system prompt is not a Message."""
 
     role: Literal["user", "assistant", "tool"]
     text: str = ""

@@ -14,19 +14,16 @@ costs at most a partial last line. The reader tolerates and reports exactly that
 corrupt is an error. events.jsonl is the source of truth: `RunRecord.open` rebuilds the conversation
 and the totals from it (for `temper resume`) and rewrites run.json.
 
-Secrets never reach disk: every string written anywhere under the run folder goes through `scrub`,
-which replaces the literal values of ANTHROPIC_API_KEY / OPENAI_API_KEY and anything shaped like an
-API key with "[redacted]". Job logs, written by the launched processes themselves, are scrubbed in
-place when the job finishes.
+Secrets never reach disk: every string written under the run folder goes through `scrub`
+(harness/scrub.py), and job logs are scrubbed in place when the job finishes.
 """
 
 import json
-import math
 import os
 import re
 import secrets
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +31,7 @@ from typing import Any
 
 from harness.atomic import fsync_dir, write_atomic
 from harness.protocol import AgentTurn, Message, ToolCall, ToolResult, Usage
+from harness.scrub import REDACTED, scrub, scrub_file, scrub_text, without_secret_fields
 from harness.verdict import GateResult, Verdict
 
 __all__ = [
@@ -76,19 +74,6 @@ EVENT_TYPES = (
     "resumed",  # the run was reopened after a stop
     "note",  # free text for people; nothing reads it back
 )
-REDACTED = "[redacted]"
-
-# Shapes of provider keys: Anthropic (sk-ant-api03-...), OpenAI (sk-..., sk-proj-...), any bearer token.
-# The look-behind keeps words like "disk-usage-..." from matching "sk-".
-_KEY_PATTERNS = (
-    re.compile(r"(?<![A-Za-z0-9])sk-ant-[A-Za-z0-9_\-]{8,}"),
-    re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_\-]{16,}"),
-    re.compile(r"(?i)(?<=bearer )[A-Za-z0-9._~+/\-]{16,}=*"),
-)
-# Literal env values shorter than this are not replaced: a 3-character "key" would shred every text.
-_MIN_LITERAL = 8
-# Agent-spec fields that must never be stored, whatever their value.
-_SECRET_FIELDS = re.compile(r"(?i)(api[_-]?key|secret|token|password|authorization)$")
 # Files in a job folder that may carry text (logs, metrics); checkpoints and binaries are left alone.
 _TEXT_SUFFIXES = {".log", ".txt", ".out", ".err", ".json", ".jsonl", ".toml", ".yaml", ".yml", ".sh", ".sbatch"}
 
@@ -99,72 +84,6 @@ class RecordError(RuntimeError):
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-# ---------------------------------------------------------------- secrets
-
-
-def _secret_literals() -> list[str]:
-    from harness.settings import api_key
-
-    values = {api_key("anthropic"), api_key("openai")}
-    # Longest first, so a key that contains another is replaced whole.
-    return sorted((v for v in values if len(v) >= _MIN_LITERAL), key=len, reverse=True)
-
-
-def scrub_text(text: str, literals: Iterable[str] | None = None) -> str:
-    """`text` with API keys (the literal env values and key-shaped strings) replaced by [redacted]."""
-    for literal in _secret_literals() if literals is None else literals:
-        text = text.replace(literal, REDACTED)
-    for pattern in _KEY_PATTERNS:
-        text = pattern.sub(REDACTED, text)
-    return text
-
-
-def scrub(value: Any, literals: Iterable[str] | None = None) -> Any:
-    """Deep copy of a JSON-like value with every string scrubbed and non-finite floats as strings
-    ("nan", "inf", "-inf"), so each event is strict JSON that any tool can read."""
-    lits = _secret_literals() if literals is None else list(literals)
-    if isinstance(value, str):
-        return scrub_text(value, lits)
-    if isinstance(value, bool) or value is None or isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Mapping):
-        return {scrub_text(str(k), lits): scrub(v, lits) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [scrub(v, lits) for v in value]
-    if isinstance(value, Path):
-        return scrub_text(str(value), lits)
-    raise TypeError(f"cannot record a {type(value).__name__}: convert it to JSON data first")
-
-
-def _without_secret_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (_without_secret_fields(v) if isinstance(v, Mapping) else v)
-            for k, v in spec.items() if not _SECRET_FIELDS.search(str(k))}
-
-
-def scrub_file(path: str | Path) -> bool:
-    """Scrub a text file in place (streamed line by line, replaced atomically). True if it changed."""
-    path = Path(path)
-    literals = _secret_literals()
-    tmp = path.with_name(f".{path.name}.scrub-{os.getpid()}")
-    changed = False
-    with path.open("r", encoding="utf-8", errors="surrogateescape", newline="") as src, \
-            tmp.open("w", encoding="utf-8", errors="surrogateescape", newline="") as dst:
-        for line in src:
-            clean = scrub_text(line, literals)
-            changed |= clean != line
-            dst.write(clean)
-        dst.flush()
-        os.fsync(dst.fileno())
-    if changed:
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    else:
-        tmp.unlink()
-    return changed
 
 
 # ---------------------------------------------------------------- files
@@ -232,12 +151,12 @@ class _EventLog:
                 view = memoryview(line)
                 while view:
                     view = view[os.write(fd, view):]
+                self.next_seq += 1  # the line is in the file: a Ctrl-C during the fsync must not reuse its seq
                 os.fsync(fd)
             finally:
                 os.close(fd)
             if created:
                 fsync_dir(self.path.parent)
-            self.next_seq += 1
             return event
 
 
@@ -363,7 +282,7 @@ class RunRecord:
             directory.mkdir()
         except FileExistsError:
             raise RecordError(f"run folder {directory} already exists; pick another run id") from None
-        agent_spec = scrub(_without_secret_fields(agent))
+        agent_spec = scrub(without_secret_fields(agent))
         meta = {
             "schema": SCHEMA,
             "id": run_id,

@@ -1,4 +1,4 @@
-"""`temper report`: one self-contained HTML page per run (no network: inline CSS, plots as base64 PNG).
+"""`temper report`: one self-contained HTML page per run (no network: inline CSS, plots as inline SVG).
 
 Reads only the run folder (run.json, events.jsonl, attempts/, jobs/), so a report can be written for
 a run that crashed, is still going, or was copied from another machine. Sections: header and totals,
@@ -12,8 +12,6 @@ causal attention, embeddings 0); the MFU the judge used is the harness-recompute
 
 import base64
 import html
-import importlib.util
-import io
 import json
 import re
 import statistics
@@ -23,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.records import read_events, scrub_text, write_atomic
+from harness.svgplot import line_chart
 from harness.verdict import GateResult, Verdict
 
 __all__ = ["write_report", "render_report"]
@@ -128,64 +127,12 @@ def _job_alt(name: str, rows: list[dict[str, float]]) -> str:
     return f"{name}: loss and {title[len(name) + 2:]}"
 
 
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _job_plot(name: str, rows: list[dict[str, float]]) -> str:
-    # Figure + its own Agg canvas: no pyplot, no global backend switch, safe in any process.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 3.3))
-    FigureCanvasAgg(fig)
-    loss_ax, mfu_ax = fig.subplots(1, 2)
-    steps = [r["step"] for r in rows]
-    loss = [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r]
-    title, ylabel, right = _right_panel(name, rows)
-    if loss:
-        loss_ax.plot(*zip(*loss), color="#1f6feb", linewidth=1.6)
-    loss_ax.set(title=f"{name}: loss", xlabel="step", ylabel="global_loss")
-    if right:
-        mfu_ax.plot(*zip(*right), color="#d97706", linewidth=1.6)
-    mfu_ax.set(title=title, xlabel="step", ylabel=ylabel)
-    for ax in (loss_ax, mfu_ax):
-        ax.grid(alpha=0.3)
-        if steps:
-            ax.set_xlim(min(steps), max(max(steps), min(steps) + 1))
-        if not ax.lines:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="#888")
-    fig.tight_layout()
-    return _png(fig)
-
-
-def _overlay_plot(series: dict[str, list[dict[str, float]]]) -> str:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 3.6))
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    for name, rows in series.items():
-        points = [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r]
-        if points:
-            ax.plot(*zip(*points), linewidth=1.4, label=name)
-    ax.set(title="loss of every job", xlabel="step", ylabel="global_loss")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _png(fig)
-
-
 def _svg_src(svg: str) -> str:
     return "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
 
 
 def _svg_job(name: str, rows: list[dict[str, float]]) -> str:
-    """Loss and MFU (or step time) side by side as one SVG (no matplotlib: a base-dependencies install)."""
-    from harness.svgplot import line_chart
+    """Loss and MFU (or step time) side by side as one SVG."""
 
     loss = line_chart([("loss", [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r])],
                       title=f"{name}: loss", xlabel="step", ylabel="global_loss")
@@ -197,8 +144,6 @@ def _svg_job(name: str, rows: list[dict[str, float]]) -> str:
 
 
 def _svg_overlay(series: dict[str, list[dict[str, float]]]) -> str:
-    from harness.svgplot import line_chart
-
     return _svg_src(line_chart([(name, [(r["step"], r["global_loss"]) for r in rows if "global_loss" in r])
                                 for name, rows in series.items()],
                                title="loss of every job", xlabel="step", ylabel="global_loss", width=1100, height=320))
@@ -377,14 +322,11 @@ def _jobs_section(jobs: dict[str, _JobSeries]) -> str:
     parts.append("</table><p class='small'>MFU as the engine reported it (Megatron count: 6 x matmul parameters incl. LM head "
                  "+ causal attention, embeddings 0, peak 989 TFLOP/s); the judge recomputes it, see the verdict's metrics.</p>")
     with_data = {k: v for k, v in series.items() if v}
-    png = importlib.util.find_spec("matplotlib") is not None
     if len(with_data) > 1:
-        src = f"data:image/png;base64,{_overlay_plot(with_data)}" if png else _svg_overlay(with_data)
-        parts.append(f"<img alt='loss of every job' src='{src}'>")
+        parts.append(f"<img alt='loss of every job' src='{_svg_overlay(with_data)}'>")
     for name, rows in series.items():
         if rows:
-            src = f"data:image/png;base64,{_job_plot(name, rows)}" if png else _svg_job(name, rows)
-            parts.append(f"<img alt='{_e(_job_alt(name, rows))}' src='{src}'>")
+            parts.append(f"<img alt='{_e(_job_alt(name, rows))}' src='{_svg_job(name, rows)}'>")
         else:
             parts.append(f"<p class='small'>{_e(name)}: no [LOSS] lines or metrics.jsonl.</p>")
     parts.append("</section>")

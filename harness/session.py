@@ -1,19 +1,13 @@
-"""Runs as the CLI starts them: a new run, a resumed run, and a judged candidate (`temper gate`).
+"""Agent runs as the CLI starts them: a new run, a resumed run, and pruning what finished runs left.
 
-A run (`start_run`): load the milestone from TEMPER_HOME, check the repository, create the record
-(runs/<id>/) and the workspace (branch temper/<id>, worktree runs/<id>/worktree at the checkout's
-HEAD, held-out material left out), commit the milestone's setup patch there (the judge's base), then
-drive the agent loop and write the report. The user's checkout is never touched, except by
-`merge=True` after an accepted verdict.
-
-Everything `resume_run` needs is in the records: the milestone file and its hash, the agent spec, and
-a `workspace` event (repository, judge base, budget overrides). A replay agent skips the turns
-the records already hold, so a killed replay run finishes as it would have.
+`start_run`: load the milestone, create the record (runs/<id>/) and the workspace (harness/workspace.py),
+commit the setup patch (the judge's base), drive the loop, write the report. The user's checkout is never
+touched, except by `merge=True` after an accepted verdict. `resume_run` reads all it needs from the records
+(milestone file and hash, agent spec, the `workspace` event); a replay skips the turns they already hold.
 """
 
 import json
 import shutil
-import subprocess
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -22,23 +16,11 @@ from typing import Any
 from harness.progress import Progress
 from harness.records import FINAL_STATUSES, RecordError, RunRecord, new_run_id, read_events
 from harness.spec import Milestone, SpecError, find_milestone, load_milestone
-from harness.verdict import Verdict
 from harness.workspace import Workspace, WorkspaceError
+from harness.workspace import repo_head as git_head
 
-__all__ = [
-    "UsageError",
-    "RunOutcome",
-    "BUDGET_FIELDS",
-    "repo_head",
-    "load_spec",
-    "with_budget",
-    "setup_base",
-    "start_run",
-    "resume_run",
-    "gate_candidate",
-    "active_seconds",
-    "prune_runs",
-]
+__all__ = ["UsageError", "RunOutcome", "BUDGET_FIELDS", "repo_head", "load_spec", "with_budget", "setup_base",
+           "start_run", "resume_run", "active_seconds", "prune_runs"]
 
 BUDGET_FIELDS = ("max_turns", "max_tokens", "max_cost_usd", "max_wall_s", "max_attempts")
 
@@ -59,20 +41,12 @@ class RunOutcome:
     discarded: bool = False  # it did no work, so its worktree, branch and records were removed
 
 
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-
-
 def repo_head(repo: Path) -> str:
-    """HEAD's sha of the git checkout at `repo`; UsageError saying what to do when there is none."""
-    if _git(repo, "rev-parse", "--is-inside-work-tree").returncode != 0:
-        raise UsageError(f"{repo} is not a git checkout; Temper runs agents in git worktrees of it. "
-                         "Run `git init && git add -A && git commit -m init` there first")
-    head = _git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
-    if head.returncode != 0:
-        raise UsageError(f"the git repository at {repo} has no commits yet; commit the project first "
-                         "(`git add -A && git commit -m init`): runs start from HEAD")
-    return head.stdout.strip()
+    """HEAD's sha of the git checkout at `repo` (harness.workspace.repo_head), as a UsageError when there is none."""
+    try:
+        return git_head(repo)
+    except WorkspaceError as err:
+        raise UsageError(str(err)) from None
 
 
 def load_spec(name: str, home: Path) -> Milestone:
@@ -97,10 +71,6 @@ def with_budget(milestone: Milestone, overrides: dict[str, Any]) -> Milestone:
     return milestone.model_copy(update={"budget": budget})
 
 
-def _already_applied(tree: Path, patch: Path) -> bool:
-    return _git(tree, "apply", "--reverse", "--check", str(patch)).returncode == 0
-
-
 def setup_base(ws: Workspace, milestone: Milestone, home: Path, run_id: str) -> str:
     """Apply and commit the milestone's setup patch in `ws`; its commit is the judge's base.
 
@@ -112,7 +82,7 @@ def setup_base(ws: Workspace, milestone: Milestone, home: Path, run_id: str) -> 
     try:
         ws.apply_patch_file(patch)
     except WorkspaceError as err:
-        if _already_applied(ws.worktree, patch):
+        if ws.contains_patch(patch):
             return ws.head()
         raise UsageError(f"the setup patch {milestone.setup} does not apply to {ws.base[:12]}: {err}") from None
     return ws.commit_attempt(0, milestone=milestone.id, run_id=run_id, verdict="setup", mfu=None,
@@ -301,73 +271,12 @@ def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, 
         record.finish("error", f"workspace: {err}")
         raise UsageError(str(err)) from None
     progress("run", f"resuming {record.id} (was {previous}; {record.totals.turns} turns, {record.totals.attempts} attempts, "
-                    f"{offset:.0f} s so far)" + (f"; dropped a partial event line" if record.truncated_tail else ""))
+                    f"{offset:.0f} s so far)" + ("; dropped a partial event line" if record.truncated_tail else ""))
     options = LoopOptions(max_output_tokens=int(ready.get("max_output_tokens", LoopOptions.max_output_tokens)),
                           shell_timeout_s=float(ready.get("shell_timeout_s", LoopOptions.shell_timeout_s)))
     return _drive(milestone=milestone, record=record, ws=ws, agent=agent, judge_base=ready["judge_base"], repo=repo,
                   progress=progress, home=source.resolve().parent.parent, unsandboxed=bool(ready.get("unsandboxed", False)),
                   wall_offset_s=offset, options=options, merge=merge)
-
-
-def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str = "HEAD", home: Path | None = None,
-                   runs_root: Path | None = None, progress: Progress | None = None,
-                   unsandboxed: bool = False, judge_seed: int | None = None,
-                   draw: str | None = None) -> tuple[Verdict, Path]:
-    """Judge the checkout's uncommitted changes, or `patch`, on base (+ the milestone's setup), no agent.
-    `judge_seed` / `draw` replay a recorded judging (harness/judge/draws.py): its secret, the values it drew.
-
-    Recorded as a run (`<id>-gate`, attempt 1) so its job logs and report live where every run's do.
-    """
-    from harness.judge import GateError, GateRunner, NeedsHardware, check_data, check_requires
-    from harness.report import write_report
-    from harness.settings import data_dir, runs_dir, temper_home
-
-    home = Path(home or temper_home())
-    progress = progress or Progress()
-    milestone = load_spec(milestone_name, home)
-    check_requires(milestone.requires)  # NeedsHardware before anything is created
-    check_data(milestone, data_dir(home))
-    override = None
-    if draw is not None:
-        from harness.judge.draws import DrawError, load_override
-
-        try:
-            override = load_override(draw)
-        except DrawError as err:
-            raise UsageError(str(err)) from None
-    repo_head(home)
-    base_sha = _git(home, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").stdout.strip()
-    if not base_sha:
-        raise UsageError(f"--base {base!r} is not a commit of {home}")
-    if patch is not None:
-        if not patch.is_file():
-            raise UsageError(f"patch file {patch} does not exist")
-        diff = patch.read_text(encoding="utf-8", errors="surrogateescape")
-        source = str(patch)
-    else:
-        diff = Workspace(repo=home, worktree=home, base=base_sha, branch=None, run_id="checkout").diff()
-        source = f"uncommitted changes of {home}"
-    run_id = new_run_id(f"{milestone.id}-gate")
-    record = RunRecord.create(milestone_id=milestone.id, spec_hash=milestone.spec_hash, agent={"spec": "none", "backend": "gate"},
-                              base_commit=base_sha, branch="", worktree="", milestone_path=str(milestone.source),
-                              run_id=run_id, runs_root=runs_root or runs_dir())
-    progress("run", f"{run_id}: judging {source} against milestone {milestone.id} at {base_sha[:12]}")
-    try:
-        with Workspace.scratch(home, base_sha) as scratch:
-            judge_base = setup_base(scratch, milestone, home, run_id)
-        record.workspace_ready(repo=str(home), judge_base=judge_base, source=source)
-        verdict = GateRunner(milestone=milestone, repo=home, base=judge_base, record=record, progress=progress, home=home,
-                             unsandboxed=unsandboxed, judge_seed=judge_seed, draw=override).judge(diff, attempt=1)
-    except NeedsHardware:  # refused, nothing judged: no record of it
-        shutil.rmtree(record.dir)
-        raise
-    except (GateError, UsageError, WorkspaceError) as err:
-        record.finish("error", str(err))
-        raise UsageError(f"{source} cannot be judged: {err}") from None
-    record.attempt(verdict, diff)
-    record.finish("accepted" if verdict.accepted else "rejected", verdict.reason)
-    write_report(record.dir)
-    return verdict, record.dir
 
 
 def prune_runs(runs_root: Path | None = None) -> list[str]:
@@ -384,16 +293,11 @@ def prune_runs(runs_root: Path | None = None) -> list[str]:
         if run.status not in FINAL_STATUSES or not ws_record.is_file():
             continue
         repo = Path(json.loads(ws_record.read_text(encoding="utf-8"))["repo"])
-        branch = f"temper/{run.id}"
-        had_tree = (run.path / "worktree").exists()
-        had_branch = bool(_git(repo, "branch", "--list", branch).stdout.strip())
-        if not (had_tree or had_branch):
-            continue
         try:
-            Workspace.discard(repo, run_id=run.id, root=root)
+            what = Workspace.discard(repo, run_id=run.id, root=root)
         except WorkspaceError as err:
             removed.append(f"{run.id}: not pruned: {err}")
             continue
-        what = [f"worktree {run.path / 'worktree'}"] * had_tree + [f"branch {branch}"] * had_branch
-        removed.append(f"{run.id} ({run.status}): removed {' and '.join(what)}")
+        if what:
+            removed.append(f"{run.id} ({run.status}): removed {' and '.join(what)}")
     return removed

@@ -1,8 +1,7 @@
-"""Line charts as plain SVG text: the report's plots when matplotlib is not installed.
+"""Line charts as plain SVG text: the report's only plots.
 
-`temper demo` must work on a fresh `pip install -e .` (torch and the base dependencies only), and a
-report without its loss curve would hide the one thing a reader looks for first. This draws axes,
-a few ticks and polylines; no interaction, no dependencies.
+No dependency (a fresh `pip install -e .` has torch and the base dependencies only, and a report without
+its loss curve would hide what a reader looks for first): axes, a few ticks and polylines.
 """
 
 import html

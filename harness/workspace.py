@@ -1,38 +1,26 @@
-"""The git side of a run: one branch and one worktree per run, one commit per attempt.
+"""All of Temper's git work: one branch and one worktree per run, one commit per attempt, diffs, merges.
 
-The agent works in `runs/<run-id>/worktree`, a git worktree of the user's repository on the branch
-`temper/<run-id>`, created from a base commit. The user's own checkout (its HEAD, index and files)
-is never touched, except by `merge_into_user`, which the CLI calls only with `--merge` after an
-accepted verdict and which refuses a dirty checkout.
-
-Every attempt becomes one commit (empty when nothing changed) whose message ends with trailers
-that `git log --format='%(trailers)'` and `Workspace.history()` read back:
-
-    Milestone: m03-fused-rmsnorm
-    Run: 20250101-120000-ab12
-    Attempt: 2
-    Verdict: rejected
-    MFU: 0.4312
-
-Git runs with hooks disabled, commit signing off and auto-gc off: the user's hooks and settings
-must neither block a run nor run code the agent wrote. Commits carry the identity
-`Temper <temper@localhost>`; a merge into the user's branch uses the user's own identity when one is
-configured.
+The agent works in `runs/<run-id>/worktree`, a git worktree of the user's repository on branch `temper/<run-id>`.
+The user's checkout (HEAD, index, files) is never touched, except by `merge_into_user` (`--merge`, after an
+accepted verdict; a dirty checkout is refused). Each attempt is one commit (empty when nothing changed) whose
+trailers `history()` reads back: Milestone, Run, Attempt, Verdict, MFU. Git runs with hooks, signing and
+auto-gc off (the user's hooks must neither block a run nor run code the agent wrote), as `Temper
+<temper@localhost>`; a merge uses the user's identity when one is configured.
 """
 
 import contextlib
 import json
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
 from harness.atomic import write_atomic
+from harness.settings import child_env
 
-__all__ = ["HELD_OUT_PATTERNS", "Workspace", "WorkspaceError", "TRAILER_KEYS"]
+__all__ = ["HELD_OUT_PATTERNS", "Workspace", "WorkspaceError", "TRAILER_KEYS", "repo_head", "resolve_commit"]
 
 TRAILER_KEYS = ("Milestone", "Run", "Attempt", "Verdict", "MFU")
 _QUIET = (
@@ -51,15 +39,15 @@ class WorkspaceError(Exception):
 
 
 def _git(cwd: Path, *args: str, env: Mapping[str, str] | None = None, strip: bool = True) -> str:
+    """`git ARGS` in `cwd` (hooks off, see _QUIET): its stdout, or WorkspaceError with git's own message."""
     try:
-        out = git.Git(str(cwd)).execute(
-            ["git", *_QUIET, *args], env=env, strip_newline_in_stdout=strip, stdout_as_string=True
-        )
-    except git.GitCommandError as e:
-        stderr = (e.stderr or "").strip().removeprefix("stderr: ").strip("'\n ")
-        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {stderr or e}") from e
-    assert isinstance(out, str)
-    return out
+        proc = subprocess.run(["git", *_QUIET, *args], cwd=cwd, env=child_env(env), capture_output=True, text=True,
+                              errors="surrogateescape")
+    except OSError as e:  # cwd missing or not a folder
+        raise WorkspaceError(f"git {' '.join(args[:3])} cannot run in {cwd}: {e.strerror}") from e
+    if proc.returncode != 0:
+        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {proc.stderr.strip() or f'exit {proc.returncode}'}")
+    return proc.stdout.removesuffix("\n") if strip else proc.stdout
 
 
 def _git_path(cwd: Path, *rev_parse_args: str) -> Path:
@@ -68,21 +56,37 @@ def _git_path(cwd: Path, *rev_parse_args: str) -> Path:
     return (cwd / _git(cwd, "rev-parse", *rev_parse_args)).resolve()
 
 
-def _open_repo(path: Path) -> git.Repo:
+def _top(path: Path) -> Path:
+    """The top folder of the checkout holding `path`; WorkspaceError for no repository or a bare one."""
     try:
-        repo = git.Repo(path, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
+        bare = _git(path, "rev-parse", "--is-bare-repository") == "true"
+    except WorkspaceError as e:
         raise WorkspaceError(f"{path} is not inside a git repository") from e
-    if repo.bare:
+    if bare:
         raise WorkspaceError(f"{path} is a bare repository; point Temper at a checkout")
-    return repo
+    return Path(_git(path, "rev-parse", "--show-toplevel")).resolve()
 
 
-def _resolve_commit(repo_dir: Path, rev: str) -> str:
+def resolve_commit(repo_dir: Path, rev: str) -> str:
+    """The sha `rev` names in the repository at `repo_dir`; WorkspaceError when it names no commit."""
     try:
         return _git(repo_dir, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except WorkspaceError as e:
         raise WorkspaceError(f"{rev!r} is not a commit of the repository at {repo_dir}") from e
+
+
+def repo_head(repo: Path) -> str:
+    """HEAD's sha of the git checkout at `repo`; WorkspaceError saying what to do when there is none."""
+    try:
+        _git(repo, "rev-parse", "--is-inside-work-tree")
+    except WorkspaceError:
+        raise WorkspaceError(f"{repo} is not a git checkout; Temper runs agents in git worktrees of it. "
+                             "Run `git init && git add -A && git commit -m init` there first") from None
+    try:
+        return _git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+    except WorkspaceError:
+        raise WorkspaceError(f"the git repository at {repo} has no commits yet; commit the project first "
+                             "(`git add -A && git commit -m init`): runs start from HEAD") from None
 
 
 def _check_run_id(repo_dir: Path, run_id: str) -> str:
@@ -131,10 +135,9 @@ class Workspace:
     @staticmethod
     def create(repo: Path, *, base: str, run_id: str, root: Path) -> "Workspace":
         """Branch `temper/<run_id>` at `base` and its worktree at root/<run_id>/worktree."""
-        r = _open_repo(Path(repo))
-        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        repo_dir = _top(Path(repo))
         branch = _check_run_id(repo_dir, run_id)
-        base_sha = _resolve_commit(repo_dir, base)
+        base_sha = resolve_commit(repo_dir, base)
         if _branch_exists(repo_dir, branch):
             raise WorkspaceError(f"branch {branch} already exists; resume that run or pick another run id")
         run_dir = Path(root).resolve() / run_id
@@ -153,8 +156,7 @@ class Workspace:
     def open(repo: Path, *, run_id: str, root: Path) -> "Workspace":
         """Re-open a run's workspace (resume). A worktree folder that was deleted is re-created
         from the branch, so only committed attempts survive that."""
-        r = _open_repo(Path(repo))
-        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        repo_dir = _top(Path(repo))
         branch = _check_run_id(repo_dir, run_id)
         run_dir = Path(root).resolve() / run_id
         record_path = run_dir / _RECORD
@@ -175,9 +177,8 @@ class Workspace:
     def scratch(repo: Path, base: str) -> Iterator["Workspace"]:
         """A throw-away detached worktree at `base` (for `temper gate --patch`), removed on exit
         whether or not the body raised."""
-        r = _open_repo(Path(repo))
-        repo_dir = Path(r.working_tree_dir or repo).resolve()
-        base_sha = _resolve_commit(repo_dir, base)
+        repo_dir = _top(Path(repo))
+        base_sha = resolve_commit(repo_dir, base)
         # Neutral names: a random temp folder holding a checkout named as the user's own (a clone's name), so
         # nothing in the judged checkout's path says it is being judged.
         holder = Path(tempfile.mkdtemp())
@@ -192,14 +193,15 @@ class Workspace:
             _git(repo_dir, "worktree", "prune")
 
     @staticmethod
-    def discard(repo: Path, *, run_id: str, root: Path) -> None:
+    def discard(repo: Path, *, run_id: str, root: Path) -> list[str]:
         """Remove whatever exists of a run's worktree and branch (`temper demo` leaves the repository as it found
-        it, also when it stops half-way). The run's records under root/<run_id> stay."""
-        r = _open_repo(Path(repo))
-        repo_dir = Path(r.working_tree_dir or repo).resolve()
+        it, also when it stops half-way); returns what it removed. The run's records under root/<run_id> stay."""
+        repo_dir = _top(Path(repo))
         branch = _check_run_id(repo_dir, run_id)
         worktree = Path(root).resolve() / run_id / "worktree"
+        removed = [f"worktree {worktree}"] * worktree.exists() + [f"branch {branch}"] * _branch_exists(repo_dir, branch)
         Workspace(repo=repo_dir, worktree=worktree, base="", branch=branch, run_id=run_id).remove(delete_branch=True)
+        return removed
 
     def remove(self, *, delete_branch: bool = False) -> None:
         """Delete the worktree folder and its registration; the branch (the run's history) stays
@@ -270,18 +272,18 @@ class Workspace:
     def diff(self, base: str | None = None, *, binary: bool = True) -> str:
         """The worktree (committed or not, untracked files included) against `base` (default: the
         run's base commit), as a patch `git apply` and `apply_patch_file` accept."""
-        rev = _resolve_commit(self.worktree, base or self.base)
+        rev = resolve_commit(self.worktree, base or self.base)
         with self._snapshot_index() as env:
             args = ["diff", "--cached", *_DIFF_OPTS, *(["--binary"] if binary else []), rev]
             return _git(self.worktree, *args, env=env, strip=False)
 
-    def changed_paths(self, base: str | None = None) -> list[str]:
-        """Paths that differ from `base` (added, modified, deleted; both sides of a rename)."""
-        rev = _resolve_commit(self.worktree, base or self.base)
-        with self._snapshot_index() as env:
-            args = ["diff", "--cached", "--name-only", "-z", "--no-renames", rev]
-            out = _git(self.worktree, *args, env=env, strip=False)
-        return sorted(p for p in out.split("\0") if p)
+    def contains_patch(self, path: Path) -> bool:
+        """Whether the worktree already holds the patch (it applies in reverse)."""
+        try:
+            _git(self.worktree, "apply", "--reverse", "--check", str(Path(path).resolve()))
+        except WorkspaceError:
+            return False
+        return True
 
     def apply_patch_file(self, path: Path) -> None:
         """Apply a patch file (as written by `diff`) to the worktree, all or nothing."""
@@ -294,13 +296,6 @@ class Workspace:
             raise WorkspaceError(f"patch {path} does not apply to {self.base[:12]}: {e}") from e
         _git(self.worktree, "apply", "--whitespace=nowarn", str(patch))
 
-    def reset_to(self, sha: str) -> None:
-        """Make the worktree and the run's branch exactly commit `sha` (untracked files go too;
-        ignored files such as caches stay)."""
-        rev = _resolve_commit(self.worktree, sha)
-        _git(self.worktree, "reset", "-q", "--hard", rev)
-        _git(self.worktree, "clean", "-q", "-fd")
-
     # --------------------------------------------------------------------------------- merge
 
     def merge_into_user(self, checkout: Path, *, sha: str | None = None) -> str:
@@ -308,24 +303,25 @@ class Workspace:
         `checkout`: a fast-forward when possible, else a merge commit. Refuses a dirty checkout,
         a detached HEAD, or a merge in progress; a conflicting merge is aborted. Returns the new
         HEAD of the user's branch."""
-        user = _open_repo(Path(checkout))
-        user_dir = Path(user.working_tree_dir or checkout).resolve()
+        user_dir = _top(Path(checkout))
         ours = _git_path(self.repo, "--git-common-dir")
         theirs = _git_path(user_dir, "--git-common-dir")
         if ours != theirs:
             raise WorkspaceError(f"{user_dir} is not a checkout of the repository at {self.repo}")
-        if user.head.is_detached:
+        try:
+            _git(user_dir, "symbolic-ref", "-q", "HEAD")
+        except WorkspaceError:
             raise WorkspaceError(f"{user_dir} has a detached HEAD; check out the branch to merge into first")
         for marker in ("MERGE_HEAD", "REBASE_HEAD", "CHERRY_PICK_HEAD", "rebase-merge", "rebase-apply"):
             if _git_path(user_dir, "--git-path", marker).exists():
                 raise WorkspaceError(f"{user_dir} has a merge, rebase or cherry-pick in progress; finish it first")
-        if user.is_dirty(index=True, working_tree=True, untracked_files=False):
-            status = _git(user_dir, "status", "--porcelain", "--untracked-files=no").splitlines()
+        status = _git(user_dir, "status", "--porcelain", "--untracked-files=no").splitlines()
+        if status:
             listing = "\n  ".join(status[:10]) + ("\n  ..." if len(status) > 10 else "")
             raise WorkspaceError(
                 f"{user_dir} has uncommitted changes; commit or stash them, then merge again:\n  {listing}"
             )
-        target = _resolve_commit(self.repo, sha or self.branch or self.head())
+        target = resolve_commit(self.repo, sha or self.branch or self.head())
         # The user's own identity signs the merge; Temper's only where none is configured.
         has_identity = bool(_git(user_dir, "config", "--default", "", "--get", "user.email"))
         identity = () if has_identity else _TEMPER_IDENTITY

@@ -1,11 +1,6 @@
-"""The two shapes an agent backend takes, so the loop can drive any of them without knowing which.
-
-A `ChatAgent` answers one model call at a time: the harness owns the conversation, runs the tools
-and appends their results, and the backend converts the whole provider-neutral conversation to its
-wire format on every call (no hidden state, so a run can resume from its records).
-
-A `SubprocessAgent` is a coding-assistant CLI (Claude Code, Codex) that edits the worktree itself
-during one attempt; the harness only sees what it leaves behind and gates that.
+"""The two shapes of an agent backend. A `ChatAgent` answers one model call at a time (the harness owns the
+conversation and runs the tools; no hidden state, so a run resumes from its records). A `SubprocessAgent` is a
+coding-assistant CLI that edits the worktree itself during one attempt; the harness gates what it leaves.
 """
 
 from dataclasses import dataclass
@@ -33,12 +28,8 @@ class ChatAgent(Protocol):
 
 @dataclass(frozen=True)
 class CliAttempt:
-    """What one run of a coding-assistant CLI left behind, besides its edits to the worktree.
-
-    `exit_code` is the process's return code (negative: killed by that signal). `usage` is None
-    when the CLI reported nothing usable; its `cost_usd` is None when the CLI reports no cost.
-    `transcript_path` is the CLI's own JSONL event stream, as written while it ran.
-    """
+    """What one CLI session left besides its edits: exit code (negative: that signal), usage (None: nothing
+    usable reported), final text, and the CLI's own JSONL transcript."""
 
     exit_code: int
     timed_out: bool

@@ -69,36 +69,27 @@ def make_agent(spec: str, **options: Any) -> Agent:
     if not sep:
         raise _bad(spec, "missing '<kind>:'")
     if kind in ("anthropic", "openai", "openai-compatible"):
+        from harness.agents.api import anthropic_agent, openai_agent
+
         _require_sdk(spec, "anthropic" if kind == "anthropic" else "openai")
-    if kind == "anthropic":
-        from harness.agents.anthropic_api import AnthropicAgent
-
-        return _build(spec, AnthropicAgent, _model(spec, rest), **options)
-    if kind == "openai":
-        from harness.agents.openai_api import OpenAIChatAgent
-
-        if "compatible" in options:
-            raise _bad(spec, "use the openai-compatible: form instead of the 'compatible' option")
-        return _build(spec, OpenAIChatAgent, _model(spec, rest), **options)
-    if kind == "openai-compatible":
-        from harness.agents.openai_api import OpenAIChatAgent
-
+        if "compatible" in options or kind == "openai-compatible" and "base_url" in options:
+            raise _bad(spec, "a server's base_url comes from the spec itself (openai-compatible:<base_url>#<model>), "
+                            "not from a 'compatible' or 'base_url' option")
+        if kind != "openai-compatible":
+            return _build(spec, anthropic_agent if kind == "anthropic" else openai_agent, _model(spec, rest), **options)
         base_url, hash_sep, model = rest.rpartition("#")
         if not hash_sep:
             raise _bad(spec, "missing '#<model>' after the base_url")
         if not base_url.startswith(("http://", "https://")) or len(base_url) <= len("https://"):
             raise _bad(spec, f"base_url {base_url!r} is not an http(s) URL")
-        if "base_url" in options or "compatible" in options:
-            raise _bad(spec, "the base_url comes from the spec itself")
-        return _build(spec, OpenAIChatAgent, _model(spec, model), base_url=base_url, compatible=True, **options)
+        return _build(spec, openai_agent, _model(spec, model), base_url=base_url, compatible=True, **options)
     if kind == "cli":
         from harness.agents.cli_agents import ClaudeCodeAgent, CodexAgent
 
-        if rest == "claude-code":
-            return _build(spec, ClaudeCodeAgent, **options)
-        if rest == "codex":
-            return _build(spec, CodexAgent, **options)
-        raise _bad(spec, f"unknown CLI {rest!r}")
+        backend = {"claude-code": ClaudeCodeAgent, "codex": CodexAgent}.get(rest)
+        if backend is None:
+            raise _bad(spec, f"unknown CLI {rest!r}")
+        return _build(spec, backend, **options)
     if kind == "replay":
         from harness.agents.replay import ReplayAgent
 

@@ -1,11 +1,6 @@
-"""Replay backend (`replay:<path>`): plays recorded turns back in order, as a real ChatAgent.
-
-The scripted model of the package: the demo and the loop's tests drive the real loop, real tools
-and real gates with it, at no cost and deterministically. It accepts
-- a trajectory JSONL: one `{"type": "turn", ...AgentTurn.to_json()}` per line;
-- a run record: `runs/<id>/events.jsonl` (or the run folder), taking the `turn` of every event with
-  `"type": "llm_call"`.
-Other lines are skipped. The conversation it is given is ignored: a replay does not react.
+"""Replay backend (`replay:<path>`): plays recorded turns back in order, as a real ChatAgent (the demo and the
+loop's tests drive the real loop and gates with it). It reads a trajectory JSONL (`{"type": "turn", ...}` per
+line) or a run's events.jsonl (the `turn` of each `llm_call`); other lines are skipped. It does not react.
 """
 
 import json

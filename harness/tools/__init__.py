@@ -1,17 +1,13 @@
-"""Tools for API agents (list, read, search, apply_patch, write, run, run_gates, read_log, submit),
-confined to one worktree.
+"""The agent's tools, mini-swe-agent's shape: a shell in its worktree, a dry run of the milestone's gates,
+a gate job's log, and submit. The shell edits files; the worktree's diff is the patch the judge gets.
 
-    ctx = ToolContext(root=worktree, editable=["engine/**"], protected=["tests/**", "guards/**"],
-                      run_gates=loop.dry_run_gates, read_job_log=loop.read_job_log)
-    backend.chat(system, messages, tools=tool_specs())
+    ctx = ToolContext(root=worktree, run_gates=loop.dry_run, read_job_log=gates.read_log)
     result = execute(call, ctx)          # a ToolResult; never raises for the model's mistakes
 
-File tools cannot leave the worktree or write protected paths (harness.tools.paths); the `run`
-tool can, so the harness's protected-file hash gate is what fails such an attempt.
+Nothing here confines the agent: a shell can write anywhere the harness user can. The judge is the
+boundary (it judges the diff in its own checkout and hashes every protected file); docs/HARNESS.md.
 """
 
-from harness.tools.context import ToolContext, ToolError
-from harness.tools.execute import TOOL_NAMES, execute, tool_specs
-from harness.tools.paths import is_writable, matches_glob
+from harness.tools.execute import TOOL_NAMES, ToolContext, ToolError, execute, tool_specs
 
-__all__ = ["ToolContext", "ToolError", "tool_specs", "execute", "TOOL_NAMES", "matches_glob", "is_writable"]
+__all__ = ["ToolContext", "ToolError", "tool_specs", "execute", "TOOL_NAMES"]

@@ -1,16 +1,8 @@
-"""A bounded shell for the agent: `bash -c` in the worktree, a deadline, and a kill that reaches
-every process the command started.
-
-The command runs through the harness's one process runner (harness.jobs.process) as the leader of a
-new session and process group. Whether it finishes or times out, every process still in that group
-afterwards is sent SIGTERM, then SIGKILL after a grace period, so `sleep 100 &` cannot outlive the
-tool call. The leader is not reaped until then: as an unreaped zombie it keeps the group id from
-being reused by an unrelated process while we signal it. A process that deliberately leaves the
-group (`setsid`, a daemon) escapes this; only the attempt's wall-time budget and the job launcher
-bound those, or a `sandbox` (harness.jobs.sandbox), whose pid namespace dies with the group.
-
-Output (stdout and stderr merged, in order) is kept as a head and a tail of bounded size while it
-streams, so a command printing gigabytes cannot exhaust memory.
+"""A bounded shell for the agent: `bash -c` in the worktree, a deadline, and a kill that reaches every process
+the command started (the harness's one process runner, harness.jobs.process: a new process group, SIGTERM then
+SIGKILL to whatever is left in it, so `sleep 100 &` cannot outlive the call; a process that leaves the group is
+bounded by the attempt's budget, or a `sandbox`'s pid namespace). Output is kept as a bounded head and tail
+while it streams, so a command printing gigabytes cannot exhaust memory.
 """
 
 from collections.abc import Mapping
@@ -19,7 +11,6 @@ from pathlib import Path
 
 from harness.jobs.process import Process, group_members as _group_members
 from harness.jobs.sandbox import Sandbox
-from harness.tools.text import omitted_marker
 
 __all__ = ["ShellResult", "run_shell", "group_members"]
 
@@ -66,7 +57,7 @@ class _HeadTail:
         if omitted <= 0:
             return (bytes(self.head) + bytes(tail)).decode("utf-8", errors="replace"), 0
         head = bytes(self.head).decode("utf-8", errors="replace")
-        return head + omitted_marker(omitted) + bytes(tail).decode("utf-8", errors="replace"), omitted
+        return head + f"\n[... {omitted} bytes omitted ...]\n" + bytes(tail).decode("utf-8", errors="replace"), omitted
 
 
 def group_members(pgid: int) -> list[int] | None:

@@ -157,6 +157,25 @@ def test_open_rebuilds_conversation_and_totals_and_continues_seq(tmp_path):
         RunRecord.open(record.dir).resume()
 
 
+def test_ctrl_c_during_the_fsync_does_not_reuse_a_seq(tmp_path, monkeypatch):
+    """Ctrl-C while an event's line is being fsynced (the `temper demo` interrupt test hit this under load): the line
+    is in the file, so the event that records the interruption takes the next seq and the file stays readable."""
+    record = new_record(tmp_path)
+    real_fsync = os.fsync
+
+    def interrupted(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        record.gate_started(1, "guards", "guards")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    record.finish("interrupted", "interrupted")
+    events = read_events(record.dir / "events.jsonl").events
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[-2:]] == ["gate_started", "run_finished"]
+
+
 def test_pending_tool_results_survive_reopen(tmp_path):
     record = new_record(tmp_path)
     t = turn("reading", [ToolCall("a", "read", {"path": "x"})])

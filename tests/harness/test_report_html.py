@@ -8,10 +8,10 @@ import math
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -150,18 +150,21 @@ def test_report_is_wellformed_and_self_contained(report):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # tool output is escaped, never executed
 
 
-def test_report_embeds_real_png_plots(report):
+def test_report_embeds_real_svg_plots(report):
+    """The plots are inline SVG (the report's one plotting path): well-formed, readable size, one polyline point
+    per logged step of each job (20 steps for train and train-ref, 5 in twin-only's metrics.jsonl)."""
     _, _, page = report
     checker = _Checker()
     checker.feed(page)
     # overlay of the three jobs + one loss/MFU figure per job
     assert len(checker.imgs) == 4
+    counts = []
     for src in checker.imgs:
-        assert src.startswith("data:image/png;base64,")
-        data = base64.b64decode(src.split(",", 1)[1], validate=True)
-        assert data[:8] == b"\x89PNG\r\n\x1a\n"
-        width, height = struct.unpack(">II", data[16:24])  # IHDR
-        assert width > 400 and height > 150
+        assert src.startswith("data:image/svg+xml;base64,")
+        svg = ElementTree.fromstring(base64.b64decode(src.split(",", 1)[1], validate=True))
+        assert float(svg.get("width")) > 400 and float(svg.get("height")) > 150
+        counts.append([len(p.get("points").split()) for p in svg.iter("{http://www.w3.org/2000/svg}polyline")])
+    assert counts == [[20, 20, 5], [20, 20], [20, 20], [5, 5]]  # loss and MFU per job
 
 
 def test_report_job_table_matches_the_logged_numbers(report):
@@ -266,7 +269,7 @@ def test_report_renders_in_a_real_browser_with_visible_charts_and_no_console_err
     seen = json.loads(html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', proc.stdout, re.DOTALL).group(1)))
     assert seen["title"] == f"Temper run {record.id} (accepted)"
     assert seen["h2"][-4:] == ["Final verdict", "Jobs", "Attempts", "Timeline"]
-    # The overlay and one figure per job (as in the PNG test above), each decoded and laid out at a readable size.
+    # The overlay and one figure per job (as in the SVG test above), each decoded and laid out at a readable size.
     assert [i["alt"] for i in seen["imgs"]] == ["loss of every job", "train: loss and MFU (engine-reported, Megatron count)",
                                                "train-ref: loss and MFU (engine-reported, Megatron count)",
                                                "twin-only: loss and MFU (engine-reported, Megatron count)"]

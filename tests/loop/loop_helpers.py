@@ -21,9 +21,10 @@ from harness.protocol import AgentTurn, ToolCall, Usage
 __all__ = [
     "REPO",
     "MILESTONE",
-    "GOOD_PATCH",
-    "ENV_PATCH",
-    "FIX_ENV_PATCH",
+    "edit",
+    "GOOD_EDIT",
+    "ENV_EDIT",
+    "FIX_ENV_EDIT",
     "project_template",
     "home",
     "git",
@@ -90,42 +91,20 @@ def test_the_old_schedules_stay(schedules):
     assert {"cosine", "wsd", "constant", "linear"} <= set(schedules)
 """
 
-GOOD_PATCH = """engine/config.py
-<<<<<<< SEARCH
-LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")
-=======
-LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", "inverse_sqrt")
->>>>>>> REPLACE
-"""
+def edit(path: str, *pairs: tuple[str, str]) -> dict[str, str]:
+    """`run` arguments that replace each old text of `path` by its new one, as a model edits with the shell."""
+    body = "".join(f"assert {old!r} in t\nt = t.replace({old!r}, {new!r}, 1)\n" for old, new in pairs)
+    return {"command": f"python - <<'EOF'\nimport pathlib\np = pathlib.Path({path!r})\nt = p.read_text()\n{body}"
+                       "p.write_text(t)\nEOF"}
 
+
+OLD = 'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")'
+NEW = 'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", "inverse_sqrt")'
+ENV = 'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", os.environ.get("TEMPER_EXTRA_SCHEDULE", "inverse_sqrt"))'
+GOOD_EDIT = edit("engine/config.py", (OLD, NEW))
 # Attempt that passes the tests but reads the environment outside engine/env.py: the guards gate fails it.
-ENV_PATCH = """engine/config.py
-<<<<<<< SEARCH
-LR_SCHEDULES = ("cosine", "wsd", "constant", "linear")
-=======
-LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", os.environ.get("TEMPER_EXTRA_SCHEDULE", "inverse_sqrt"))
->>>>>>> REPLACE
-<<<<<<< SEARCH
-import tomllib
-=======
-import os
-import tomllib
->>>>>>> REPLACE
-"""
-
-FIX_ENV_PATCH = """engine/config.py
-<<<<<<< SEARCH
-LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", os.environ.get("TEMPER_EXTRA_SCHEDULE", "inverse_sqrt"))
-=======
-LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", "inverse_sqrt")
->>>>>>> REPLACE
-<<<<<<< SEARCH
-import os
-import tomllib
-=======
-import tomllib
->>>>>>> REPLACE
-"""
+ENV_EDIT = edit("engine/config.py", (OLD, ENV), ("import tomllib\n", "import os\nimport tomllib\n"))
+FIX_ENV_EDIT = edit("engine/config.py", (ENV, NEW), ("import os\nimport tomllib\n", "import tomllib\n"))
 
 
 def git(cwd: Path, *args: str) -> str:

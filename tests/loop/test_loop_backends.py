@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.loop.loop_helpers import ENV_PATCH, FIX_ENV_PATCH, GOOD_PATCH, events, run_dirs, temper
+from tests.loop.loop_helpers import ENV_EDIT, FIX_ENV_EDIT, GOOD_EDIT, events, run_dirs, temper
 from tests.loopback import anthropic_wire as aw
 from tests.loopback import openai_wire as ow
 
@@ -34,7 +34,7 @@ def test_anthropic_backend_end_to_end_and_no_key_on_disk(home: Path) -> None:
         server.enqueue(
             aw.reply(aw.message(aw.text("Checking the environment, then patching."),
                                 aw.tool_use("toolu_1", "run", {"command": "env; echo key=[$ANTHROPIC_API_KEY]"}),
-                                aw.tool_use("toolu_2", "apply_patch", {"patch": GOOD_PATCH}),
+                                aw.tool_use("toolu_2", "run", GOOD_EDIT),
                                 stop_reason="tool_use", model="claude-sonnet-4-5",
                                 tokens=aw.usage(input_tokens=1200, output_tokens=150))),
             aw.reply(aw.message(aw.tool_use("toolu_3", "submit", {"message": "Add inverse_sqrt to LR_SCHEDULES"}),
@@ -60,7 +60,7 @@ def test_anthropic_backend_end_to_end_and_no_key_on_disk(home: Path) -> None:
     assert [r["tool_use_id"] for r in results] == ["toolu_1", "toolu_2"]
     shell_output = json.dumps(results[0]["content"])
     assert "key=[]" in shell_output and "TEMPER_HOME" in shell_output  # the shell ran, without the key
-    assert "loop-tiny" in second["system"][0]["text"] and {t["name"] for t in second["tools"]} >= {"apply_patch", "submit"}
+    assert "loop-tiny" in second["system"][0]["text"] and [t["name"] for t in second["tools"]] == ["run", "run_gates", "read_log", "submit"]
     assert_no_key_under(home / "runs")
 
 
@@ -68,11 +68,11 @@ def test_openai_compatible_backend_end_to_end_with_unknown_cost(home: Path) -> N
     """A self-hosted model has no price: cost stays unknown, and unknown never counts against max_cost_usd."""
     with ow.openai_server() as server:
         server.enqueue(
-            ow.completion("Patching.", tool_calls=[ow.tool_call("call_1", "apply_patch", {"patch": ENV_PATCH})],
+            ow.completion("Patching.", tool_calls=[ow.tool_call("call_1", "run", ENV_EDIT)],
                           finish_reason="tool_calls", model="qwen3-coder"),
             ow.completion(None, tool_calls=[ow.tool_call("call_2", "submit", {"message": "first try"})],
                           finish_reason="tool_calls", model="qwen3-coder"),
-            ow.completion("Reading the guard report.", tool_calls=[ow.tool_call("call_3", "apply_patch", {"patch": FIX_ENV_PATCH})],
+            ow.completion("Reading the guard report.", tool_calls=[ow.tool_call("call_3", "run", FIX_ENV_EDIT)],
                           finish_reason="tool_calls", model="qwen3-coder"),
             ow.completion("Done: inverse_sqrt is a plain name now.", model="qwen3-coder"),  # no tool call: a submission
         )

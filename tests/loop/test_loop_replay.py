@@ -18,9 +18,12 @@ from harness.records import list_runs, read_events
 from harness.report import render_report
 from harness.workspace import Workspace
 from tests.loop.loop_helpers import (
-    ENV_PATCH,
-    FIX_ENV_PATCH,
-    GOOD_PATCH,
+    ENV_EDIT,
+    FIX_ENV_EDIT,
+    GOOD_EDIT,
+    NEW,
+    OLD,
+    edit,
     REPO,
     events,
     git,
@@ -47,19 +50,17 @@ def assert_readable(run_dir: Path) -> None:
 def test_guard_failure_feedback_then_acceptance_with_tool_mistakes_on_the_way(home: Path, tmp_path: Path) -> None:
     """Attempt 1 reads the environment outside engine/env.py (guards fail); the gate report reaches the
     agent as a user message; attempt 2 passes. On the way the model makes the mistakes a real one
-    makes, and each comes back as a tool error, never a crash: a tool call cut off at max_tokens, a
-    patch that does not apply, a path escape, a symlink escape, a write to a protected test."""
+    makes, and each comes back as a tool error or a failed command, never a crash: a tool call cut off at
+    max_tokens, an edit whose old text is not in the file, a file tool the harness does not offer, a wrong
+    argument name."""
     before = tree_fingerprint(home)
-    outside = tmp_path / "outside.txt"
-    outside.write_text("secret outside the worktree\n")
     trajectory = write_trajectory(tmp_path / "t.jsonl", [
-        turn("Let me patch.", ("c1", "apply_patch", {}), stop="max_tokens"),  # cut off: arguments never arrived
-        turn("Retrying with the wrong context.", ("c2", "apply_patch", {"patch": GOOD_PATCH.replace('"linear")', '"linear", "x")')})),
-        turn("Looking around.", ("c3", "read_file", {"path": "../outside.txt"}), ("c4", "run", {"command": f"ln -s {tmp_path} engine/out"}),
-             ("c5", "read_file", {"path": "engine/out/outside.txt"}), ("c6", "write_file", {"path": "tests/test_names.py", "content": "x"})),
-        turn("Now the real change.", ("c7", "apply_patch", {"patch": ENV_PATCH}), ("c8", "run", {"command": "rm engine/out"})),
+        turn("Let me edit.", ("c1", "run", {}), stop="max_tokens"),  # cut off: arguments never arrived
+        turn("Retrying with the wrong context.", ("c2", "run", edit("engine/config.py", (OLD.replace('"linear")', '"x")'), NEW)))),
+        turn("Looking around.", ("c3", "read_file", {"path": "engine/config.py"}), ("c4", "run", {"cmd": "ls"})),
+        turn("Now the real change.", ("c7", "run", ENV_EDIT), ("c8", "run", {"command": "git diff --stat"})),
         turn("Done.", ("c9", "submit", {"message": "Add inverse_sqrt"})),
-        turn("Fixing the guard finding.", ("c10", "apply_patch", {"patch": FIX_ENV_PATCH})),
+        turn("Fixing the guard finding.", ("c10", "run", FIX_ENV_EDIT)),
         turn("The schedule name is a plain constant now; that is my change."),  # end_turn without tools: a submission
     ])
     proc = temper(home, "run", "loop-tiny", "--agent", f"replay:{trajectory}")
@@ -71,12 +72,10 @@ def test_guard_failure_feedback_then_acceptance_with_tool_mistakes_on_the_way(ho
     ev = events(run_dir)
     results = {e["result"]["call_id"]: e["result"] for e in ev if e["type"] == "tool_result"}
     assert results["c1"]["is_error"] and "max_tokens" in results["c1"]["content"]
-    assert results["c2"]["is_error"] and "LR_SCHEDULES" in results["c2"]["content"]  # the closest real lines come back
-    assert results["c3"]["is_error"] and ("outside the worktree" in results["c3"]["content"] or "escapes" in results["c3"]["content"])
-    assert results["c5"]["is_error"] and "symlink" in results["c5"]["content"]
-    assert "secret outside" not in results["c5"]["content"]
-    assert results["c6"]["is_error"] and "protected" in results["c6"]["content"]
-    assert not results["c7"]["is_error"] and results["c9"]["submitted"]
+    assert "AssertionError" in results["c2"]["content"] and "[exit code 1;" in results["c2"]["content"]
+    assert results["c3"]["is_error"] and "Available tools: run, run_gates, read_log, submit" in results["c3"]["content"]
+    assert results["c4"]["is_error"] and "no argument(s) 'cmd'" in results["c4"]["content"]
+    assert not results["c7"]["is_error"] and "engine/config.py" in results["c8"]["content"] and results["c9"]["submitted"]
 
     kinds = [e["type"] for e in ev]
     first_attempt = kinds.index("attempt")
@@ -102,7 +101,7 @@ def test_guard_failure_feedback_then_acceptance_with_tool_mistakes_on_the_way(ho
 
 def test_budget_exhaustion_ends_the_run_with_a_clear_status(home: Path, tmp_path: Path) -> None:
     trajectory = write_trajectory(tmp_path / "t.jsonl", [
-        turn(f"Reading {i}.", (f"r{i}", "read_file", {"path": "engine/config.py", "start_line": 1, "end_line": 3}))
+        turn(f"Reading {i}.", (f"r{i}", "run", {"command": "sed -n 1,3p engine/config.py"}))
         for i in range(6)
     ])
     proc = temper(home, "run", "loop-tiny", "--agent", f"replay:{trajectory}", "--max-turns", "3")
@@ -122,14 +121,13 @@ def test_budget_exhaustion_ends_the_run_with_a_clear_status(home: Path, tmp_path
 
 
 def test_protected_edits_through_the_shell_are_rejected_even_when_hidden_from_git(home: Path, tmp_path: Path) -> None:
-    """The file tools refuse protected paths; the shell cannot be confined, so the protected gate hashes
-    the files itself: a test edited and then hidden from git (assume-unchanged), and a conftest.py
+    """The shell cannot be confined, so the protected gate hashes the files itself: a test edited and then hidden from git (assume-unchanged), and a conftest.py
     added under an exclude rule, both fail the attempt."""
     sneaky = ("echo 'def test_extra(): pass' >> tests/test_names.py && git update-index --assume-unchanged tests/test_names.py"
               " && printf 'collect_ignore = []\\n' > tests/conftest.py"
               " && echo tests/conftest.py >> \"$(git rev-parse --git-common-dir)/info/exclude\"")
     trajectory = write_trajectory(tmp_path / "t.jsonl", [
-        turn("Patch and adjust the tests.", ("c1", "apply_patch", {"patch": GOOD_PATCH}), ("c2", "run", {"command": sneaky})),
+        turn("Patch and adjust the tests.", ("c1", "run", GOOD_EDIT), ("c2", "run", {"command": sneaky})),
         turn("Submit.", ("c3", "submit", {"message": "done"})),
     ])
     proc = temper(home, "run", "loop-tiny", "--agent", f"replay:{trajectory}", "--max-attempts", "1")
@@ -151,7 +149,7 @@ def test_a_killed_run_resumes_from_its_records(home: Path, tmp_path: Path) -> No
     judges, and ends exactly as an uninterrupted run would (accepted on attempt 1)."""
     marker, pidfile, resumed = tmp_path / "started", tmp_path / "shell.pid", tmp_path / "resumed"
     trajectory = write_trajectory(tmp_path / "t.jsonl", [
-        turn("Patch, then a dry run of the gates and a look at the pytest log.", ("c1", "apply_patch", {"patch": GOOD_PATCH}),
+        turn("Patch, then a dry run of the gates and a look at the pytest log.", ("c1", "run", GOOD_EDIT),
              ("g1", "run_gates", {}), ("g2", "read_log", {"job_id": "dry1-pytest", "tail": 5})),
         turn("Slow check.", ("c2", "run", {"command": f"echo $$ > {pidfile}; touch {marker}; test -e {resumed} || sleep 60"})),
         turn("Submit.", ("c3", "submit", {"message": "Add inverse_sqrt"})),

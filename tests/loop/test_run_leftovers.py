@@ -70,7 +70,7 @@ def test_refused_and_failed_runs_that_did_no_work_leave_nothing(home: Path, tmp_
 
 def test_prune_removes_what_finished_runs_left_and_says_what(home: Path, tmp_path: Path) -> None:
     trajectory = write_trajectory(tmp_path / "t.jsonl", [
-        turn(f"Reading {i}.", (f"r{i}", "read_file", {"path": "engine/config.py", "start_line": 1, "end_line": 3}))
+        turn(f"Reading {i}.", (f"r{i}", "run", {"command": "sed -n 1,3p engine/config.py"}))
         for i in range(3)
     ])
     proc = temper(home, "run", "loop-tiny", "--agent", f"replay:{trajectory}", "--max-turns", "2")

@@ -5,15 +5,13 @@ from pathlib import Path
 import pytest
 
 from harness.protocol import ToolCall
-from harness.tools import TOOL_NAMES, ToolContext, ToolError, execute, tool_specs
+from harness.tools import TOOL_NAMES, ToolContext, execute, tool_specs
 from tests.tools.tools_helpers import call
 
 
 def test_specs_are_complete_json_schemas() -> None:
     specs = tool_specs()
-    assert [s.name for s in specs] == [
-        "list_dir", "read_file", "search", "apply_patch", "write_file", "run", "run_gates", "read_log", "submit"
-    ]
+    assert [s.name for s in specs] == ["run", "run_gates", "read_log", "submit"]
     assert TOOL_NAMES == [s.name for s in specs]
     for spec in specs:
         params = spec.parameters
@@ -23,11 +21,10 @@ def test_specs_are_complete_json_schemas() -> None:
             assert prop["type"] in ("string", "integer", "number", "boolean"), (spec.name, name)
             assert prop.get("description"), (spec.name, name)
         assert len(spec.description) > 40, spec.name
-    assert "<<<<<<< SEARCH" in next(s for s in specs if s.name == "apply_patch").description
 
 
 def test_parse_error_comes_back_as_an_error_result(ctx: ToolContext) -> None:
-    bad = ToolCall(id="x9", name="read_file", arguments={}, raw_arguments='{"path": "REA', parse_error="Unterminated string")
+    bad = ToolCall(id="x9", name="run", arguments={}, raw_arguments='{"command": "ec', parse_error="Unterminated string")
     res = execute(bad, ctx)
     assert res.is_error and res.call_id == "x9" and "not valid JSON" in res.content and "Unterminated" in res.content
 
@@ -35,15 +32,14 @@ def test_parse_error_comes_back_as_an_error_result(ctx: ToolContext) -> None:
 @pytest.mark.parametrize(
     "name,args,fragment",
     [
-        ("read_fil", {"path": "README.md"}, "no tool named 'read_fil'"),
-        ("read_file", {}, "needs the argument(s) 'path'"),
-        ("read_file", {"path": 3}, "must be a string"),
-        ("read_file", {"path": "README.md", "offset": 3}, "has no argument(s) 'offset'"),
-        ("read_file", {"path": "README.md", "start_line": "two"}, "must be a number"),
-        ("read_file", {"path": "README.md", "start_line": 1.5}, "whole number"),
-        ("read_file", {"path": "README.md", "start_line": 0}, "at least 1"),
-        ("list_dir", {"depth": 11}, "at most 10"),
-        ("search", {"pattern": "x", "ignore_case": "maybe"}, "true or false"),
+        ("read_file", {"path": "README.md"}, "no tool named 'read_file'. Available tools: run, run_gates, read_log, submit"),
+        ("run", {}, "needs the argument(s) 'command'"),
+        ("run", {"command": 3}, "must be a string"),
+        ("run", {"command": "ls", "cwd": "/"}, "has no argument(s) 'cwd'"),
+        ("run", {"command": "ls", "timeout_s": "two"}, "must be a number"),
+        ("read_log", {"job_id": "j", "tail": 1.5}, "whole number"),
+        ("read_log", {"job_id": "j", "tail": 0}, "at least 1"),
+        ("submit", {"message": ["a"]}, "must be a string"),
         ("run", {"command": "true", "timeout_s": 0}, "greater than 0"),
         ("run", {"command": "   "}, "empty"),
     ],
@@ -54,18 +50,17 @@ def test_bad_arguments_are_error_results(ctx: ToolContext, name: str, args: dict
 
 
 def test_unambiguous_near_misses_are_coerced(ctx: ToolContext) -> None:
-    res = call(ctx, "read_file", path="README.md", start_line="1", end_line=1.0)
-    assert not res.is_error and res.content.startswith("1\thello")
-    assert not call(ctx, "search", pattern="HELLO", ignore_case="true").is_error
+    res = call(ctx, "run", command="head -1 README.md", timeout_s="30")
+    assert not res.is_error and res.content.startswith("hello")
     # null for an optional argument means "not given"
-    assert not call(ctx, "read_file", path="README.md", end_line=None).is_error
+    assert not call(ctx, "run", command="true", timeout_s=None).is_error
 
 
 def test_submit_marks_the_result(ctx: ToolContext) -> None:
     res = call(ctx, "submit", message="fused the norm")
     assert res.submitted and not res.is_error
     assert call(ctx, "submit").submitted
-    assert not call(ctx, "read_file", path="README.md").submitted
+    assert not call(ctx, "run", command="true").submitted
 
 
 def test_callbacks_and_their_absence(tree: Path) -> None:
@@ -98,6 +93,7 @@ def test_harness_bugs_in_callbacks_propagate(tree: Path) -> None:
 def test_every_result_respects_the_output_limit(tree: Path) -> None:
     ctx = ToolContext(root=tree, output_limit=500)
     (tree / "wide.txt").write_text("needle " * 5000 + "\n")
-    for name, args in [("search", {"pattern": "needle"}), ("read_file", {"path": "wide.txt"})]:
-        res = call(ctx, name, **args)
-        assert len(res.content) <= 500, name
+    res = call(ctx, "run", command="cat wide.txt")
+    assert len(res.content) <= 500 and res.content.startswith("needle") and "[exit code 0;" in res.content
+    wide = ToolContext(root=tree, output_limit=500, read_job_log=lambda *_: "x" * 5000)
+    assert len(call(wide, "read_log", job_id="j").content) <= 500

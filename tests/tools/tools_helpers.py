@@ -1,6 +1,5 @@
-"""Helpers for the agent-tool tests: a small worktree in a tmp dir, calling a tool, snapshots."""
+"""Helpers for the agent-tool tests: a small worktree in a tmp dir, calling a tool."""
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -8,7 +7,7 @@ import pytest
 from harness.protocol import ToolCall, ToolResult
 from harness.tools import ToolContext, execute
 
-__all__ = ["MODEL_PY", "tree", "ctx", "call", "git", "snapshot"]
+__all__ = ["MODEL_PY", "tree", "ctx", "call"]
 
 MODEL_PY = """\
 import math
@@ -44,26 +43,8 @@ def tree(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def ctx(tree: Path) -> ToolContext:
-    return ToolContext(root=tree, protected=["tests/**", "guards/**", "guards.toml"], output_limit=20_000)
+    return ToolContext(root=tree, output_limit=20_000)
 
 
 def call(ctx: ToolContext, name: str, **arguments: object) -> ToolResult:
     return execute(ToolCall(id="c1", name=name, arguments=dict(arguments)), ctx)
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=T", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True, text=True
-    ).stdout
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under root (symlinks as their target text), for all-or-nothing checks."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root).as_posix()
-        if p.is_symlink():
-            out[rel] = b"->" + str(p.readlink()).encode()
-        elif p.is_file():
-            out[rel] = p.read_bytes()
-    return out

@@ -2,6 +2,7 @@
 include untracked files, merges only into a clean checkout, scratch worktrees that always go away.
 Everything runs real git in tmp dirs."""
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -9,6 +10,11 @@ import pytest
 
 from harness.workspace import TRAILER_KEYS, Workspace, WorkspaceError
 from tests.workspace.workspace_helpers import fingerprint, git, make_dirty, write
+
+
+def changed(diff: str) -> list[str]:
+    """The paths a diff touches (its `diff --git a/P b/P` headers)."""
+    return sorted(re.findall(r"^diff --git a/(\S+) b/", diff, flags=re.M))
 
 
 def _attempt(ws: Workspace, n: int, verdict: str = "rejected", mfu: float | None = 0.41234) -> str:
@@ -26,9 +32,8 @@ def test_the_users_checkout_is_untouched_by_a_whole_run(user_repo: Path, tmp_pat
     (ws.worktree / "README.md").unlink()
     _attempt(ws, 1)
     ws.diff()
-    ws.changed_paths()
     _attempt(ws, 2, verdict="accepted")
-    ws.reset_to(ws.history()[0][0])
+    ws.history()
     with Workspace.scratch(user_repo, "HEAD") as scratch:
         write(scratch.worktree / "x.txt", "x\n")
     ws.remove()
@@ -117,7 +122,7 @@ def test_diff_includes_untracked_files_and_round_trips(user_repo: Path, tmp_path
     assert "+++ b/engine/brand_new.py" in diff and "+Z = 3" in diff
     assert "-    return 1" in diff and "+    return 2" in diff
     assert "+++ /dev/null" in diff and "GIT binary patch" in diff and "__pycache__" not in diff
-    assert ws.changed_paths() == ["README.md", "blob.bin", "engine/brand_new.py", "engine/model.py"]
+    assert changed(diff) == ["README.md", "blob.bin", "engine/brand_new.py", "engine/model.py"]
     assert git(ws.worktree, "ls-files", "-s") == index_before  # the real index was not used
     assert "engine/brand_new.py" in git(ws.worktree, "status", "--porcelain")  # still untracked
     # Reference: the diff applied to a fresh copy of the base reproduces the worktree exactly.
@@ -160,20 +165,6 @@ def test_scratch_cleans_up_even_when_the_body_raises(user_repo: Path) -> None:
     assert not path.exists() and not path.parent.exists()
     assert str(path) not in git(user_repo, "worktree", "list")
     assert git(user_repo, "worktree", "list", "--porcelain").count("worktree ") == 1
-
-
-def test_reset_to_restores_an_attempt(user_repo: Path, tmp_path: Path) -> None:
-    ws = Workspace.create(user_repo, base="HEAD", run_id="r1", root=tmp_path / "runs")
-    write(ws.worktree / "a.txt", "one\n")
-    first = _attempt(ws, 1)
-    write(ws.worktree / "a.txt", "two\n")
-    _attempt(ws, 2)
-    write(ws.worktree / "stray.txt", "uncommitted\n")
-    ws.reset_to(first)
-    assert ws.head() == first and (ws.worktree / "a.txt").read_text() == "one\n"
-    assert not (ws.worktree / "stray.txt").exists()
-    with pytest.raises(WorkspaceError, match="is not a commit"):
-        ws.reset_to("0" * 40)
 
 
 def test_open_resumes_and_recreates_a_deleted_worktree(user_repo: Path, tmp_path: Path) -> None:
@@ -308,7 +299,7 @@ def test_held_out_milestone_material_never_reaches_the_agents_worktree(user_repo
     assert not (ws.worktree / "milestones" / "m" / "hidden").exists()
     assert (ws.worktree / "milestones" / "m.toml").is_file() and (ws.worktree / "engine" / "model.py").is_file()
     write(ws.worktree / "engine" / "model.py", "def f():\n    return 3\n")
-    assert ws.changed_paths() == ["engine/model.py"] and "test_secret" not in ws.diff()
+    assert changed(ws.diff()) == ["engine/model.py"] and "test_secret" not in ws.diff()
     assert (user_repo / "milestones" / "m" / "hidden" / "tests" / "test_secret.py").is_file()
     ws.remove()
     reopened = Workspace.open(user_repo, run_id="r1", root=tmp_path / "runs")  # re-created from the branch
