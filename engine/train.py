@@ -50,11 +50,12 @@ from engine.evaluate import evaluate
 from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
 from engine.metrics import MetricsWriter, skip_line
 from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
+from engine.model.tp_grads import global_param_count
 from engine.ops import resolve_ops
 from engine.optim import (FlatBuffers, LossSpikeGuard, MixedPrecisionAdamW, Muon, describe_multipliers, lr_at,
                           lr_multipliers, muon_parts)
-from engine.parallel import (GradSync, ParamGather, ShardedAdamW, apply_tensor_parallel, fsdp_optimizer_state,
-                             global_param_count, load_fsdp_optimizer_state, load_optimizer_state, optimizer_state,
+from engine.parallel import (GradSync, ParamGather, ShardedAdamW, fsdp_optimizer_state,
+                             load_fsdp_optimizer_state, load_optimizer_state, optimizer_state,
                              shard_model)
 from engine.runinfo import device_name, header_lines
 
@@ -167,18 +168,20 @@ class Trainer:
         self.param_gather: ParamGather | None = None
         if cfg.fsdp:
             shard_model(self.model, par, dtype)
+        tp_grads = self.model.tp_grads()  # after --fsdp's sharding: the parameters as trained
+        if cfg.fsdp:
             self.optimizer: MixedPrecisionAdamW | ShardedAdamW = ShardedAdamW(
-                self.model, cfg, par, self.lr_multipliers, apply_tensor_parallel(self.model, cfg, par))
+                self.model, cfg, par, self.lr_multipliers, tp_grads)
             self.fsdp = self.optimizer
         else:
-            grad_sums = apply_tensor_parallel(self.model, cfg, par)
             self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4,
                                        fuse_wgrad=cfg.grad_accum_fusion)
             # --optimizer muon: Muon steps the hidden matrices, AdamW the rest (and takes the grad norm and clips for both)
             parts = muon_parts(self.model, cfg, par) if cfg.optimizer == "muon" else {}
-            self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers, others=frozenset(parts))
+            self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers, tp_grads,
+                                                 others=frozenset(parts))
             self.muon = Muon(self.buffers, cfg, par, self.lr_multipliers, parts, dtype) if parts else None
-            self.grad_sync = GradSync(self.buffers, par, grad_sums, overlap=cfg.overlap_grad_reduce)
+            self.grad_sync = GradSync(self.buffers, par, tp_grads.sums, overlap=cfg.overlap_grad_reduce)
             self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
         self.spike_guard = LossSpikeGuard(cfg, par)
         self.micro_graph = MicroBatchGraph(self.model) if cfg.cuda_graphs else None
@@ -201,7 +204,7 @@ class Trainer:
             stale = remove_stale_temporaries(self.save_dir)
         self.metrics = MetricsWriter(self.run_dir, enabled=par.is_main, tensorboard=cfg.tensorboard,
                                      resume_step=self.step if self.resume_from is not None else None)
-        n_params = global_param_count(self.model, par)
+        n_params = global_param_count(self.model, tp_grads, par)
         for line in header_lines(device=par.device, launcher=launcher, world=par.world_size, tp=par.tp_size,
                                  dp=par.dp_size, hosts=par.hosts, op_versions=self.ops.versions, data=self.data.description,
                                  params=n_params, matmul_params=matmul_params(cfg),

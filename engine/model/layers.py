@@ -31,6 +31,7 @@ from engine.distributed import (ParallelState, TPComm, column_input, column_para
                                 row_parallel_linear)
 from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
+from engine.model.tp_grads import GradSum, TPGradNeed
 from engine.ops import OpSet
 from engine.ops.rope.tables import rope_tables
 
@@ -62,6 +63,12 @@ class RMSNormWeight(nn.Module):
     def init_shard(self, init: Initializer, name: str) -> None:
         with torch.no_grad():
             self.weight.fill_(1.0)
+
+    def tp_grad_needs(self, par: ParallelState, sequence_parallel: bool) -> list[TPGradNeed]:
+        """Replicated: counted once in the grad norm. Under sequence parallelism each rank saw only its block of
+        tokens, so its gradient is a partial sum over the TP group."""
+        whole = GradSum(self.weight, 0, self.weight.numel(), par.tp_group) if sequence_parallel else None
+        return [TPGradNeed(self.weight, replicated=True, sum=whole)]
 
 
 class Rotary(nn.Module):
@@ -115,6 +122,18 @@ class Attention(nn.Module):
         """Rows of `qkv` holding K and V (replicated over `tp / num_kv_heads` ranks when TP > KV heads)."""
         q = self.q_heads * self.head_dim
         return q, q + 2 * self.kv_heads * self.head_dim
+
+    def tp_grad_needs(self, par: ParallelState, sequence_parallel: bool) -> list[TPGradNeed]:
+        """With more TP ranks than KV heads, `tp / kv_heads` consecutive ranks hold the same K/V rows, each computing
+        the part of their gradient that flows through its own query heads: the true gradient is the sum over
+        `kv_group`, and only the group's first rank counts those rows in the grad norm."""
+        replicas = par.tp_size // self.num_kv_heads if par.tp_size > self.num_kv_heads else 1
+        if replicas == 1:
+            return []
+        width = self.qkv.shape[1]
+        lo, hi = (row * width for row in self.kv_rows)
+        duplicate = (lo, hi) if par.tp_rank % replicas else None
+        return [TPGradNeed(self.qkv, sum=GradSum(self.qkv, lo, hi, par.kv_group), duplicate=duplicate)]
 
     def forward(self, x: torch.Tensor, rotary: Rotary, seq_len: int,
                 documents: DocumentLayout | None = None) -> torch.Tensor:

@@ -4,8 +4,7 @@ all-gathers overlapped with the forward, and checkpointable ZeRO-1 optimizer sta
 from engine.parallel.fsdp import ShardedAdamW, fsdp_optimizer_state, load_fsdp_optimizer_state, shard_model
 from engine.parallel.grad_sync import GradSync
 from engine.parallel.param_gather import ParamGather, use_points
-from engine.parallel.tensor_parallel import GradSum, apply_tensor_parallel, global_param_count
 from engine.parallel.zero_state import load_optimizer_state, optimizer_state
 
-__all__ = ["GradSync", "ParamGather", "use_points", "GradSum", "apply_tensor_parallel", "global_param_count", "optimizer_state",
+__all__ = ["GradSync", "ParamGather", "use_points", "optimizer_state",
            "load_optimizer_state", "ShardedAdamW", "shard_model", "fsdp_optimizer_state", "load_fsdp_optimizer_state"]

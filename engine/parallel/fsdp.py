@@ -18,11 +18,11 @@ Gradient-accumulation fusion is off under --fsdp (engine/config.py): FSDP2 owns 
 the fused weight-gradient GEMMs would write into (the layers fall back to autograd's gradient when a
 parameter has no MainGrad).
 
-What TP asks of the gradients (engine/parallel/tensor_parallel.py) is unchanged, applied to the sharded
+What TP asks of the gradients (engine/model/tp_grads.py) is unchanged, applied to the sharded
 gradients after backward: a TP group's ranks all hold tensors of the same shape, so each DP rank holds
 the same rows of each of them and the sums (replicated K/V rows, sequence-parallel norm gains) are
 sums of the same slices. The grad norm counts each element once by the same rules as the ZeRO-1
-optimizer (`tp_replicated`, `tp_duplicate`).
+optimizer (`TPGrads.counted`).
 
 Checkpoints: the ZeRO-1 format (engine/parallel/zero_state.py). A DP rank's dim-0 shard of a row-major
 tensor is one contiguous range of the flattened tensor, so it is a piece of the same ShardedTensor the
@@ -43,7 +43,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
 from engine.optim.optimizer import adam_step_tensor, clip_coefficient, global_norm, make_adamw
-from engine.parallel.tensor_parallel import GradSum
+from engine.model.tp_grads import TPGrads
 from engine.parallel.zero_state import KINDS, sharded_piece, state_prefix
 
 __all__ = ["device_mesh", "shard_model", "ShardedAdamW", "fsdp_optimizer_state", "load_fsdp_optimizer_state"]
@@ -96,11 +96,11 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 class ShardedAdamW:
     """AdamW over FSDP2's sharded fp32 parameters, with the engine's grad norm and clipping over TP x DP.
 
-    `grad_sums`: what TP asks of the gradients (apply_tensor_parallel on the sharded model)."""
+    `tp_grads`: what TP asks of the gradients (the sharded model's `tp_grads()`)."""
 
     def __init__(self, model: nn.Module, cfg: EngineConfig, par: ParallelState, lr_multipliers: Mapping[str, float],
-                 grad_sums: list[GradSum]):
-        self.model, self.cfg, self.par, self.grad_sums = model, cfg, par, grad_sums
+                 tp_grads: TPGrads):
+        self.model, self.cfg, self.par, self.tp_grads = model, cfg, par, tp_grads
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         missing = [n for n, _ in self.named if n not in lr_multipliers]
         assert not missing, f"no lr multiplier for {missing}"
@@ -115,7 +115,7 @@ class ShardedAdamW:
     @torch.no_grad()
     def finish_grads(self) -> None:
         """After the last micro-batch's backward (FSDP2 has reduce-scattered every gradient): the TP sums."""
-        for s in self.grad_sums:
+        for s in self.tp_grads.sums:
             lo, hi = _flat_range(s.param, self.par.dp_rank, self.par.dp_size)
             a, b = max(s.lo, lo), min(s.hi, hi)
             if a < b and s.param.grad is not None:
@@ -124,13 +124,7 @@ class ShardedAdamW:
     def _counted(self, param: torch.Tensor) -> list[slice]:
         """Slices of this rank's flattened gradient shard that count towards the grad norm (see MixedPrecisionAdamW)."""
         lo, hi = _flat_range(param, self.par.dp_rank, self.par.dp_size)
-        if self.par.tp_size > 1 and self.par.tp_rank != 0 and getattr(param, "tp_replicated", False):
-            return []
-        dup = getattr(param, "tp_duplicate", None)
-        if dup is None:
-            return [slice(0, hi - lo)]
-        a, b = min(max(dup[0] - lo, 0), hi - lo), min(max(dup[1] - lo, 0), hi - lo)
-        return [part for part in (slice(0, a), slice(b, hi - lo)) if part.stop > part.start]
+        return self.tp_grads.counted(param, lo, hi)
 
     @torch.no_grad()
     def grad_norm(self) -> float:

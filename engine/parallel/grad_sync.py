@@ -4,7 +4,7 @@ Earlier micro-batches of a step only accumulate into the flat fp32 buffer (no co
 last one, a post-accumulate-grad hook per parameter counts how many of a bucket's parameters
 backward has finished; when the count is complete the bucket is ready and, while backward goes on
 with the rest of the model:
-1. the TP gradient sums of its parameters run (engine/parallel/tensor_parallel.py), coalesced per
+1. the TP gradient sums of its parameters run (engine/model/tp_grads.py), coalesced per
    group into one all-reduce;
 2. its data-parallel reduce-scatter is launched asynchronously: afterwards this rank's shard of the
    bucket (the part its optimizer owns) holds the sum over DP ranks. The loss was divided by the
@@ -23,7 +23,7 @@ import torch.distributed as dist
 from engine.distributed import ParallelState
 from engine.distributed.collectives import reduce_scatter_flat
 from engine.optim.buffers import Bucket, FlatBuffers
-from engine.parallel.tensor_parallel import GradSum
+from engine.model.tp_grads import GradSum
 
 __all__ = ["GradSync"]
 
