@@ -3,7 +3,7 @@
 Eager, a micro-batch is several hundred kernel launches from Python (engine/train.py `train_step`: the model's
 forward, then backward of loss / valid into the fp32 gradient buffer). Here the same forward and backward are
 captured once as one CUDA graph and every later micro-batch is one replay, so the GPU never waits on the host
-between the micro-batch's kernels (the issue's lever for the glue between the ops; bench/mfu.py measures it on
+between the micro-batch's kernels (the issue's lever for the glue between the ops; bench/train_mfu.py measures it on
 and off, docs/benchmarks.md). Capture records what the Python side decided once (which hooks add what, the
 fused-gradient flags of engine/distributed/wgrad.py), so a graph is right only while every micro-batch would
 decide the same and touch the same memory:

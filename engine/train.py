@@ -34,9 +34,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from engine.async_checkpoint import BackgroundSaver, FinishedSave
-from engine.atomic import check_writable_dir, write_text_atomic
-from engine.checkpoint import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
+from engine.checkpoint.async_save import BackgroundSaver, FinishedSave
+from engine.atomic_files import check_writable_dir, write_text_atomic
+from engine.checkpoint.store import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
                                refuse_earlier_run, remove_stale_temporaries, save_checkpoint, select_checkpoint)
 from engine.config import EngineConfig, resolve, to_dict
 from engine.cuda_graph import MicroBatchGraph
@@ -48,13 +48,13 @@ from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
 from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
-from engine.metrics import MetricsWriter, skip_line
+from engine.step_log import MetricsWriter, skip_line
 from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
 from engine.model.tp_grads import global_param_count
 from engine.ops import resolve_ops
 from engine.optim import (FlatBuffers, LossSpikeGuard, MixedPrecisionAdamW, Muon, describe_multipliers, lr_at,
                           lr_multipliers, muon_parts)
-from engine.parallel import (GradSync, ParamGather, ShardedAdamW, fsdp_optimizer_state,
+from engine.sharding import (GradSync, ParamGather, ShardedAdamW, fsdp_optimizer_state,
                              load_fsdp_optimizer_state, load_optimizer_state, optimizer_state,
                              shard_model)
 from engine.runinfo import device_name, header_lines
@@ -158,7 +158,7 @@ class Trainer:
         self.peak = peak_flops(cfg, device_name(par.device))
 
         # 3. model and optimizer; a damaged checkpoint is rejected here, still before any write
-        # --fsdp: fp32 parameters (FSDP2's sharded masters), all-gathered in the compute dtype (engine/parallel/fsdp.py)
+        # --fsdp: fp32 parameters (FSDP2's sharded masters), all-gathered in the compute dtype (engine/sharding/fsdp.py)
         self.model: Transformer = build_model(cfg, par, self.ops, torch.float32 if cfg.fsdp else dtype)
         self.lr_multipliers = lr_multipliers(self.model, cfg)
         self.fsdp: ShardedAdamW | None = None

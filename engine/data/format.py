@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import write_text_atomic
+from engine.atomic_files import write_text_atomic
 
 __all__ = [
     "FORMAT_NAME",
@@ -76,5 +76,5 @@ def shard_file_name(index: int) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """JSON through the engine's one atomic writer (engine/atomic.py: temp file, fsync, os.replace, fsync the folder)."""
+    """JSON through the engine's one atomic writer (engine/atomic_files.py: temp file, fsync, os.replace, fsync the folder)."""
     write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False, sort_keys=True) + "\n")

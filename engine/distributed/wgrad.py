@@ -12,7 +12,7 @@ FlatBuffers gives each parameter a `MainGrad` (`attach_main_grad`); the layers t
 embedding: `fused_linear`, `fused_embedding` and the TP linears) look it up with `main_grad_of`. The
 backward still hands autograd a gradient for the weight, an uninitialised placeholder (an allocation,
 no kernel), so that every post-accumulate hook runs as before (the DP and TP bucket counting of
-engine/parallel/grad_sync.py); FlatBuffers' hook sees `MainGrad.take()` and skips its add. A fused
+engine/sharding/grad_sync.py); FlatBuffers' hook sees `MainGrad.take()` and skips its add. A fused
 weight must therefore reach autograd through exactly one fused use per backward (no weight here is
 used twice; tied weights would need the zero placeholder Megatron uses).
 

@@ -39,7 +39,7 @@ Parallelism:
   that hold Muon matrices (the reduce-scatter left each rank only its range; the gradients are clipped
   first, so every rank's range arrives clipped) and one broadcast per DP rank of its matrices' new values in
   the model dtype; the bucketed parameter all-gather that follows then carries consistent values.
-Checkpoint (engine/parallel/zero_state.py): `master/<name>` (AdamW's key: export-hf reads it) and
+Checkpoint (engine/sharding/zero_state.py): `master/<name>` (AdamW's key: export-hf reads it) and
 `muon_momentum/<name>`, full tensors written by the owner; keyed by name, so a run resumes on any DP size.
 """
 

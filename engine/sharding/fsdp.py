@@ -24,7 +24,7 @@ the same rows of each of them and the sums (replicated K/V rows, sequence-parall
 sums of the same slices. The grad norm counts each element once by the same rules as the ZeRO-1
 optimizer (`TPGrads.counted`).
 
-Checkpoints: the ZeRO-1 format (engine/parallel/zero_state.py). A DP rank's dim-0 shard of a row-major
+Checkpoints: the ZeRO-1 format (engine/sharding/zero_state.py). A DP rank's dim-0 shard of a row-major
 tensor is one contiguous range of the flattened tensor, so it is a piece of the same ShardedTensor the
 ZeRO-1 optimizer writes (`[tp{r}/]{master,exp_avg,exp_avg_sq}/<name>`, flattened): DCP reshards
 between the two modes and any DP sizes.
@@ -44,7 +44,7 @@ from engine.config import EngineConfig
 from engine.distributed import ParallelState
 from engine.optim.optimizer import adam_step_tensor, clip_coefficient, global_norm, make_adamw
 from engine.model.tp_grads import TPGrads
-from engine.parallel.zero_state import KINDS, sharded_piece, state_prefix
+from engine.sharding.zero_state import KINDS, sharded_piece, state_prefix
 
 __all__ = ["device_mesh", "shard_model", "ShardedAdamW", "fsdp_optimizer_state", "load_fsdp_optimizer_state"]
 

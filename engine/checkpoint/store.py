@@ -2,12 +2,12 @@
 
 Layout of a save dir:
     step_00000050/   DCP shards + .metadata; meta.json (step, config, layout, write_seq, schedule
-                     overrides); manifest.json (SHA-256 of every other file, engine/checksums.py)
+                     overrides); manifest.json (SHA-256 of every other file, engine/checkpoint/checksums.py)
     latest           the name of the newest published checkpoint (for people and scripts)
 A checkpoint holds the fp32 masters and Adam moments (the bf16 model weights are derived from the
 masters), the step, the data-loader position and every rank's RNG state: everything a resumed run
 needs to print the same [LOSS] lines as an uninterrupted one. Under data parallelism each rank saves
-only its ZeRO-1 pieces, in a form DCP reshards on load (engine/parallel/zero_state.py): a checkpoint
+only its ZeRO-1 pieces, in a form DCP reshards on load (engine/sharding/zero_state.py): a checkpoint
 resumes on any DP size with the same TP size (`check_compatible`).
 
 Atomicity: all ranks write into `step_N.tmp` and hash what they wrote; when every rank has finished,
@@ -37,8 +37,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from engine.atomic import replace_dir, write_text_atomic
-from engine.checksums import check_listing, files_to_hash, hash_files, manifest_text, read_manifest, verify_blocks, MANIFEST
+from engine.atomic_files import replace_dir, write_text_atomic
+from engine.checkpoint.checksums import check_listing, files_to_hash, hash_files, manifest_text, read_manifest, verify_blocks, MANIFEST
 from engine.config import EngineConfig, flag_name, to_dict
 from engine.errors import ConfigError
 from engine.optim.schedule import schedule_fields
@@ -296,7 +296,7 @@ def _layout_text(layout: dict[str, Any]) -> str:
 
 def check_compatible(meta: dict[str, Any], cfg: EngineConfig, path: Path, layout: dict[str, int]) -> bool:
     """Refuse a checkpoint this run cannot continue. Returns True when it was written with another
-    data-parallel size: its ZeRO-1 optimizer shards are then resharded on load (engine/parallel/
+    data-parallel size: its ZeRO-1 optimizer shards are then resharded on load (engine/sharding/
     zero_state.py). The tensor-parallel size must match: weights are sliced per TP size."""
     saved = meta["config"]
     for name in MODEL_FIELDS:

@@ -9,7 +9,7 @@ The record-setting small-model trainers ship their models this way (parameter-go
 - the result (engine names, full unsharded shapes at any TP layout of the checkpoint, the run's
   config) is serialised with torch.save and compressed with zlib (level 9) into ONE file,
       MAGIC | format version (u32) | payload length (u64) | SHA-256 of the payload | payload,
-  written atomically (engine/atomic.py), so a truncated or corrupted file is recognised and refused
+  written atomically (engine/atomic_files.py), so a truncated or corrupted file is recognised and refused
   before anything is decompressed or unpickled (and it is read with torch.load(weights_only=True)).
 
 The command then loads the file back (`load_int8`: the dequantised fp32 weights and the config) and
@@ -28,14 +28,14 @@ from typing import Any
 
 import torch
 
-from engine.atomic import write_bytes_atomic
-from engine.checkpoint import read_meta, select_checkpoint
+from engine.atomic_files import write_bytes_atomic
+from engine.checkpoint.store import read_meta, select_checkpoint
 from engine.config import EngineConfig, to_dict
 from engine.data.sources import build_data, default_cache_dir
 from engine.distributed import ParallelState
 from engine.errors import ConfigError
 from engine.evaluate import evaluate
-from engine.export_hf import check_outside, config_from_saved, load_full_weights
+from engine.checkpoint.hf_export import check_outside, config_from_saved, load_full_weights
 from engine.model import Transformer, build_model
 from engine.ops import resolve_ops
 from engine.train import resolve_device

@@ -16,7 +16,7 @@ With --optimizer muon the hidden matrices' state is Muon's (engine/optim/muon.py
 written by the DP rank that owns it as plain tensors `[tp{r}/]{master,muon_momentum}/<name>`, so it too
 loads on any DP size (the loading run's owner reads it by name).
 
-The TP size must match (parameters are sliced differently per TP size); engine.checkpoint refuses
+The TP size must match (parameters are sliced differently per TP size); engine.checkpoint.store refuses
 a checkpoint of another TP size with both layouts named.
 """
 
@@ -54,7 +54,7 @@ def _pieces(buffers: FlatBuffers, par: ParallelState) -> dict[str, list[tuple[in
 
 def sharded_piece(local: torch.Tensor, numel: int, pieces: list[tuple[int, int, int]], rank: int) -> "st.ShardedTensor":
     """The flattened global tensor of `numel` elements cut into `pieces` (global rank, lo, hi), this rank's being `local`
-    (also --fsdp's, engine/parallel/fsdp.py)."""
+    (also --fsdp's, engine/sharding/fsdp.py)."""
     device = str(local.device)
     metas = [st.ShardMetadata(shard_offsets=[lo], shard_sizes=[hi - lo], placement=f"rank:{r}/{device}")
              for r, lo, hi in pieces]
