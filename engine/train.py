@@ -1,26 +1,6 @@
 """The pretraining loop: `python -m engine pretrain` (torchrun for several processes).
 
-Order of work, so that bad input fails before anything is written:
-1. resolve the config against the launch (batch sizes, layout), pick device and dtype;
-2. validate the resume target and build the data (tokenizer / dataset errors surface here);
-3. only then create the run dir, print the header, build model and optimizer, restore state;
-4. per step: all micro-batches' valid tokens are counted first, so each micro-batch's loss is
-   divided by the GLOBAL token count (exact gradient whatever mbs x GAS x DP split);
-   NaN/Inf stops the run before the optimizer step (the last checkpoint is never overwritten);
-   SIGTERM / SIGUSR1 save a checkpoint at the next step boundary and exit 0.
-5. --max-wall-s: after every step the ranks agree on the elapsed training time (the MAX over ranks,
-   in the same all-reduce as the stop flag, so no rank stops alone and leaves the others waiting in a
-   collective) and stop once it reaches the budget: final evaluation and checkpoint, as at --num-steps.
-   The elapsed time is the loop's own (start-up, compilation of the data and periodic evaluations are
-   not counted), read from `clock` (tests pass a fake one), and kept in every checkpoint: the budget
-   is the total over resumes of the training that survives in the checkpoint (time lost after the
-   last checkpoint to a crash is not counted). The LR of each step is planned against it
-   (engine/optim/schedule.py: --warmdown-frac).
-
-Parallelism (docs/parallelism.md): `GradSync` completes gradients during the last micro-batch's
-backward (TP sums, DP reduce-scatter per bucket), the optimizer steps its ZeRO-1 shard, and
-`ParamGather` all-gathers the updated parameters while the next forward starts. A single process
-has neither (no hooks, no collectives): its numbers are those of the plain loop.
+Why and how: docs/engine/training.md, section `engine/train.py`.
 """
 
 import json

@@ -1,27 +1,6 @@
 """Checkpoints with torch.distributed.checkpoint (DCP): sharded, atomic, checksummed, resumable bit for bit.
 
-Layout of a save dir:
-    step_00000050/   DCP shards + .metadata; meta.json (step, config, layout, write_seq, schedule
-                     overrides); manifest.json (SHA-256 of every other file, engine/checkpoint/checksums.py)
-    latest           the name of the newest published checkpoint (for people and scripts)
-A checkpoint holds the fp32 masters and Adam moments (the bf16 model weights are derived from the
-masters), the step, the data-loader position and every rank's RNG state: everything a resumed run
-needs to print the same [LOSS] lines as an uninterrupted one. Under data parallelism each rank saves
-only its ZeRO-1 pieces, in a form DCP reshards on load (engine/sharding/zero_state.py): a checkpoint
-resumes on any DP size with the same TP size (`check_compatible`).
-
-Atomicity: all ranks write into `step_N.tmp` and hash what they wrote; when every rank has finished,
-rank 0 writes meta.json and manifest.json, fsyncs, renames the folder to `step_N`, and only then
-rewrites `latest` (write a temp file, fsync, os.replace: it names a published checkpoint at every instant and is
-never removed). A crash at any point leaves the previous checkpoints and `latest` intact; `.tmp` folders are never
-read or listed, and what a killed save left (a `step_N.tmp` folder, `.latest.tmp-<pid>`, a folder set aside by
-replace_dir) is removed when the next run starts on the save dir (`remove_stale_temporaries`).
-
-Write order, not step number: a resumed run may write step 6 after an abandoned run wrote step 8.
-meta.json carries `write_seq` (one more than any checkpoint in the save dir), `--keep-last` keeps the
-N newest by it and `--resume auto` takes the newest by it that verifies against its manifest,
-naming each newer one it skipped and why. An explicit `--resume PATH` that does not verify is an
-error. Verification is collective: every rank rehashes a share of the blocks.
+Why and how: docs/engine/checkpoint.md, section `engine/checkpoint/store.py`.
 """
 
 import json

@@ -1,23 +1,6 @@
 """Building blocks of the MiniCPM4 decoder, written for tensor parallelism from the start.
 
-Each block holds only its own shard of the weights (TP size 1: the whole weight) and calls the hot
-math through the op dispatcher (`OpSet`), so kernels and TP slot in without changing the model:
-- QKV and FC1 are column-parallel: each rank owns whole heads / a slice of the FFN.
-- O and FC2 are row-parallel: their outputs are partial sums, all-reduced at the region's end.
-- The embedding and the LM head are vocab-parallel over the padded vocabulary.
-- Under sequence parallelism the residual stream between regions is this rank's block of rows of
-  the flattened [tokens, hidden] activations; regions start with an all-gather and end with a
-  reduce-scatter (engine.distributed.tp_linear), and attention reshapes by `seq_len`.
-- TP backward overlaps each column-parallel input-gradient collective with a weight-gradient GEMM
-  (engine/distributed/tp_linear.py says how, and why FC1 overlaps with FC2's wgrad).
-- --fp8: QKV, O, FC1 and FC2 run their GEMMs in FP8 (engine/distributed/fp8.py, through `TPComm.fp8`); the
-  embedding, LM head, norms and attention do not.
-- --document-mask: attention gets the micro-batch's document boundaries (engine/model/documents.py)
-  for the whole [b, s] sequence, on every TP rank alike; under sequence parallelism QKV is gathered
-  to the full sequence before attention, so the same boundaries hold there too.
-
-Every parameter also knows how to initialise its shard from the full, layout-independent tensor
-(`init_shard`), so TP = 1 and TP = 2 start from the same model bit for bit.
+Why and how: docs/engine/model.md, section `engine/model/layers.py`.
 """
 
 import math

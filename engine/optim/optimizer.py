@@ -1,20 +1,6 @@
 """AdamW with fp32 master weights and fp32 moments over the flat buffers.
 
-The model computes in its own dtype (bf16 on GPU); the optimizer keeps fp32 masters for the slice
-of the flat buffers this data-parallel rank owns (`FlatBuffers.shard_ranges`), steps them with
-torch's AdamW (fused on CUDA, foreach on CPU) using the fp32 `main_grad` views as gradients, and
-writes the result back into the model's parameter buffer. One `Segment` is the part of one
-parameter that lies in an owned range; with DP = 1 every parameter is one whole segment.
-
-Weight decay applies to matrices and embeddings (ndim >= 2), never to norm gains.
-
-Per-parameter lr multipliers (muP, engine/optim/mup.py): torch param groups are keyed by (multiplier,
-decay), and `step(lr)` sets each group's lr to lr x multiplier. Segments never straddle two
-parameters, so a ZeRO-1 shard of the flat buffers (any element range, any bucket) gives every element
-the multiplier of the parameter it belongs to. Decay is torch's decoupled AdamW: p -= group lr x wd x p,
-so it scales with the multiplier too.
-
-Grad norm under TP: every element counts once, as the layers declare (engine/model/tp_grads.py, `TPGrads.counted`).
+Why and how: docs/engine/optim.md, section `engine/optim/optimizer.py`.
 """
 
 import math

@@ -1,5 +1,6 @@
-"""Applying TP and DP to a model and its optimizer: gradient sums and reduce-scatters, parameter
-all-gathers overlapped with the forward, and checkpointable ZeRO-1 optimizer state; or FSDP2 (--fsdp)."""
+"""The data-parallel side of training: ZeRO-1 (gradient sync by bucket, parameter all-gathers behind the forward,
+the sharded optimizer state of checkpoints) or FSDP2 (--fsdp). What TP asks of the gradients is the layers'
+(engine/model/tp_grads.py)."""
 
 from engine.sharding.fsdp import ShardedAdamW, fsdp_optimizer_state, load_fsdp_optimizer_state, shard_model
 from engine.sharding.grad_sync import GradSync

@@ -1,33 +1,6 @@
 """Fully sharded data parallelism (--fsdp): torch's FSDP2 over each TP rank's own shards.
 
-Layout: the 2-D DeviceMesh (dp, tp) of ParallelState's own groups (TP = consecutive ranks). The
-hand-written TP layers keep their local shards as plain tensors; `fully_shard` shards those again, by
-rows (dim 0), over the `dp` sub-mesh: every TP rank's copy is sharded over its DP group, and FSDP2
-never sees the TP split (no DTensor TP; the TP collectives stay the layers' own). One fully_shard per
-decoder layer and one at the root (embedding, final norm, LM head), so FSDP2 all-gathers a layer just
-before its forward, on its own stream: the next layer's all-gather runs behind this layer's compute as far as the
-host runs ahead (FSDP2's implicit forward prefetch), and backward prefetches the previous layer's;
-`reshard_after_forward` frees each layer's gathered weights after its forward (not the last layer's:
-backward needs it at once, as torchtitan does).
-
-Precision: the sharded parameters are the fp32 masters; MixedPrecisionPolicy all-gathers them in the
-compute dtype (bf16 on GPU) and reduce-scatters gradients in fp32, summed (not averaged: the loss is
-already divided by the global token count, engine/train.py), once per micro-batch's backward into the
-fp32 sharded `.grad`. torch's AdamW steps the sharded parameters, so its moments are sharded alike.
-Gradient-accumulation fusion is off under --fsdp (engine/config.py): FSDP2 owns the unsharded gradient
-the fused weight-gradient GEMMs would write into (the layers fall back to autograd's gradient when a
-parameter has no MainGrad).
-
-What TP asks of the gradients (engine/model/tp_grads.py) is unchanged, applied to the sharded
-gradients after backward: a TP group's ranks all hold tensors of the same shape, so each DP rank holds
-the same rows of each of them and the sums (replicated K/V rows, sequence-parallel norm gains) are
-sums of the same slices. The grad norm counts each element once by the same rules as the ZeRO-1
-optimizer (`TPGrads.counted`).
-
-Checkpoints: the ZeRO-1 format (engine/sharding/zero_state.py). A DP rank's dim-0 shard of a row-major
-tensor is one contiguous range of the flattened tensor, so it is a piece of the same ShardedTensor the
-ZeRO-1 optimizer writes (`[tp{r}/]{master,exp_avg,exp_avg_sq}/<name>`, flattened): DCP reshards
-between the two modes and any DP sizes.
+Why and how: docs/engine/sharding.md, section `engine/sharding/fsdp.py`.
 """
 
 import math
