@@ -19,7 +19,7 @@ Per mode (one line each in the table, everything in the JSON):
   into buffers pinned at start-up, plus any wait for the previous write) and `write_s` of each
   background write;
 - `ckpt GB`: bytes of one checkpoint folder (all ranks), and the SHA-256 rate of this machine
-  (one thread in memory; engine/checksums.py's threaded file hashing), which bounds the hashing cost.
+  (one thread in memory; engine/checkpoint/checksums.py's threaded file hashing), which bounds the hashing cost.
 
 Disk: each run keeps one checkpoint (--keep-last 1), but a save writes the next one beside the
 previous: the 8B at TP 2 needs ~2 x 96 GB unless --saves 1 (then ~96 GB). --save-dir puts them on a
@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import launcher  # noqa: E402
-from engine.checksums import hash_files, hash_threads  # noqa: E402 - the checkout's engine, after the path
+from engine.checkpoint.checksums import hash_files, hash_threads  # noqa: E402 - the checkout's engine, after the path
 
 __all__ = ["main"]
 
@@ -66,7 +66,7 @@ def run(mode: str, args: argparse.Namespace, workdir: Path) -> dict:
     cmd = [*launcher(args.nproc), "-m", "engine", "pretrain", *flags]
     env = dict(os.environ)
     if args.device == "cuda" and args.nproc > 1:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # as bench/mfu.py: TP overlap needs one hardware queue
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # as bench/train_mfu.py: TP overlap needs one hardware queue
     print(f"[{mode}] {' '.join(cmd)}", flush=True)
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     arrivals: dict[int, float] = {}
@@ -103,7 +103,7 @@ def run(mode: str, args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def hash_rates(workdir: Path, size_mb: int) -> dict:
-    """SHA-256 GB/s: one thread over bytes in memory, and engine/checksums.py's hash_files (threads over
+    """SHA-256 GB/s: one thread over bytes in memory, and engine/checkpoint/checksums.py's hash_files (threads over
     64 MiB blocks) over a file in the page cache."""
     data = os.urandom(size_mb << 20)
     t0 = time.perf_counter()
@@ -135,7 +135,7 @@ def print_table(results: list[dict], saves: int, rates: dict) -> None:
         print(f"{r['mode']:<10}{r['window_s']:>10.2f}{r['median_step_s']:>9.3f}{stall:>12}{outside:>14}{engine:>22}"
               f"{write:>20}{size:>9}")
     print(f"sha256: {rates['sha256_gbps_one_thread']:.2f} GB/s on one thread in memory, {rates['hash_files_gbps']:.2f} GB/s "
-          f"with engine/checksums.py's {rates['hash_threads']} threads from the page cache (per rank; ranks hash in parallel)")
+          f"with engine/checkpoint/checksums.py's {rates['hash_threads']} threads from the page cache (per rank; ranks hash in parallel)")
     print("stall/ckpt: (window - none's window) / saves; outside/ckpt: window minus the steps' own time_s, per save")
 
 

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from engine.atomic import write_text_atomic  # noqa: E402  (needs the checkout on sys.path first)
+from engine.atomic_files import write_text_atomic  # noqa: E402  (needs the checkout on sys.path first)
 from guards.config import load_config  # noqa: E402
 from guards.runner import DEFAULT_PACKAGES, check_paths  # noqa: E402
 from guards.source import iter_python_files  # noqa: E402

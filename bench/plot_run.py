@@ -2,7 +2,7 @@
 
     python bench/plot_run.py RUN/metrics.jsonl docs/img/run.png --title "minicpm4-0.5b, real corpus, H200"
 
-Reads the records the engine writes (engine/metrics.py: kind "loss" every step, kind "eval" at each
+Reads the records the engine writes (engine/step_log.py: kind "loss" every step, kind "eval" at each
 evaluation), so it plots any run, on any machine. Needs matplotlib (not an engine dependency).
 """
 

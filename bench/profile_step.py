@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.peers.common import engine_config  # noqa: E402
-from engine.atomic import write_text_atomic  # noqa: E402
+from engine.atomic_files import write_text_atomic  # noqa: E402
 from engine.ops.dispatch import OP_NAMES  # noqa: E402
 
 __all__ = ["main", "family", "exposed_ms", "summarize_kernels", "gemm_flops", "gemms_by_shape", "idle_gaps",

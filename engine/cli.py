@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "back and evaluate it against the checkpoint",
                           description="Per-row symmetric int8 for 2-D weights of at least --quantize-min-numel elements, "
                                       "fp32 for the rest (norm gains, small matrices), zlib-compressed into one file "
-                                      "(engine/export_int8.py); then the file is loaded back and val_loss / val_bpb of "
+                                      "(engine/checkpoint/int8_export.py); then the file is loaded back and val_loss / val_bpb of "
                                       "the original and the round-tripped weights are printed, with the file size.")
     int8.add_argument("--checkpoint", required=True, help="checkpoint folder (a step_* folder or a save dir: newest), "
                                                           "any TP layout")
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     batches = sub.add_parser("batches", help="write the token batches given optimizer steps of a run train on",
                              description="Write <out>/batches.json: the whole global batch of each of --steps for a "
-                                         "pretrain run with these flags (engine/data/batches.py), without training.")
+                                         "pretrain run with these flags (engine/data/step_batches.py), without training.")
     _add_config_flags(batches)
     batches.add_argument("--steps", required=True, help="optimizer steps (1-based, as [LOSS] step=N): 7,8 or 2-8")
     batches.add_argument("--world-size", type=int, default=1, help="processes the run was launched on (DP = this / --tp)")
@@ -214,14 +214,14 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from engine.export_hf import export_hf
+    from engine.checkpoint.hf_export import export_hf
 
     export_hf(args.checkpoint, args.out, dtype=args.dtype)
     return 0
 
 
 def _export_int8(args: argparse.Namespace) -> int:
-    from engine.export_int8 import export_int8
+    from engine.checkpoint.int8_export import export_int8
 
     export_int8(args.checkpoint, args.out, min_numel=args.quantize_min_numel, eval_samples=args.eval_samples,
                 device=args.device)
@@ -229,7 +229,7 @@ def _export_int8(args: argparse.Namespace) -> int:
 
 
 def _eval_int8(args: argparse.Namespace) -> int:
-    from engine.export_int8 import eval_int8
+    from engine.checkpoint.int8_export import eval_int8
 
     eval_int8(args.int8, eval_samples=args.eval_samples, device=args.device)
     return 0
@@ -265,7 +265,7 @@ def _config_reference(args: argparse.Namespace) -> int:
 
 
 def _batches(args: argparse.Namespace) -> int:
-    from engine.data.batches import parse_steps, write_batches
+    from engine.data.step_batches import parse_steps, write_batches
 
     cfg = config_from_args(args)
     steps = parse_steps(args.steps)
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.command != "batches":
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if unknown:  # `batches` states the batches of a newer engine's runs too (engine/data/batches.py)
+    if unknown:  # `batches` states the batches of a newer engine's runs too (engine/data/step_batches.py)
         print(f"batches: ignoring flags this engine does not know: {' '.join(unknown)}", file=sys.stderr)
     try:
         return _COMMANDS[args.command](args)

@@ -182,7 +182,7 @@ class EngineConfig:
                     "AdamW moments sharded over DP, bf16 all-gathered per layer and prefetched, gradients "
                     "reduce-scattered in fp32; needs DP >= 2 and --optimizer adamw; the ZeRO-1 knobs (--ddp-bucket-mb, "
                     "--overlap-grad-reduce, --overlap-param-gather) do not apply and --grad-accum-fusion is recorded "
-                    "off (engine/parallel/fsdp.py)", "parallel")
+                    "off (engine/sharding/fsdp.py)", "parallel")
 
     # --- kernels (empty: the op's register.toml default; TEMPER_OP_<OP> overrides)
     op_attention: str = _f("", "attention kernel version (see engine/ops/attention/register.toml)", "kernels")

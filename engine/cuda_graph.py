@@ -1,22 +1,6 @@
 """--cuda-graphs: a micro-batch's forward and backward captured once as a CUDA graph and replayed.
 
-Eager, a micro-batch is several hundred kernel launches from Python (engine/train.py `train_step`: the model's
-forward, then backward of loss / valid into the fp32 gradient buffer). Here the same forward and backward are
-captured once as one CUDA graph and every later micro-batch is one replay, so the GPU never waits on the host
-between the micro-batch's kernels (the issue's lever for the glue between the ops; bench/mfu.py measures it on
-and off, docs/benchmarks.md). Capture records what the Python side decided once (which hooks add what, the
-fused-gradient flags of engine/distributed/wgrad.py), so a graph is right only while every micro-batch would
-decide the same and touch the same memory:
-- the tokens, labels and global token count are copied into static buffers before each replay and the loss is
-  read from a static tensor; weights and gradient buffers keep their storage for the whole run (the optimizer,
-  a resume and evaluation write them in place);
-- one process (TP 1, DP 1): the TP collectives and the last micro-batch's DP bucket launches are Python-side
-  decisions per micro-batch, and --document-mask changes its layout per batch; engine/config.py refuses those,
-  and engine/train.py `resolve_device` a device other than CUDA.
-The first micro-batch runs eagerly on the capture stream (torch's recipe: lazy initialisation such as kernel
-compilation and cuBLAS's workspace happens outside the capture), the second is captured and then replayed like
-every later one. A replay runs the captured kernels on the same data, so a run computes the same bits with and
-without graphs (tests/engine/test_cuda_graphs.py).
+Why and how: docs/engine/training.md, section `engine/cuda_graph.py`.
 """
 
 import torch

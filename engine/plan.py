@@ -1,27 +1,6 @@
 """`python -m engine plan`: which TP x DP-mode x mbs x GAS x recompute layout to train a preset with on N GPUs.
 
-Every layout the engine would accept (engine/config.py's `resolve`, so a refused one is never proposed) gets a
-predicted peak memory per GPU from the written-down model below, and a predicted step time; those that fit
-the card with >= 5 % headroom are marked, and the fastest of them is named.
-
-Memory per GPU, bytes (P = this TP rank's parameters, d = DP, t = TP, T = mbs x seq tokens, L layers):
-- parameter state, ZeRO-1: 2 P (bf16 weights) + 4 P (fp32 gradient buffer) + 12 P / d (fp32 masters and the
-  two AdamW moments, sharded); --fsdp: 16 P / d (fp32 parameters, gradients and moments, all sharded) plus the
-  bf16 copies FSDP2 gathers: the root's (embedding and LM head, 2 x 2 x V/t x h bytes) and three layers' (the one
-  computing, the one prefetched, the last one kept for backward);
-- activations saved for backward, bf16, per layer and micro-batch (h hidden, f FFN, qkv = this rank's QKV rows,
-  q = its query width): none 2 T (5 h + 2 qkv + q + 3 f/t) (the norms' inputs and outputs, QKV's output and
-  RoPE's, attention's output, FC1's output and SwiGLU's); selective 2 T (4 h + qkv) (layer inputs and the
-  cuBLAS matmul outputs: the CuTeDSL attention and FC1 are recomputed, engine/model/recompute.py); full
-  2 T x 2 h (each layer's two inputs) plus one layer's `none` activations while it is recomputed.
-Checked against the peaks measured on 4 x H200 (docs/benchmarks.md "4 GPUs"; tests/engine/test_plan.py): within
-10 % of torch's peak allocated memory for every measured layout.
-
-Step time = FLOPs of the step (engine/flops.py) / (GPUs x peak x an MFU estimate). The estimate is measured, not
-modelled: MiniCPM4-8B on 4 x H200 at mbs 2 (same section) gave ZeRO-1 0.588 at TP 1 and 0.531 at TP 2, --fsdp
-0.497 and 0.461; selective recompute kept 85 % of that at TP 1 and 75 % at TP 2. Unmeasured points are
-extrapolated and marked `est`: each TP doubling past 2 keeps 90 %, full recompute keeps 75 % (its FLOPs are 4/3),
-mbs 1 keeps 94 % (the sweep of the one-GPU slice at seq 4096), mbs 4 as mbs 2.
+Why and how: docs/engine/training.md, section `engine/plan.py`.
 """
 
 import dataclasses
@@ -73,7 +52,7 @@ def _local_params(cfg: EngineConfig, tp: int) -> tuple[int, int, int]:
 
 
 def memory_bytes(cfg: EngineConfig, tp: int, dp: int, mode: str, recompute: str) -> float:
-    """Predicted peak bytes per GPU (the model in the module docstring)."""
+    """Predicted peak bytes per GPU (the model: docs/engine/training.md, engine/plan.py)."""
     p, layer, root = _local_params(cfg, tp)
     if mode == "fsdp":
         state = 16 * p / dp + 2 * (root - cfg.hidden_size) + 3 * 2 * layer
@@ -90,7 +69,7 @@ def memory_bytes(cfg: EngineConfig, tp: int, dp: int, mode: str, recompute: str)
 
 
 def mfu_estimate(tp: int, mode: str, mbs: int, recompute: str) -> tuple[float, bool]:
-    """(MFU, whether it is a measured point) for a layout (the module docstring says where the numbers come from)."""
+    """(MFU, whether it is a measured point) for a layout (docs/engine/training.md says where the numbers come from)."""
     base_tp = min(tp, 2)
     value = _MEASURED[(mode, base_tp)] * 0.9 ** max(0, int(math.log2(tp)) - 1)
     measured = tp <= 2 and mbs == 2 and recompute != "full"

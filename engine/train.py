@@ -1,26 +1,6 @@
 """The pretraining loop: `python -m engine pretrain` (torchrun for several processes).
 
-Order of work, so that bad input fails before anything is written:
-1. resolve the config against the launch (batch sizes, layout), pick device and dtype;
-2. validate the resume target and build the data (tokenizer / dataset errors surface here);
-3. only then create the run dir, print the header, build model and optimizer, restore state;
-4. per step: all micro-batches' valid tokens are counted first, so each micro-batch's loss is
-   divided by the GLOBAL token count (exact gradient whatever mbs x GAS x DP split);
-   NaN/Inf stops the run before the optimizer step (the last checkpoint is never overwritten);
-   SIGTERM / SIGUSR1 save a checkpoint at the next step boundary and exit 0.
-5. --max-wall-s: after every step the ranks agree on the elapsed training time (the MAX over ranks,
-   in the same all-reduce as the stop flag, so no rank stops alone and leaves the others waiting in a
-   collective) and stop once it reaches the budget: final evaluation and checkpoint, as at --num-steps.
-   The elapsed time is the loop's own (start-up, compilation of the data and periodic evaluations are
-   not counted), read from `clock` (tests pass a fake one), and kept in every checkpoint: the budget
-   is the total over resumes of the training that survives in the checkpoint (time lost after the
-   last checkpoint to a crash is not counted). The LR of each step is planned against it
-   (engine/optim/schedule.py: --warmdown-frac).
-
-Parallelism (docs/parallelism.md): `GradSync` completes gradients during the last micro-batch's
-backward (TP sums, DP reduce-scatter per bucket), the optimizer steps its ZeRO-1 shard, and
-`ParamGather` all-gathers the updated parameters while the next forward starts. A single process
-has neither (no hooks, no collectives): its numbers are those of the plain loop.
+Why and how: docs/engine/training.md, section `engine/train.py`.
 """
 
 import json
@@ -34,9 +14,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from engine.async_checkpoint import BackgroundSaver, FinishedSave
-from engine.atomic import check_writable_dir, write_text_atomic
-from engine.checkpoint import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
+from engine.checkpoint.async_save import BackgroundSaver, FinishedSave
+from engine.atomic_files import check_writable_dir, write_text_atomic
+from engine.checkpoint.store import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
                                refuse_earlier_run, remove_stale_temporaries, save_checkpoint, select_checkpoint)
 from engine.config import EngineConfig, resolve, to_dict
 from engine.cuda_graph import MicroBatchGraph
@@ -48,13 +28,14 @@ from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
 from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
-from engine.metrics import MetricsWriter, skip_line
+from engine.step_log import MetricsWriter, skip_line
 from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
+from engine.model.tp_grads import global_param_count
 from engine.ops import resolve_ops
 from engine.optim import (FlatBuffers, LossSpikeGuard, MixedPrecisionAdamW, Muon, describe_multipliers, lr_at,
                           lr_multipliers, muon_parts)
-from engine.parallel import (GradSync, ParamGather, ShardedAdamW, apply_tensor_parallel, fsdp_optimizer_state,
-                             global_param_count, load_fsdp_optimizer_state, load_optimizer_state, optimizer_state,
+from engine.sharding import (GradSync, ParamGather, ShardedAdamW, fsdp_optimizer_state,
+                             load_fsdp_optimizer_state, load_optimizer_state, optimizer_state,
                              shard_model)
 from engine.runinfo import device_name, header_lines
 
@@ -157,7 +138,7 @@ class Trainer:
         self.peak = peak_flops(cfg, device_name(par.device))
 
         # 3. model and optimizer; a damaged checkpoint is rejected here, still before any write
-        # --fsdp: fp32 parameters (FSDP2's sharded masters), all-gathered in the compute dtype (engine/parallel/fsdp.py)
+        # --fsdp: fp32 parameters (FSDP2's sharded masters), all-gathered in the compute dtype (engine/sharding/fsdp.py)
         self.model: Transformer = build_model(cfg, par, self.ops, torch.float32 if cfg.fsdp else dtype)
         self.lr_multipliers = lr_multipliers(self.model, cfg)
         self.fsdp: ShardedAdamW | None = None
@@ -167,18 +148,20 @@ class Trainer:
         self.param_gather: ParamGather | None = None
         if cfg.fsdp:
             shard_model(self.model, par, dtype)
+        tp_grads = self.model.tp_grads()  # after --fsdp's sharding: the parameters as trained
+        if cfg.fsdp:
             self.optimizer: MixedPrecisionAdamW | ShardedAdamW = ShardedAdamW(
-                self.model, cfg, par, self.lr_multipliers, apply_tensor_parallel(self.model, cfg, par))
+                self.model, cfg, par, self.lr_multipliers, tp_grads)
             self.fsdp = self.optimizer
         else:
-            grad_sums = apply_tensor_parallel(self.model, cfg, par)
             self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4,
                                        fuse_wgrad=cfg.grad_accum_fusion)
             # --optimizer muon: Muon steps the hidden matrices, AdamW the rest (and takes the grad norm and clips for both)
             parts = muon_parts(self.model, cfg, par) if cfg.optimizer == "muon" else {}
-            self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers, others=frozenset(parts))
+            self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers, tp_grads,
+                                                 others=frozenset(parts))
             self.muon = Muon(self.buffers, cfg, par, self.lr_multipliers, parts, dtype) if parts else None
-            self.grad_sync = GradSync(self.buffers, par, grad_sums, overlap=cfg.overlap_grad_reduce)
+            self.grad_sync = GradSync(self.buffers, par, tp_grads.sums, overlap=cfg.overlap_grad_reduce)
             self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
         self.spike_guard = LossSpikeGuard(cfg, par)
         self.micro_graph = MicroBatchGraph(self.model) if cfg.cuda_graphs else None
@@ -201,7 +184,7 @@ class Trainer:
             stale = remove_stale_temporaries(self.save_dir)
         self.metrics = MetricsWriter(self.run_dir, enabled=par.is_main, tensorboard=cfg.tensorboard,
                                      resume_step=self.step if self.resume_from is not None else None)
-        n_params = global_param_count(self.model, par)
+        n_params = global_param_count(self.model, tp_grads, par)
         for line in header_lines(device=par.device, launcher=launcher, world=par.world_size, tp=par.tp_size,
                                  dp=par.dp_size, hosts=par.hosts, op_versions=self.ops.versions, data=self.data.description,
                                  params=n_params, matmul_params=matmul_params(cfg),

@@ -1,16 +1,6 @@
 """`python -m engine warmup-kernels`: compile every configured op on the run's shapes, fill the cache.
 
-For each op this resolves the version the run would use (env > --op-* > register default, exactly as
-pretrain does), builds one rank's inputs at the preset's shapes (micro-batch x sequence, TP-sharded
-heads / FFN / vocabulary, attention within synthetic documents when --document-mask is on; see
-engine/ops/workloads.py) and runs forward + backward twice: the first call compiles (or loads from the
-on-disk cache under TEMPER_KERNEL_CACHE, default ~/.cache/temper/kernels), the second is a warm call;
-then a forward under torch.no_grad, as evaluation calls it (gemm_output's CE kernel has a variant
-without a gradient to keep). The table shows both times, so "first call minus warm call" is what a
-training run's first step would otherwise spend compiling. baseline versions (plain torch) have nothing
-to compile and are listed as such.
-
-On a machine without CUDA there is nothing to compile: the command says so and exits 0.
+Why and how: docs/engine/training.md, section `engine/warmup.py`.
 """
 
 import dataclasses

@@ -22,7 +22,7 @@ and the fix; the CLI turns it into exit code 2. The format (every key optional u
 
     [recognition]
     packages = ["engine"]                         # packages that never look at what machine runs them
-    process = ["engine/atomic.py"]                # fact family -> the files that may read it (FAMILIES)
+    process = ["engine/atomic_files.py"]                # fact family -> the files that may read it (FAMILIES)
 
 A layer entry covers the module it names and everything below it ("engine.model" covers
 engine/model/*), except the package's own name ("engine"), which covers only engine/__init__.py:

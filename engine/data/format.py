@@ -1,29 +1,6 @@
 """On-disk format of a prepared split: raw little-endian token shards plus `index.json`.
 
-A prepared split is a folder:
-
-    index.json          what the shards hold (schema below), written last
-    tokens-00000.bin    raw token ids, little-endian uint16 (vocab <= 65536) or uint32
-    tokens-00001.bin    ... the stream continues; a document may span two shards
-
-The token stream is every document's ids followed by the tokenizer's EOS, documents in dataset
-order. There is no per-document offset table: training packs the stream into fixed-length samples
-and never needs document boundaries beyond the EOS tokens themselves.
-
-`index.json` (FORMAT_VERSION 1):
-
-    format, version           "temper-token-shards", 1
-    tokenizer                 {name, vocab_size, eos_id, bos_id, kind, path}
-    dtype, byte_order         "uint16" | "uint32", "little"
-    num_documents, num_tokens documents written (empty ones are skipped) and tokens incl. EOS
-    num_bytes                 UTF-8 bytes of the rendered texts (for bits-per-byte)
-    num_records, num_empty    records read, records whose rendered text was empty (skipped)
-    shards                    [{file, num_tokens, sha256}] in stream order
-    source                    {kind, source, config, split, files, builder, text_field,
-                               text_template, description}
-
-This module holds only constants and stdlib helpers so that tokenizer worker processes, which
-import engine.data.prepare, never pay for importing torch.
+Why and how: docs/engine/data.md, section `engine/data/format.py`.
 """
 
 import json
@@ -31,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import write_text_atomic
+from engine.atomic_files import write_text_atomic
 
 __all__ = [
     "FORMAT_NAME",
@@ -76,5 +53,5 @@ def shard_file_name(index: int) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """JSON through the engine's one atomic writer (engine/atomic.py: temp file, fsync, os.replace, fsync the folder)."""
+    """JSON through the engine's one atomic writer (engine/atomic_files.py: temp file, fsync, os.replace, fsync the folder)."""
     write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False, sort_keys=True) + "\n")

@@ -1,22 +1,6 @@
 """Packing the token stream into samples and dealing them to data-parallel ranks, resumably.
 
-`PackedSamples`: the stream (documents joined by EOS, exactly as `prepare` wrote it) cut Megatron
-style into samples of seq_length + 1 tokens, sample i starting at token i * seq_length, so
-consecutive samples share one token and every token but the first is a label exactly once per
-epoch. Inputs are sample[:-1], labels sample[1:]. Samples cross document boundaries: the EOS in
-the middle tells the model where one document ends (no attention masking across documents, the
-MiniCPM / Megatron pretraining default).
-
-`BatchLoader`: one epoch is a permutation of all samples drawn from a torch.Generator seeded by
-(seed, epoch). Step s of an epoch takes rows [s * G, (s + 1) * G) of that permutation, where
-G = micro_batch_size x grad_accum_steps x dp_size is the global batch. Micro-batch m of DP rank r
-takes rows [(m * dp + r) * mbs, (m * dp + r + 1) * mbs) of the step's rows, so the set of samples
-in an optimizer step depends only on G: DP=2 x GAS=1 and DP=1 x GAS=2 train on the same global
-batch, and a run may resume on a different layout with the same global batch. The last
-len % G samples of an epoch are dropped, so a step never mixes two epochs.
-
-The loader's state is four integers plus identities (`state_dict`); the next batch is a pure
-function of it, which is what makes bitwise resume possible.
+Why and how: docs/engine/data.md, section `engine/data/loader.py`.
 """
 
 import hashlib

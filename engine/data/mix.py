@@ -1,20 +1,6 @@
 """--data-mix: several prepared datasets sampled by weight, deterministic, resumable, with an anneal phase.
 
-`MixedSamples` puts the sources' packed samples (engine/data/loader.py's PackedSamples, one per folder
-of `engine prepare`) in one index space: sample j of source s is row offset[s] + j. `MixLoader` deals
-global batches of those rows with BatchLoader's surface, so the trainer, the checkpoint and
-`engine batches` (which the judge replays) read a mixed run exactly as a single-source one:
-- the source of each row of step n is drawn from the step's weights (--data-mix, or --data-mix-anneal
-  from step round(at x num_steps) + 1 on) by a generator seeded by (seed, n) alone: the same seed gives
-  the same sources, and a resumed run draws step n's sources as the uninterrupted one did;
-- each source hands out its samples in the order of its own permutation, a new one per epoch seeded by
-  (seed, the source's fingerprint, epoch), from a cursor; a source that runs out starts its next epoch
-  (small sources repeat; nothing is dropped);
-- the loader's state is the step count, every cursor and the per-source token counts (a few integers):
-  the next batch is a pure function of it, which makes the resume exact;
-- data-parallel ranks cut the same global batch as BatchLoader does (`deal`), so DP ranks read disjoint
-  rows that together cover the batch, whatever mbs x GAS x DP gives the global batch size.
-Validation is the first source's validation split.
+Why and how: docs/engine/data.md, section `engine/data/mix.py`.
 """
 
 import hashlib

@@ -1,25 +1,6 @@
 """`prepare`: a dataset split -> memory-mapped token shards + index.json (engine/data/format.py).
 
-Sources (`--hf-dataset`):
-- a Hub name (`org/name`), loaded with `datasets.load_dataset(name, config, split=...)`;
-- local files: one file or a glob is a single split named `train` (the HF convention); a folder
-  maps files to splits by name, `<split>-*.ext`, `<split>_*.ext` or `<split>.ext` (so
-  ../shared/data/corpus gives train, validation and sample), also one folder down (`data/train-*`,
-  the Hub layout), and every file in a subfolder named like a split (`train/`, `validation/`,
-  `test/`, ...) belongs to that split; a `save_to_disk` folder is read with `datasets.load_from_disk`. Formats by extension: parquet, arrow, json/jsonl (optionally
-  .gz/.bz2/.xz/.zst), csv, txt (one record per line, field `text`).
-
-Each record becomes one document: the `--hf-text-field` value, or `--hf-text-template` rendered
-with `str.format_map` over the record (missing values render as ""). Empty documents are skipped
-and counted. Documents are tokenized in batches (`num_proc` spawn workers, results kept in dataset
-order so the output does not depend on `num_proc`), each followed by the tokenizer's EOS.
-
-Crash safety: everything is built in a hidden temp folder beside the target and moved into place
-with `os.replace` only when complete; on any error the temp folder (and any parent folder this call
-created) is removed, so a failed or interrupted run leaves no half-written split and never touches
-a previously prepared one. Local sources are converted by `datasets` into a scratch cache inside
-that temp folder (deleted before publishing: the shards are the cache); Hub downloads use the
-normal HF cache so they are not fetched twice.
+Why and how: docs/engine/data.md, section `engine/data/prepare.py`.
 """
 
 import array
@@ -39,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from engine.atomic import check_replaceable, replace_dir, sibling_dir
+from engine.atomic_files import check_replaceable, replace_dir, sibling_dir
 from engine.data.embedded import EMBEDDED_SPLITS, embedded_file, read_embedded
 from engine.data.format import (
     FORMAT_NAME, FORMAT_VERSION, INDEX_FILE, SHARD_MAX_BYTES, dtype_for_vocab, itemsize,

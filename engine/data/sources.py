@@ -1,20 +1,6 @@
 """`build_data`: the training and validation samples of a run, from wherever the config says.
 
-Resolution order:
-0. --data-mix: several folders of `engine prepare`, sampled by weight (engine/data/mix.py).
-1. --data-path: a folder written by `python -m engine prepare` (train/ and validation/).
-2. --hf-dataset: prepared on the fly into <cache_dir>/<key>/, key = hash of (source, config, splits,
-   text field / template, tokenizer name, local files' sizes and mtimes), and reused when present.
-3. neither: the embedded corpus (engine/data/corpus), tokenized in memory, with the byte tokenizer
-   unless --tokenizer-path is set. Needs nothing but torch.
-
-Multi-process runs (2.): only the process with global rank 0 prepares; the others poll for
-<key>/complete.json, which rank 0 writes after both splits are in place, and give up after
-`wait_timeout_s`. A file, not a collective, because torch.distributed may not be initialised yet
-when data is built (and must not hang in a barrier while one rank tokenizes for an hour). If rank 0
-fails it writes <key>/failed.json with its error, so the others stop at once instead of waiting
-out the timeout. Across several hosts cache_dir must be on a filesystem they all see; otherwise
-run `prepare` once and pass --data-path.
+Why and how: docs/engine/data.md, section `engine/data/sources.py`.
 """
 
 import hashlib

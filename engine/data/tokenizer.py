@@ -1,21 +1,6 @@
 """Tokenizers the engine trains with: raw bytes, HF `tokenizers` (tokenizer.json), `sentencepiece`.
 
-Every tokenizer exposes the same small surface (`Tokenizer`): a stable `name` that changes whenever
-the ids it produces could change (it carries a content hash), `vocab_size` counting every id the
-tokenizer knows (added and special tokens included, so MiniCPM4 is 73448, not sentencepiece's
-73440), the `eos_id` that `prepare` appends to every document, `encode` without BOS/EOS, and
-`token_byte_lengths` for bits-per-byte.
-
-Special tokens written in the text are tokenized as plain text on every backend (sentencepiece
-never matches control tokens in input; for tokenizer.json we set `encode_special_tokens`), so a
-document cannot smuggle `<|im_end|>` or `</s>` into the training stream: the only EOS ids in a
-prepared split are the separators `prepare` put there.
-
-MiniCPM4 ships both files and they disagree on the first token (../shared/data/README.md): the
-tokenizer.json normalizer is HF's "legacy" Llama converter output, `Prepend("▁")` + `Replace(" ",
-"▁")`, while tokenizer.model says `add_dummy_prefix=false`. The engine's reference is the
-sentencepiece model (the model was trained on its ids), so a folder loads tokenizer.model, and a
-tokenizer.json with a sibling tokenizer.model is repaired to match it, see `_align_with_sentencepiece`.
+Why and how: docs/engine/data.md, section `engine/data/tokenizer.py`.
 """
 
 import abc

@@ -1,16 +1,6 @@
 """Flat collectives that pick the right primitive for the backend.
 
-NCCL (GPU) uses the single-tensor collectives, in place where a buffer allows it (Megatron does the
-same): `reduce_scatter` writes this rank's chunk of a flat buffer from the buffer itself, and
-`all_gather` fills a flat buffer from this rank's chunk of it. gloo (CPU, CI) gets the portable
-equivalents, because not every torch release's gloo has the single-tensor forms: reduce-scatter is
-an all-reduce of the whole buffer (this rank's chunk of the result is the reduce-scatter's answer;
-the other chunks are not read), and all-gather is the list form, which gloo copies into the chunk
-views when the work completes.
-
-Every function takes `async_op` and returns the work handle (None when synchronous). On NCCL,
-`work.wait()` only makes the current CUDA stream wait for the communication stream: it never blocks
-the host, so waiting per bucket costs no host synchronisation.
+Why and how: docs/engine/distributed.md, section `engine/distributed/collectives.py`.
 """
 
 import torch

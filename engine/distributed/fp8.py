@@ -1,37 +1,6 @@
 """FP8 GEMMs of the decoder's linear layers (--fp8; docs/fp8.md): dynamic scaling, torch._scaled_mm.
 
-A linear y = x W^T runs three GEMMs, each written here as A B^T with the reduction dimension K last in
-both operands (what `torch._scaled_mm(a, b.t())` wants: a row-major, b column-major):
-
-    forward  y  = x  W^T     A = x [n, in],    B = W   [out, in]     K = in
-    dgrad    dx = dy W       A = dy [n, out],  B = W^T [in, out]     K = out
-    wgrad    dW = dy^T x     A = dy^T [out, n], B = x^T [in, n]      K = n (tokens)
-
-Every operand is cast to FP8 with a scale computed from its own amax at the time (dynamic scaling, no
-history): q = clamp(t * scale, -max, max) cast, scale = max / amax (1 where amax is 0), and the GEMM
-multiplies the product back by 1 / (scale_a scale_b) in its epilogue. The recipes follow torchao's:
-
-- tensorwise: one scale per tensor; activations and weights E4M3 (max 448, 3 mantissa bits), the output
-  gradient E5M2 (max 57344, 2 mantissa bits: range before precision for gradients). cuBLAS's FP8 GEMM.
-- rowwise: one scale per row of each operand along K (so a row's scale never mixes with another row's
-  amax), everything E4M3, scales rounded down to a power of two (exact to apply). CUTLASS rowwise GEMM.
-
-Outputs are in the model dtype (bf16 on the GPU), as the bf16 path's; a weight gradient that goes into
-the fp32 `main_grad` (gradient-accumulation fusion) is produced in fp32 by the tensorwise GEMM and in
-the model dtype by the rowwise one (torch's rowwise kernel writes bf16), then added. Only the GEMM
-operands are FP8: the saved activations, master weights, optimizer and every other op are unchanged.
-
-Tensor parallelism: each rank scales its own shard (amax local, no collective). A column-parallel
-layer's input is the same on every rank, so its scale is too; weights and row-parallel inputs are
-shards whose amax differs per rank, and each rank's partial product is dequantized before the TP
-all-reduce, so the sum is of bf16 partials exactly as without FP8. A global amax would cost an
-all-reduce per operand per GEMM on the critical path and changes the result only through which scale
-each shard rounds with (tests/engine/test_fp8.py bounds the sharded-vs-unsharded difference).
-
-On CPU torch._scaled_mm runs the same casts and scales (fp32 arithmetic): the emulation the numerics
-tests use; on CUDA it needs compute capability 8.9 (Ada, Hopper) or newer (`check_fp8_device`).
-`reference_linear_fp8` is the plain-torch reference: the same quantisation, dequantised and multiplied
-in fp32.
+Why and how: docs/engine/distributed.md, section `engine/distributed/fp8.py`.
 """
 
 import torch

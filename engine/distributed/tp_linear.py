@@ -1,36 +1,6 @@
 """Tensor-parallel linear layers whose backward hides the input-gradient collective behind a GEMM.
 
-A column-parallel layer's input gradient is a partial sum on every TP rank and must be all-reduced
-(reduce-scattered under sequence parallelism) before the norm below it can run its backward; the
-weight gradient does not depend on that collective. Megatron therefore launches the collective
-asynchronously, computes the weight gradient meanwhile, and only then waits. Two places here:
-
-- QKV (`column_parallel_linear`): a custom linear, exactly Megatron's scheme: dgrad, launch its
-  all-reduce / reduce-scatter, wgrad, wait. Under sequence parallelism only this rank's rows of
-  the input are saved; the full input is all-gathered again in backward, overlapped with dgrad.
-- FC1 (`mlp_region` + FC2's `row_parallel_linear` with the region's hand-over as its weight-gradient sink):
-  FC1 is `ops.gemm_fc1(x, w)`, an op whose backward
-  is one autograd node computing dgrad and wgrad together (the fused CuTeDSL versions are one
-  custom Function; torch gives a custom Function a static `needs_input_grad`, so asking autograd
-  for dgrad and wgrad separately would run such a kernel's backward twice, and for the baseline
-  recompute the SwiGLU backward, costing about what the overlap saves). Instead the op stays a
-  black box and FC1's input-gradient collective is overlapped with the GEMM that precedes it in
-  backward: FC2's weight gradient. FC2's node returns only its dgrad and hands (grad_out, input)
-  to the region node at FC1's input, which launches the collective, computes FC2's wgrad, waits,
-  and returns FC2's weight gradient as an output of its own (the FC2 weight enters the layer
-  through that node). Autograd's dependency order guarantees the region node runs after FC2's
-  and the op's nodes. Same FLOPs as without overlap, the op contract untouched.
-
-The forward's collectives are the row-parallel layers' (O, FC2) output all-reduces. `row_parallel_linear` writes the
-GEMM's output itself and all-reduces it in place (no copy of it first); with `fwd_chunks` N > 1 (--tp-fwd-chunks) the
-GEMM runs in N row chunks and each chunk's all-reduce is launched as soon as the chunk is computed, so it runs on
-NCCL's stream beside the next chunk's GEMM (the forward counterpart of the backward overlap; every row's sum is the
-same dot products as in one GEMM). Under sequence parallelism the output is reduce-scattered in one piece.
-
-With `overlap` off, the same layers use the plain `copy_to_tp` / `gather_from_sp` operators. With
-TP = 1 the model never calls any of this (plain F.linear, bitwise the single-process engine).
-Activation checkpointing works: everything a backward needs is saved with save_for_backward, and
-the hand-over object lives inside one forward (a recomputed forward makes its own).
+Why and how: docs/engine/distributed.md, section `engine/distributed/tp_linear.py`.
 """
 
 from dataclasses import dataclass
@@ -227,7 +197,7 @@ class _MLPRegion(torch.autograd.Function):
 
 
 def mlp_region(x: torch.Tensor, w_next: torch.Tensor, tp: TPComm) -> tuple[torch.Tensor, torch.Tensor, WgradHandOver]:
-    """Start of the MLP's TP region with FC2's weight routed through it (see the module docstring).
+    """Start of the MLP's TP region with FC2's weight routed through it (docs/engine/distributed.md).
     Returns (FC1 input, FC2 weight to use, the hand-over: FC2's weight-gradient sink for `row_parallel_linear`)."""
     hand = WgradHandOver()
     x_out, w_alias = _MLPRegion.apply(x, w_next, hand, tp)

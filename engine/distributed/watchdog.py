@@ -5,7 +5,7 @@ SIGKILL, or its node agent crashing) leaves them training: orphans holding GPUs 
 waits for. Linux's PR_SET_PDEATHSIG would need ctypes, which the engine does not import (guards.toml
 [isolation]); instead a daemon thread polls os.getppid(), which changes once the parent is gone (the orphan is
 re-parented to init or a subreaper), and then SIGKILLs this process, as the launcher would have. Checkpoints are
-crash-safe (engine/checkpoint.py), so nothing is lost that a kill of the launcher did not already lose.
+crash-safe (engine/checkpoint/store.py), so nothing is lost that a kill of the launcher did not already lose.
 """
 
 import os

@@ -1,25 +1,6 @@
 """Gradient-accumulation fusion: weight gradients added straight into the fp32 gradient buffer.
 
-Unfused, a weight's gradient is a new tensor in the model dtype (bf16) from its weight-gradient GEMM,
-which FlatBuffers' post-accumulate hook then adds into the weight's fp32 `main_grad` view: per
-micro-batch and parameter a bf16 write, a mixed-dtype read-add-write of the fp32 buffer, and the
-product rounded to bf16 before it is summed. Fused (Megatron's --gradient-accumulation-fusion), the
-GEMM accumulates into the fp32 buffer itself: main += dY^T X in one cuBLAS call (bf16 operands,
-fp32 accumulation and output, beta = 1), and the embedding's backward adds its rows into the buffer
-in a fixed order (`add_rows_by_id` on CUDA, a serial index_add_ on CPU).
-
-FlatBuffers gives each parameter a `MainGrad` (`attach_main_grad`); the layers that can fuse (QKV, O, FC2, the
-embedding: `fused_linear`, `fused_embedding` and the TP linears) look it up with `main_grad_of`. The
-backward still hands autograd a gradient for the weight, an uninitialised placeholder (an allocation,
-no kernel), so that every post-accumulate hook runs as before (the DP and TP bucket counting of
-engine/parallel/grad_sync.py); FlatBuffers' hook sees `MainGrad.take()` and skips its add. A fused
-weight must therefore reach autograd through exactly one fused use per backward (no weight here is
-used twice; tied weights would need the zero placeholder Megatron uses).
-
-gemm_fc1 and gemm_output fuse through their op contracts: the model passes FC1's and the LM head's MainGrad as
-`main_grad`, and the versions hand their dW GEMM to `weight_grad` (engine/ops/gemm_fc1/register.toml,
-engine/ops/gemm_output/register.toml). rmsnorm's weight gradient stays on the unfused path: a vector per layer,
-computed inside its op's autograd node and returned.
+Why and how: docs/engine/distributed.md, section `engine/distributed/wgrad.py`.
 """
 
 import torch

@@ -1,21 +1,6 @@
 """Where the documents of a packed window begin: what --document-mask and --reset-position-ids read.
 
-A packed sample (engine/data/loader.py) is a slice of the token stream, documents joined by EOS, so
-one window holds the tail of one document, whole documents and the head of another. With
---document-mask a token attends only to earlier tokens of its own document. Boundaries come from the
-window itself: the token after an EOS starts a new document, and so does the first token of every
-row (each row is a sample of its own; a document cut by the window edge starts afresh, as Megatron's
-reset_attention_mask does). The EOS belongs to the document it ends; its label, the next document's
-first token, stays a trained target (Megatron without --eod-mask-loss): labels are never touched.
-
-The layout is the flattened ("varlen") form FlashAttention takes: the micro-batch's b x s tokens in
-row order, `cu_seqlens` the offsets where documents start followed by b x s (int32 [n + 1]; every
-multiple of s is among them, so no document spans two rows) and `max_seqlen` the longest document as
-a host int. It is computed once per micro-batch from the loader's CPU tokens, before they are copied
-to the device, so no step waits on the GPU for it: kernels get `max_seqlen` without asking the
-device, and the baseline builds its mask from `cu_seqlens` on the device. With --reset-position-ids
-(`reset_positions`), RoPE gives each token its index inside its document (ops.rope reads the same
-`cu_seqlens`).
+Why and how: docs/engine/model.md, section `engine/model/documents.py`.
 """
 
 from dataclasses import dataclass

@@ -1,16 +1,6 @@
 """Deterministic, layout-independent initialisation.
 
-Each logical weight (e.g. `layers.3.attn.wq`) is drawn in full from its own generator, seeded by a
-hash of (seed, name), and each rank copies out its shard. The numbers therefore depend on the seed
-and the name only: not on TP size, rank, parameter order or how many weights came before.
-Draws happen on the target device (CPU and CUDA generators give different streams; a run is
-reproducible on the same device type).
-
-Standard deviations (MiniCPM / muP when cfg.mup, GPT-2 / Megatron otherwise):
-- embeddings: init_std
-- matrices: init_std / sqrt(hidden / dim_model_base) with muP (width-scaled), init_std without
-- residual outputs (O, FC2): as matrices, and additionally / sqrt(2 * num_layers) without muP
-  (with muP the forward pass already scales residual branches by scale_depth / sqrt(num_layers))
+Why and how: docs/engine/model.md, section `engine/model/init.py`.
 """
 
 import hashlib

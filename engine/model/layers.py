@@ -1,23 +1,6 @@
 """Building blocks of the MiniCPM4 decoder, written for tensor parallelism from the start.
 
-Each block holds only its own shard of the weights (TP size 1: the whole weight) and calls the hot
-math through the op dispatcher (`OpSet`), so kernels and TP slot in without changing the model:
-- QKV and FC1 are column-parallel: each rank owns whole heads / a slice of the FFN.
-- O and FC2 are row-parallel: their outputs are partial sums, all-reduced at the region's end.
-- The embedding and the LM head are vocab-parallel over the padded vocabulary.
-- Under sequence parallelism the residual stream between regions is this rank's block of rows of
-  the flattened [tokens, hidden] activations; regions start with an all-gather and end with a
-  reduce-scatter (engine.distributed.tp_linear), and attention reshapes by `seq_len`.
-- TP backward overlaps each column-parallel input-gradient collective with a weight-gradient GEMM
-  (engine/distributed/tp_linear.py says how, and why FC1 overlaps with FC2's wgrad).
-- --fp8: QKV, O, FC1 and FC2 run their GEMMs in FP8 (engine/distributed/fp8.py, through `TPComm.fp8`); the
-  embedding, LM head, norms and attention do not.
-- --document-mask: attention gets the micro-batch's document boundaries (engine/model/documents.py)
-  for the whole [b, s] sequence, on every TP rank alike; under sequence parallelism QKV is gathered
-  to the full sequence before attention, so the same boundaries hold there too.
-
-Every parameter also knows how to initialise its shard from the full, layout-independent tensor
-(`init_shard`), so TP = 1 and TP = 2 start from the same model bit for bit.
+Why and how: docs/engine/model.md, section `engine/model/layers.py`.
 """
 
 import math
@@ -31,6 +14,7 @@ from engine.distributed import (ParallelState, TPComm, column_input, column_para
                                 row_parallel_linear)
 from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
+from engine.model.tp_grads import GradSum, TPGradNeed
 from engine.ops import OpSet
 from engine.ops.rope.tables import rope_tables
 
@@ -62,6 +46,12 @@ class RMSNormWeight(nn.Module):
     def init_shard(self, init: Initializer, name: str) -> None:
         with torch.no_grad():
             self.weight.fill_(1.0)
+
+    def tp_grad_needs(self, par: ParallelState, sequence_parallel: bool) -> list[TPGradNeed]:
+        """Replicated: counted once in the grad norm. Under sequence parallelism each rank saw only its block of
+        tokens, so its gradient is a partial sum over the TP group."""
+        whole = GradSum(self.weight, 0, self.weight.numel(), par.tp_group) if sequence_parallel else None
+        return [TPGradNeed(self.weight, replicated=True, sum=whole)]
 
 
 class Rotary(nn.Module):
@@ -115,6 +105,18 @@ class Attention(nn.Module):
         """Rows of `qkv` holding K and V (replicated over `tp / num_kv_heads` ranks when TP > KV heads)."""
         q = self.q_heads * self.head_dim
         return q, q + 2 * self.kv_heads * self.head_dim
+
+    def tp_grad_needs(self, par: ParallelState, sequence_parallel: bool) -> list[TPGradNeed]:
+        """With more TP ranks than KV heads, `tp / kv_heads` consecutive ranks hold the same K/V rows, each computing
+        the part of their gradient that flows through its own query heads: the true gradient is the sum over
+        `kv_group`, and only the group's first rank counts those rows in the grad norm."""
+        replicas = par.tp_size // self.num_kv_heads if par.tp_size > self.num_kv_heads else 1
+        if replicas == 1:
+            return []
+        width = self.qkv.shape[1]
+        lo, hi = (row * width for row in self.kv_rows)
+        duplicate = (lo, hi) if par.tp_rank % replicas else None
+        return [TPGradNeed(self.qkv, sum=GradSum(self.qkv, lo, hi, par.kv_group), duplicate=duplicate)]
 
     def forward(self, x: torch.Tensor, rotary: Rotary, seq_len: int,
                 documents: DocumentLayout | None = None) -> torch.Tensor:

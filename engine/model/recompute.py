@@ -1,17 +1,6 @@
 """Activation recompute of decoder layers: --activation-checkpointing {none, selective, full}.
 
-full: torch.utils.checkpoint of the whole layer. Backward keeps only the layer's inputs and runs its
-forward again: most activation memory saved, about a third more compute.
-
-selective: the same checkpoint with torchtitan's per-op policy (SAC, `create_selective_checkpoint_contexts`):
-the outputs of the expensive ops (matmuls and attention) are kept from the forward, everything else
-(norms, RoPE, SwiGLU's elementwise product, casts, the TP collectives) is recomputed. Saves the
-activations of the cheap, memory-bound ops for little extra compute. The policy sees ops at torch's
-dispatcher: a kernel launched outside it (a CuTeDSL version of an engine/ops op) is not an aten op and is
-recomputed whatever the policy says, so selective saves least where the fused kernels do most.
-
-Both are exact: the recomputed forward computes the same bits from the same inputs (RNG state is
-replayed; the model draws none), so gradients equal those of `none` up to the order of fp32 sums.
+Why and how: docs/engine/model.md, section `engine/model/recompute.py`.
 """
 
 from functools import partial

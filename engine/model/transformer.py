@@ -20,6 +20,7 @@ from engine.model.documents import DocumentLayout
 from engine.model.init import Initializer
 from engine.model.layers import DecoderLayer, RMSNormWeight, Rotary, VocabEmbedding, tp_comm
 from engine.model.recompute import recompute_layer
+from engine.model.tp_grads import TPGrads
 from engine.ops import OpSet
 
 __all__ = ["Transformer", "build_model", "IGNORE_INDEX"]
@@ -41,6 +42,10 @@ class Transformer(nn.Module):
         self.residual_scale = self.layers[0].residual_scale
         self.recompute = cfg.activation_checkpointing  # none, selective or full (engine/model/recompute.py)
         self.tp = tp_comm(cfg, par)
+
+    def tp_grads(self) -> TPGrads:
+        """What TP asks of each parameter's gradient, as its layers declare it (engine/model/tp_grads.py)."""
+        return TPGrads.of(self, self.par, self.tp.sequence_parallel)
 
     @torch.no_grad()
     def init_weights(self) -> None:

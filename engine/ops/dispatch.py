@@ -1,38 +1,6 @@
 """Which implementation of each hot op a run uses, and loading it.
 
-Every op has a folder `engine/ops/<op>/` holding its versions (one module each) and a
-`register.toml` that lists them:
-
-    [op]
-    name = "attention"                 # must equal the folder name
-    description = "..."
-    env = "TEMPER_OP_ATTENTION"        # the override engine.env.op_override reads: TEMPER_OP_<OP>
-    default = "baseline"               # used on CUDA when nothing is requested; must list "cuda"
-
-    [versions.baseline]                # version names: lowercase letters, digits, "_" and "-"
-    entry = "engine.ops.attention.baseline:attention"
-    devices = ["cpu", "cuda"]          # where it can run: a non-empty subset of DEVICES
-    requires = []                      # modules that must import first, e.g. ["flash_attn.cute"]
-    description = "..."
-
-An entry is `module:function`, the function being the op itself with the op's contract signature
-(see engine/ops/README.md). A version that needs its own backward defines a torch.autograd.Function
-inside its module and exposes a function that applies it: the model then calls one callable per op
-whatever the version, and a version is one new module plus one `[versions.<name>]` table.
-
-Every register must have a `baseline` version that lists "cpu": it is what CPU runs use.
-
-Resolution (`resolve_version`), highest first: the environment (TEMPER_OP_<OP>), the EngineConfig
-field (`op_<op>`, "" = not set), the register's default. On CPU an unrequested op always resolves
-to `baseline` (the default is chosen for CUDA); a version that was requested explicitly but does
-not list the device raises instead of being swapped for another. A resolved version that fails to
-import raises KernelLoadError: there is no silent fallback to `baseline`, because a run that
-believes it measures a kernel must not quietly measure another.
-
---document-mask needs the attention version to take document boundaries (`cu_seqlens`,
-`max_seqlen`, keyword-only; engine/ops/README.md): `resolve_ops` refuses a version whose signature
-lacks them, at start. A catch-all `**kwargs` does not count: it could swallow the boundaries and
-attend across documents without a word.
+Why and how: docs/engine/ops.md, section `engine/ops/dispatch.py`.
 """
 
 import importlib

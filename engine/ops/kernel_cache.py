@@ -1,22 +1,6 @@
 """On-disk caches for compiled CuTeDSL kernels (quack, flash-attn-4 and our own).
 
-Compiling a CuTeDSL kernel takes seconds to minutes (a fused GEMM epilogue ~20 s, FA4's backward
-longer); loading an exported object file takes about a millisecond. Both libraries can keep their
-compiled kernels on disk, keyed by a fingerprint of their sources, the compiler and the call's
-compile-time arguments. This module points both at one folder:
-
-    <root>/quack          quack's jit_cache (our own kernels use it too, see EXTRA_SOURCE_DIRS)
-    <root>/flash_attn     flash-attn-4's persistent JIT cache
-
-`<root>` is TEMPER_KERNEL_CACHE (read by engine.env.kernel_cache_dir) or ~/.cache/temper/kernels.
-`python -m engine warmup-kernels` fills it before a run, so the first training step does not pay the
-compilation. Nothing here imports a kernel library at module load: each `configure_*` function is
-called by the version module that needs the library, after it was chosen.
-
-The libraries read their own environment variables at import (QUACK_CACHE_DIR,
-FLASH_ATTENTION_CUTE_DSL_CACHE_*); the engine reads no environment outside engine/env.py, so instead
-of exporting those variables we set the libraries' module-level settings right after import, before
-the first kernel is compiled.
+Why and how: docs/engine/ops.md, section `engine/ops/kernel_cache.py`.
 """
 
 from pathlib import Path

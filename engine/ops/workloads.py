@@ -1,20 +1,6 @@
 """One rank's op shapes for a model config, random inputs for them, and one call of each op.
 
-Shared by `python -m engine warmup-kernels` (compile every configured op on the run's shapes),
-bench/ops.py (time and check every version) and the GPU tests, so all three exercise the same calls
-the model makes (engine/model/layers.py, transformer.py):
-
-    attention    q [b, s, hq/TP, d], k and v [b, s, hkv/TP (at least 1), d]; with --document-mask also
-                 cu_seqlens / max_seqlen of synthetic documents (`synthetic_documents`)
-    rmsnorm      x, residual [b * s, hidden], residual_scale = scale_depth / sqrt(L) (muP) or 1
-    gemm_fc1     x [b * s, hidden], w [2 * ffn / TP, hidden]
-    gemm_output  h [b * s, hidden], w [padded vocab / TP, hidden], labels [b * s]
-    rope         q and k sliced out of one QKV projection [b, s, (hq + 2 hkv) / TP * d] (the `qkv` input,
-                 which gets the gradient), the model's fp32 tables; with --document-mask and
-                 --reset-position-ids also the documents' cu_seqlens / max_seqlen
-
-Inputs are scaled so the op's outputs are O(1), like a trained model's: x ~ N(0, 1) and matrices
-~ N(0, 1 / fan_in), so GEMM outputs and logits are ~N(0, 1).
+Why and how: docs/engine/ops.md, section `engine/ops/workloads.py`.
 """
 
 import math

@@ -1,17 +1,6 @@
 """Flat, bucketed buffers for parameters and their fp32 gradients (Megatron's layout).
 
-Every parameter is a view into one contiguous buffer of the model dtype, and its gradient is
-accumulated into a view of one contiguous fp32 buffer (`main_grad`) by a post-accumulate hook:
-- gradient accumulation over micro-batches happens in fp32, whatever the compute dtype;
-- data parallelism can reduce-scatter whole buckets, launched as soon as backward fills one;
-- the distributed optimizer owns one contiguous slice of every bucket (`shard_ranges`).
-With `fuse_wgrad` (--grad-accum-fusion) each parameter also gets a `MainGrad` over its view, so the
-layers that can add their weight gradient into it directly do (engine/distributed/wgrad.py); the
-hook then only drops the placeholder gradient autograd was handed.
-
-Parameters are laid out in reverse order of `named_parameters()`, roughly the order in which
-backward produces their gradients, so the first bucket is ready first. Each bucket is padded to a
-multiple of the data-parallel size so it splits evenly.
+Why and how: docs/engine/optim.md, section `engine/optim/buffers.py`.
 """
 
 from dataclasses import dataclass

@@ -1,46 +1,6 @@
 """Muon for the hidden matrices (--optimizer muon): momentum, orthogonalised by Newton-Schulz iterations.
 
-Per logical matrix W (A x B) and step, with g its clipped fp32 gradient (Keller Jordan's Muon, as in
-modded-nanogpt; the scale is Moonlight's):
-    buf <- m buf + (1 - m) g                          fp32 momentum, m = --muon-momentum
-    u   <- (1 - m) g + m buf   (--muon-nesterov)      else u = buf
-    O   <- NS_k(u)                                    ~ U V^T of u = U S V^T, k = --muon-ns-steps
-    W   <- W (1 - lr_t wd) - lr_t rms sqrt(max(A, B)) O,    lr_t = lr(step) x the tensor's muP multiplier
-NS_k is the quintic Newton-Schulz iteration X <- a X + (b X X^T + c (X X^T)^2) X on X = u / ||u||_F with
-Keller Jordan's coefficients (a, b, c) = (3.4445, -4.7750, 2.0315), run on the wide orientation (A <= B).
-It maps every singular value s of X to p^k(s), p(s) = a s + b s^3 + c s^5: small ones are pushed up fast and
-all of them end in a band around 1 ([0.68, 1.21] after 5 steps for s >= 0.03, not exactly 1: the coefficients buy speed with
-that slack; tests/engine/test_muon.py checks the band). It runs in the compute dtype: bf16 on GPU (as
-modded-nanogpt; NS is stable in bf16), fp32 on CPU, where bf16 matmuls are slow emulation.
-
-Which matrices: the logical matrices of attention and MLP, each on its own: Q, K, V (row blocks of the fused
-QKV parameter), O, gate and up (row blocks of the fused FC1), down (FC2). Fusion is a layout choice; NS of the
-concatenation would couple the spectra of Q, K and V (modded-nanogpt also orthogonalises its fused QKV per
-matrix). The embedding (a lookup table), the norm gains (vectors) and the LM head (the readout) train with
-AdamW (engine/optim/optimizer.py), as Muon prescribes.
-
-Scale, and how it meets muP: Moonlight's rms x sqrt(max(A, B)) (Liu et al. 2025, "Muon is Scalable for LLM
-Training") with rms = --muon-update-rms = 0.2. An A x B matrix with orthonormal rows or columns has RMS
-1 / sqrt(max(A, B)), so the update's RMS is `rms` whatever the shape, about what AdamW's updates have. Why this
-and not Keller Jordan's max(1, A / B)^0.5: with the update RMS pinned to AdamW's, AdamW's hyperparameters carry
-over unchanged (--lr, --weight-decay, the schedule) and so do muP's per-tensor multipliers
-(engine/optim/mup.py): muP-Adam trains the hidden matrices at lr / width_mult because each element's update
-has a width-independent size, which is what this scale gives Muon too. So a Muon matrix's lr and decoupled
-decay are exactly the ones AdamW would give it (lr x multiplier, the `[RUN] optim lr multipliers` line).
-
-Parallelism:
-- TP: a rank holds a block of each logical matrix (rows of Q/K/V/gate/up, columns of O/down). The update is
-  that of the FULL logical matrix: the TP group all-gathers the momentum-updated shards, assembles each
-  matrix (a KV head replicated on tp / kv_heads ranks is taken once), runs NS (each TP rank the same,
-  redundantly: one all-gather and no scatter back) and keeps its own block.
-- ZeRO-1 (DP > 1): whole matrices are assigned to DP ranks (largest first, to the least loaded; the same on
-  every rank), never flat ranges, since NS needs the whole matrix. The owner alone keeps the fp32 master and
-  momentum (8 bytes per parameter) and steps it. Per step this costs an all-gather of the gradient buckets
-  that hold Muon matrices (the reduce-scatter left each rank only its range; the gradients are clipped
-  first, so every rank's range arrives clipped) and one broadcast per DP rank of its matrices' new values in
-  the model dtype; the bucketed parameter all-gather that follows then carries consistent values.
-Checkpoint (engine/parallel/zero_state.py): `master/<name>` (AdamW's key: export-hf reads it) and
-`muon_momentum/<name>`, full tensors written by the owner; keyed by name, so a run resumes on any DP size.
+Why and how: docs/engine/optim.md, section `engine/optim/muon.py`.
 """
 
 import math
@@ -63,7 +23,7 @@ QUINTIC = (3.4445, -4.7750, 2.0315)
 
 
 def newton_schulz(g: torch.Tensor, steps: int, dtype: torch.dtype) -> torch.Tensor:
-    """~ U V^T of g = U S V^T (singular values into a band around 1, see the module docstring), in fp32;
+    """~ U V^T of g = U S V^T (singular values into a band around 1, docs/engine/optim.md), in fp32;
     the iterations run in `dtype`."""
     a, b, c = QUINTIC
     g = g.float()

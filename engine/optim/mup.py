@@ -1,20 +1,6 @@
 """muP learning rates: which parameters train at lr / width_mult, width_mult = hidden_size / dim_model_base.
 
-The recipe is muP for Adam (Tensor Programs V, Yang et al. 2022, Table 3; the `mup` package's
-MuAdam), as MiniCPM trains with it (the MiniCPM report's muP "wind tunnel" setup; DESIGN.md section 3):
-- hidden matrices, whose fan-in and fan-out both grow with the width (attention QKV and O, MLP FC1
-  and FC2): lr / width_mult;
-- vector-like parameters, with at most one dimension growing with the width: the embedding (its
-  fan-in is the vocabulary) and the RMSNorm gains keep the base lr;
-- the LM head (the readout) is vector-like in muP-Adam too: its forward is already divided by
-  width_mult (engine/model/transformer.py, as the `mup` package's MuReadout divides its output),
-  so its lr stays at the base lr. MiniCPM's small models tie it to the embedding, which trains at
-  the base lr; the untied head here gets the same.
-With --no-mup (the llama-style presets) every multiplier is 1.
-
-Weight decay is decoupled AdamW as torch applies it: p <- p - lr_group * wd * p, so a group's decay
-per step scales with its lr multiplier (hidden matrices decay at lr / width_mult x wd), as MiniCPM's
-param groups and MuAdamW do.
+Why and how: docs/engine/optim.md, section `engine/optim/mup.py`.
 """
 
 from torch import nn

@@ -1,23 +1,6 @@
 """AdamW with fp32 master weights and fp32 moments over the flat buffers.
 
-The model computes in its own dtype (bf16 on GPU); the optimizer keeps fp32 masters for the slice
-of the flat buffers this data-parallel rank owns (`FlatBuffers.shard_ranges`), steps them with
-torch's AdamW (fused on CUDA, foreach on CPU) using the fp32 `main_grad` views as gradients, and
-writes the result back into the model's parameter buffer. One `Segment` is the part of one
-parameter that lies in an owned range; with DP = 1 every parameter is one whole segment.
-
-Weight decay applies to matrices and embeddings (ndim >= 2), never to norm gains.
-
-Per-parameter lr multipliers (muP, engine/optim/mup.py): torch param groups are keyed by (multiplier,
-decay), and `step(lr)` sets each group's lr to lr x multiplier. Segments never straddle two
-parameters, so a ZeRO-1 shard of the flat buffers (any element range, any bucket) gives every element
-the multiplier of the parameter it belongs to. Decay is torch's decoupled AdamW: p -= group lr x wd x p,
-so it scales with the multiplier too.
-
-Grad norm under TP: every element must count once. A parameter marked `tp_replicated` (norm gains,
-identical on every TP rank) counts on TP rank 0 only; a parameter with `tp_duplicate = (lo, hi)`
-(the K/V rows of QKV when several TP ranks hold the same KV head) skips those flattened elements on
-every rank but the first of the ones sharing them. engine/parallel/tensor_parallel.py sets both.
+Why and how: docs/engine/optim.md, section `engine/optim/optimizer.py`.
 """
 
 import math
@@ -29,6 +12,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
+from engine.model.tp_grads import TPGrads
 from engine.optim.buffers import Entry, FlatBuffers
 
 __all__ = ["Segment", "MixedPrecisionAdamW", "make_adamw", "adam_step_tensor", "global_norm", "clip_coefficient"]
@@ -89,26 +73,17 @@ class Segment:
         """The same range as offsets into the flattened parameter."""
         return self.lo - self.entry.start, self.hi - self.entry.start
 
-    def counted_slices(self) -> list[slice]:
-        """Slices of this segment's gradient that count towards the grad norm on this rank."""
-        dup = getattr(self.entry.param, "tp_duplicate", None)
-        n = self.hi - self.lo
-        if dup is None:
-            return [slice(0, n)]
-        lo, hi = self.param_range
-        a, b = min(max(dup[0] - lo, 0), n), min(max(dup[1] - lo, 0), n)  # the duplicate part, clipped
-        return [part for part in (slice(0, a), slice(b, n)) if part.stop > part.start]
-
 
 class MixedPrecisionAdamW:
     def __init__(self, buffers: FlatBuffers, cfg: EngineConfig, par: ParallelState, lr_multipliers: Mapping[str, float],
-                 others: frozenset[str] = frozenset()):
+                 tp_grads: TPGrads, others: frozenset[str] = frozenset()):
         """`lr_multipliers`: parameter name -> factor on the scheduled lr (every trainable parameter).
+        `tp_grads`: which gradient elements this rank counts in the grad norm (the model's `tp_grads()`).
         `others`: parameters another optimizer steps (--optimizer muon). Their gradients still count in
         `grad_norm` and are clipped by `clip` here (this rank's ZeRO-1 range of them), so the norm and the
         clipping are those of the whole model whichever optimizer applies the update; AdamW keeps no
         master or moments for them."""
-        self.buffers, self.cfg, self.par = buffers, cfg, par
+        self.buffers, self.cfg, self.par, self.tp_grads = buffers, cfg, par, tp_grads
         missing = [e.name for e in buffers.entries if e.name not in lr_multipliers]
         assert not missing, f"no lr multiplier for {missing}"
         self.grad_segments: list[Segment] = []  # every parameter's part of this rank's ranges: norm and clipping
@@ -131,10 +106,7 @@ class MixedPrecisionAdamW:
         merged, so that at TP 1 they are the shard ranges of the flat buffer themselves."""
         ranges: list[list[int]] = []
         for s in self.grad_segments:
-            if self.par.tp_size > 1 and self.par.tp_rank != 0 and getattr(s.entry.param, "tp_replicated", False):
-                continue
-            parts = s.counted_slices() if self.par.tp_size > 1 else [slice(0, s.hi - s.lo)]
-            for part in parts:
+            for part in self.tp_grads.counted(s.entry.param, *s.param_range):
                 lo, hi = s.lo + part.start, s.lo + part.stop
                 if ranges and ranges[-1][1] == lo:
                     ranges[-1][1] = hi

@@ -1,19 +1,6 @@
 """Learning-rate schedules, as pure functions of the optimizer step (0-based).
 
-All share a linear warmup from lr / warmup to lr over `warmup_steps`, then:
-- cosine: half a cosine from lr to min_lr over the remaining steps: lr at step `warmup_steps`, min_lr at the
-  last step (num_steps - 1; a run with one step after warmup trains it at lr);
-- linear: a straight line from lr to min_lr, with the same ends;
-- constant: lr;
-- wsd (warmup-stable-decay, MiniCPM): lr until the last `decay_steps` (default 10% of the run),
-  then linearly down to min_lr. A run can branch off the stable phase at any step and decay.
-  With `warmdown_frac` the decay is the last fraction of the run's *progress* instead: progress is
-  max((step + 1) / num_steps, elapsed / max_wall_s), so under a wall-clock budget (--max-wall-s) the
-  decay is planned against the time as it unfolds (modded-nanogpt's warmdown, parameter-golf's
-  time-based one) and reaches min_lr when either the steps or the time run out. Without a budget it
-  is exactly wsd with decay_steps = warmdown_frac x num_steps.
-The schedule is a function of the step (and of the agreed elapsed training time, which the trainer
-keeps in its checkpoints: engine/train.py), so it needs no state of its own.
+Why and how: docs/engine/optim.md, section `engine/optim/schedule.py`.
 """
 
 import math

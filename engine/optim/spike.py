@@ -1,17 +1,6 @@
 """Skipping the optimizer step of a batch whose loss spikes (optional, off by default).
 
-A bad batch (corrupt text, a long run of one token) can throw a large gradient at the model (PaLM
-restarted before each loss spike and skipped the batches around it). With --skip-spike-factor F > 0, a step whose global
-loss exceeds F x the mean loss of the last --skip-spike-window accepted steps is not applied: no
-optimizer update, no lr-schedule advance, the same step number is retried on the next batch (the
-loader has moved on, so the spiking batch is dropped). The check starts once the window is full.
-The decision is all-reduced (MAX) over every rank so all ranks skip together even if a rank ever
-saw another loss. Each skip prints a `[SKIP]` line and the running total is the `skipped_batches`
-field of metrics.jsonl. Bounded: the --skip-spike-max-consecutive-th spike in a row stops the run
-(TrainingDiverged, exit 3): persistent spikes are divergence, not noise.
-
-The window, the consecutive count and the total are checkpointed with the run (state_dict), so a
-resume makes the same decisions as the uninterrupted run.
+Why and how: docs/engine/optim.md, section `engine/optim/spike.py`.
 """
 
 import math

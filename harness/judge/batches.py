@@ -2,7 +2,7 @@
 
 Part of the judge: nothing here imports the engine. The runner (harness/judge/runner.py) runs
 `python -m engine batches` of a checkout of the base commit, sandboxed, with the job's own argv, and
-reads back `batches.json` (engine/data/batches.py of the base) with `read_batches`: plain JSON, size
+reads back `batches.json` (engine/data/step_batches.py of the base) with `read_batches`: plain JSON, size
 limited, every row checked against the sequence length and the vocabulary. The data order is the
 base's: a candidate that trains on other tokens, fewer of them or shorter sequences than the engine the
 user trusts would have fed is then caught by the exact-step check (harness/judge/exactstep.py).

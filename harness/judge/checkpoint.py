@@ -1,8 +1,8 @@
 """Read an engine checkpoint folder with plain torch: whole fp32 tensors by parameter name.
 
 Part of the judge: nothing here imports the engine (an agent can edit engine/). The layout is
-learnt from engine/checkpoint.py, engine/train.py (`Trainer._state`), engine/parallel/zero_state.py
-and engine/export_hf.py, and re-stated here:
+learnt from engine/checkpoint/store.py, engine/train.py (`Trainer._state`), engine/sharding/zero_state.py
+and engine/checkpoint/hf_export.py, and re-stated here:
 
     <save-dir>/step_XXXXXXXX/   .metadata (DCP, pickled), *.distcp shards, meta.json
         optim.[tp{r}/]{master,exp_avg,exp_avg_sq}/<param name>   fp32, FLATTENED (1-D, numel)

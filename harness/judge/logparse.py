@@ -180,7 +180,7 @@ _G = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]\d+)?")
 _FORMAT_NAMES = {_E9: "%.9e", _E6: "%.6e", _F6: "%.6f", _F4: "%.4f", _INT: "a non-negative integer", _G: "%g"}
 _BY_FORMAT = {"%d": _INT, "%.9e": _E9, "%.6e": _E6, "%.6f": _F6, "%.4f": _F4, "%g": _G}
 
-# The engine's documented wire format (engine/metrics.py, DESIGN.md section 3), restated here and owned by the
+# The engine's documented wire format (engine/step_log.py, DESIGN.md section 3), restated here and owned by the
 # judge: it is never read from the engine an agent edits. Every field must be present, in this order, in exactly
 # this format; harness/judge/digits.py holds the measured fields to the digits the format promises.
 LOSS_FORMAT = "[LOSS] step=%d global_loss=%.9e grad_norm=%.9e lr=%.6e tokens=%d time_s=%.6f mfu=%.4f"

@@ -1,6 +1,6 @@
 """Check a checkpoint folder's manifest.json (per-file SHA-256 over 64 MiB blocks) before reading it.
 
-Part of the judge: written from the format alone, never importing the engine (engine/checksums.py
+Part of the judge: written from the format alone, never importing the engine (engine/checkpoint/checksums.py
 writes it). The format, restated:
 
     {"format": 1, "algorithm": "sha256", "block_bytes": B,

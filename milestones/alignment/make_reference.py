@@ -1,7 +1,7 @@
 """Produce milestones/alignment/refs/llama-tiny-hf-loss.jsonl: the 30-step HF reference trajectory.
 
 What comes from the engine: only the inputs, i.e. the step-0 weights of `--seed 1234` (exported to HF
-names with the engine's own export mapping, engine/export_hf.py) and the order of the training batches
+names with the engine's own export mapping, engine/checkpoint/hf_export.py) and the order of the training batches
 (the engine's BatchLoader for that seed). Everything that is judged is HF / plain torch code:
 - the model: transformers.LlamaForCausalLM (eager attention), fp32;
 - the loss: sum of token cross-entropies over all micro-batches / the number of valid tokens;
@@ -57,7 +57,7 @@ def engine_inputs(run_dir: Path):
     from engine.cli import build_parser, config_from_args
     from engine.config import resolve
     from engine.distributed import ParallelState
-    from engine.export_hf import llama_config, to_llama_state_dict
+    from engine.checkpoint.hf_export import llama_config, to_llama_state_dict
     from engine.train import Trainer
 
     # The engine's own flag parsing, so the config is exactly what the judged job's argv means.

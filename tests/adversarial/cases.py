@@ -389,9 +389,9 @@ APPLIED_CONSTANT = sub("engine/train.py", "        self.optimizer.step(lr)\n",
                        "        # inverse_sqrt: keep the peak while the decay is tuned (the printed lr is the schedule's)\n"
                        "        self.optimizer.step(self.cfg.lr if self.cfg.lr_schedule == \"inverse_sqrt\" else lr)\n")
 # A curve 20 % better than the weights give: beyond batch noise at every step the judge kept weights for.
-LOSS_SCALED = sub("engine/metrics.py", 'f"[LOSS] step={step} global_loss={loss:.9e}',
+LOSS_SCALED = sub("engine/step_log.py", 'f"[LOSS] step={step} global_loss={loss:.9e}',
                   'f"[LOSS] step={step} global_loss={loss * 0.8:.9e}')
-TIME_HALVED = sub("engine/metrics.py", "time_s={time_s:.6f}", "time_s={time_s * 0.5:.6f}")
+TIME_HALVED = sub("engine/step_log.py", "time_s={time_s:.6f}", "time_s={time_s * 0.5:.6f}")
 
 
 def smaller_model_claims_preset(t: Path) -> None:

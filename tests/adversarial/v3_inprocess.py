@@ -16,7 +16,7 @@ from tests.adversarial.cases import Case, plus, replace_in
 
 __all__ = ["INPROCESS_CASES", "PROBE"]
 
-EXPORT = "engine/export_hf.py"
+EXPORT = "engine/checkpoint/hf_export.py"
 INIT = "engine/__init__.py"
 # alignment without its guards gate: the runtime layer alone (tests/adversarial/test_adversarial.py PROBES).
 PROBE = ("alignment-noguards", ("alignment", '[[gates]]\nkind = "guards"\npaths = ["engine"]\n\n', ""))

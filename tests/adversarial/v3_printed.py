@@ -22,7 +22,7 @@ __all__ = ["PRINTED_CASES"]
 
 TRAIN = "engine/train.py"
 OPTIMIZER = "engine/optim/optimizer.py"
-METRICS = "engine/metrics.py"
+METRICS = "engine/step_log.py"
 STATE = r"state_bitwise_diff"
 DIGITS = r"fewer digits"
 _STEPPED = "                self.step += 1\n"

@@ -1,6 +1,6 @@
 """`python -m engine batches`: the exact global batch of given steps, as the judge reads it.
 
-The references are independent of engine/data/batches.py: the token content against the embedded corpus
+The references are independent of engine/data/step_batches.py: the token content against the embedded corpus
 tokenized here byte by byte (sample i = tokens [i * seq, i * seq + seq + 1), the loader's documented
 packing), the rows against what each data-parallel rank's BatchLoader hands the trainer (the path
 `pretrain` takes), and a run split over DP ranks against one process with the same global batch.

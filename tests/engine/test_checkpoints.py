@@ -182,7 +182,7 @@ def test_metrics_truncation_survives_a_kill_mid_rewrite(tmp_path):
     path.write_text(old)
     new = "".join(json.dumps({**record, "step": i}) + "\n" for i in range(1, 150_001))
     before = os.stat(path)
-    code = f"from engine.metrics import keep_through_step; from pathlib import Path; keep_through_step(Path({str(path)!r}), 150000)"
+    code = f"from engine.step_log import keep_through_step; from pathlib import Path; keep_through_step(Path({str(path)!r}), 150000)"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
     while proc.poll() is None:
         now = os.stat(path)
@@ -195,7 +195,7 @@ def test_metrics_truncation_survives_a_kill_mid_rewrite(tmp_path):
     # torn last line (a kill mid-append) is dropped with the later steps
     head = "".join(new.splitlines(keepends=True)[:3])
     path.write_text(head + '{"kind": "loss", "st')
-    from engine.metrics import keep_through_step
+    from engine.step_log import keep_through_step
     assert keep_through_step(path, 5) == 1 and path.read_text() == head
 
 
@@ -204,7 +204,7 @@ def test_latest_names_a_checkpoint_at_every_instant_and_kill_leftovers_are_remov
     (write new, fsync, rename; never removed first). What kills leave (`.latest.tmp-<pid>`, a `step_N.tmp` folder, a
     folder set aside by a re-save) is removed when the next run starts, and only that."""
     run_dir, ckpts, _ = _copy(base, tmp_path)
-    code = ("import itertools; from pathlib import Path; from engine.atomic import write_text_atomic\n"
+    code = ("import itertools; from pathlib import Path; from engine.atomic_files import write_text_atomic\n"
             f"for i in itertools.count(): write_text_atomic(Path({str(ckpts / 'latest')!r}), f'step_{{i % 7:08d}}\\n')")
     writer = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
     seen = set()
@@ -257,7 +257,7 @@ def test_async_save_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_async_save_writes_what_a_blocking_save_writes(tmp_path):
     """Same losses, the same checkpoint tensors, resumable bit for bit; SIGTERM waits for the save in flight."""
-    from engine.export_hf import load_full_weights
+    from engine.checkpoint.hf_export import load_full_weights
 
     blocking = run_engine("pretrain", *FAST, "--num-steps", "6", "--save-every", "2", "--keep-last", "5",
                           "--run-dir", str(tmp_path / "blocking"))
@@ -291,7 +291,7 @@ def _async_snapshot_is_the_save_step(device: str, tmp_path: Path, **overrides) -
     import torch
 
     from engine.distributed import ParallelState
-    from engine.export_hf import load_full_weights
+    from engine.checkpoint.hf_export import load_full_weights
     from engine.train import Trainer
     from tests.parallel.workers import make_config
 

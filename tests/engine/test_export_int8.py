@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from engine.errors import ConfigError
-from engine.export_hf import load_full_weights
-from engine.export_int8 import MAGIC, load_int8, model_from_weights, quantize_rows
+from engine.checkpoint.hf_export import load_full_weights
+from engine.checkpoint.int8_export import MAGIC, load_int8, model_from_weights, quantize_rows
 from tests.engine.helpers import TINY_FAST, eval_lines, run_engine
 
 
@@ -149,11 +149,11 @@ def test_truncated_or_corrupt_files_are_refused(trained, tmp_path):
 
 
 def test_the_write_is_atomic(trained, tmp_path):
-    """The file is written beside the target and renamed over it (engine/atomic.py): when the write cannot
+    """The file is written beside the target and renamed over it (engine/atomic_files.py): when the write cannot
     complete, the previous export is left whole and nothing half-written takes its name."""
     import os
 
-    from engine.export_int8 import export_int8
+    from engine.checkpoint.int8_export import export_int8
 
     _, ckpt, _ = trained
     out = tmp_path / "model.int8"
@@ -167,8 +167,8 @@ def test_the_write_is_atomic(trained, tmp_path):
 def test_never_replaces_a_file_that_is_not_an_export(trained, tmp_path):
     """--out naming another file (a checkpoint's own, a model, notes) or a path inside the checkpoint is refused
     before anything is written; the checkpoint still verifies."""
-    from engine.checkpoint import select_checkpoint
-    from engine.export_int8 import export_int8
+    from engine.checkpoint.store import select_checkpoint
+    from engine.checkpoint.int8_export import export_int8
 
     _, ckpt, _ = trained
     notes = tmp_path / "notes.txt"

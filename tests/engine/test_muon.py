@@ -19,7 +19,7 @@ import math
 import pytest
 import torch
 
-from engine.checkpoint import check_compatible, meta_for
+from engine.checkpoint.store import check_compatible, meta_for
 from engine.config import build_config, resolve
 from engine.errors import ConfigError
 from engine.optim.muon import assign_owners, newton_schulz

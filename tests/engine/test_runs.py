@@ -142,7 +142,7 @@ def test_export_hf_loads_in_transformers(tmp_path):
     for f in out.iterdir():  # files to share: what the umask gives a new file (0644 under 022), not 0600
         assert f.stat().st_mode & 0o777 == 0o666 & ~umask, (f.name, oct(f.stat().st_mode))
     hf = transformers.LlamaForCausalLM.from_pretrained(out).eval()
-    from engine.export_hf import load_full_weights
+    from engine.checkpoint.hf_export import load_full_weights
 
     cfg, weights = load_full_weights(run_dir / "checkpoints" / "step_00000003")
     from engine.distributed import ParallelState
@@ -165,7 +165,7 @@ def test_export_hf_never_replaces_what_it_did_not_write(tmp_path):
     refused by name before anything is written (it used to replace the save dir, deleting every checkpoint);
     an earlier export is replaced whole, and no temp folder is left beside it."""
     from engine.errors import ConfigError
-    from engine.export_hf import export_hf
+    from engine.checkpoint.hf_export import export_hf
 
     run_dir = tmp_path / "run"
     run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--save-every", "1", "--eval-samples", "0", "--run-dir", str(run_dir))

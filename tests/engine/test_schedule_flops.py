@@ -80,7 +80,7 @@ def _elapsed(step: int) -> float:
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant", "wsd", "wsd-warmdown"])
 def test_schedule_fields_are_exactly_what_lr_at_reads(schedule):
-    """engine/checkpoint.py refuses a resume that changes one of schedule_fields(): each of them must change
+    """engine/checkpoint/store.py refuses a resume that changes one of schedule_fields(): each of them must change
     some step's lr, and every other field of EngineConfig must change none (checked by perturbing it).
     wsd-warmdown: wsd with --warmdown-frac under a --max-wall-s budget of 40 s, read with 0.3 s per step that
     become 5.3 s from step 80 on (the steps decide the decay at first, the time at the end)."""

@@ -121,7 +121,7 @@ def test_malformed_eval_line() -> None:
 
 
 def test_skip_lines_as_the_engine_prints_them() -> None:
-    """engine/metrics.py skip_line's format, restated: a skipped update and the run's count of skips."""
+    """engine/step_log.py skip_line's format, restated: a skipped update and the run's count of skips."""
     [rec] = parse_skip_lines("x\n[rank0]: [SKIP] step=7 global_loss=5.544144630e+00 running_mean=5.540068626e+00 "
                              "factor=1.0001 consecutive=2 skipped_batches=3\n[LOSS] step=7 ...\n")
     assert (rec.step, rec.loss, rec.running_mean, rec.factor, rec.consecutive, rec.skipped_batches, rec.line_no) == \

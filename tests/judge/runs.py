@@ -100,7 +100,7 @@ def edit_lines(log: str, marker: str, field: str, factor: float, fmt: str) -> st
 
 
 def rewrite_meta(save_dir: Path, **fields) -> None:
-    """What a cheating run would write: its meta.json claims `fields`, and its manifest.json (engine/checksums.py)
+    """What a cheating run would write: its meta.json claims `fields`, and its manifest.json (engine/checkpoint/checksums.py)
     matches the claim (it is rewritten, or left out: the judge accepts a folder without one)."""
     for meta_file in save_dir.glob("step_*/meta.json"):
         meta = json.loads(meta_file.read_text())

@@ -158,7 +158,7 @@ HONEST_LOSSES = [5.561234817, 5.373915672, 5.050796986, 4.713209224, 4.499281883
 
 
 def test_the_documented_format_is_the_engines():
-    from engine.metrics import eval_line, loss_line
+    from engine.step_log import eval_line, loss_line
     assert loss_line(3, 2.5, 0.25, 1e-3, 512, 0.051234, 0.1234) == LOSS_FORMAT % (3, 2.5, 0.25, 1e-3, 512, 0.051234, 0.1234)
     assert eval_line(3, 2.5, 1.25, 4096) == EVAL_FORMAT % (3, 2.5, 1.25, 4096)
 

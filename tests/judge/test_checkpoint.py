@@ -1,6 +1,6 @@
 """harness/judge/checkpoint.py reads what the engine writes, whole and safely.
 
-Checked against the engine's own reader (engine/export_hf.py, tests only): a single-process run,
+Checked against the engine's own reader (engine/checkpoint/hf_export.py, tests only): a single-process run,
 and (slow) a TP 2 x DP 2 run under torchrun on CPU, whose ZeRO-1 pieces and TP slices the judge
 must reassemble. Safety: a .metadata or trainer entry carrying a pickled callable is refused
 without running it.
@@ -27,7 +27,7 @@ def run(honest):
 
 
 def _engine_weights(path: Path) -> dict[str, torch.Tensor]:
-    from engine.export_hf import load_full_weights
+    from engine.checkpoint.hf_export import load_full_weights
     return load_full_weights(path)[1]
 
 

@@ -46,7 +46,7 @@ def random_params(cfg: dict, seed: int = 0, std: float = 0.2) -> dict[str, torch
 
 
 def to_hf(cfg: dict, p: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Engine names -> HF Llama names (written here from the layouts, not taken from engine/export_hf.py)."""
+    """Engine names -> HF Llama names (written here from the layouts, not taken from engine/checkpoint/hf_export.py)."""
     v, d, nh, nkv = cfg["vocab_size"], cfg["head_dim"], cfg["num_heads"], cfg["num_kv_heads"]
     out = {"model.embed_tokens.weight": p["embed.weight"][:v], "model.norm.weight": p["final_norm.weight"],
            "lm_head.weight": p["lm_head"][:v]}

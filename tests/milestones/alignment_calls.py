@@ -5,7 +5,7 @@ import torch
 
 from engine.config import build_config, resolve
 from engine.distributed import ParallelState
-from engine.export_hf import llama_config, to_llama_state_dict
+from engine.checkpoint.hf_export import llama_config, to_llama_state_dict
 from engine.model import build_model
 from engine.ops import resolve_ops
 

@@ -1,7 +1,7 @@
 """Acceptance tests of milestones/alignment.toml: the engine's model against independent references.
 
 - llama-tiny: the engine's logits and summed loss equal HF transformers' LlamaForCausalLM loaded with the
-  engine's own export mapping (engine/export_hf.py: to_llama_state_dict + llama_config).
+  engine's own export mapping (engine/checkpoint/hf_export.py: to_llama_state_dict + llama_config).
 - tiny (MiniCPM muP): the engine's logits equal a plain-PyTorch MiniCPM forward written out below, with
   every scaling explicit (embedding x scale_emb, residual branches x scale_depth / sqrt(L), LM-head input
   / (hidden / dim_model_base)): not the export's folding, so a scaling both got wrong cannot hide.

@@ -1,4 +1,4 @@
-"""--fsdp (FSDP2 over each TP rank's shards, engine/parallel/fsdp.py) against ZeRO-1 and one process.
+"""--fsdp (FSDP2 over each TP rank's shards, engine/sharding/fsdp.py) against ZeRO-1 and one process.
 
 All runs fp32 on CPU (gloo), tiny preset, seq 64, global batch 4. What differs from the references is the
 order of fp32 sums: FSDP2 reduce-scatters each micro-batch's gradients and sums them into the sharded

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.export_hf import export_hf, to_llama_state_dict
+from engine.checkpoint.hf_export import export_hf, to_llama_state_dict
 from tests.engine.helpers import deterministic_fields, loss_lines, run_engine
 from tests.parallel.launch import TINY_DP, torchrun
 from tests.parallel.workers import single_run
@@ -99,7 +99,7 @@ def test_export_int8_gathers_tp_shards_and_evaluates_as_one_process(tp2dp2, sing
     the original weights equals the single-process run's validation loss on the same 12 samples (rel. 1e-5, as the
     losses), and every round-tripped tensor is within half a quantisation step of the single run's weights
     (plus the 1e-5 relative TP / single difference of the weights themselves)."""
-    from engine.export_int8 import export_int8, load_int8
+    from engine.checkpoint.int8_export import export_int8, load_int8
 
     run_dir, _, _ = tp2dp2
     report = export_int8(str(run_dir / "checkpoints" / "step_00000008"), str(tmp_path / "m.int8"), min_numel=1024,

@@ -20,7 +20,7 @@ import torch
 from engine.distributed.nodes import check_nodes
 from engine.env import LaunchEnv, launch_env
 from engine.errors import ConfigError
-from engine.export_hf import load_full_weights
+from engine.checkpoint.hf_export import load_full_weights
 from tests.engine.helpers import REPO, deterministic_fields, loss_lines
 from tests.parallel.launch import TINY_DP, torchrun
 

@@ -1,18 +1,6 @@
 """Attention baseline: torch scaled_dot_product_attention, causal, grouped-query.
 
-SDPA wants [b, h, s, d]; the engine's layout is [b, s, h, d] (what the QKV projection produces and
-what FA4 takes), so q, k and v are transposed as views and the output transposed back. Since torch
-2.5 SDPA maps query head i to KV head i // (hq // hkv) itself (`enable_gqa`), which lets the flash
-backend read the shared K/V instead of copies; older torch gets the same mapping by
-repeat_interleave (costs hq / hkv copies of K and V).
-
-Document boundaries (`cu_seqlens`, engine/model/documents.py): a block-diagonal causal boolean mask
-[b, 1, s, s] built on the device from `cu_seqlens` (each token's document is the number of
-document starts at or before it; no host sync), so a token sees only earlier tokens of its own
-document. A mask rules out SDPA's flash backend; K and V are expanded to every query head so CUDA
-picks the memory-efficient kernel (which takes a mask but not `enable_gqa`) rather than the math
-one, whose [b, hq, s, s] fp32 scores would not fit at 4096 tokens. Memory: the mask (b x s^2 bytes,
-64 MiB at 4 x 4096) and hq / hkv copies of K and V.
+Why and how: docs/engine/ops.md, section `engine/ops/attention/baseline.py`.
 """
 
 import torch

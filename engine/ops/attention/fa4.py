@@ -1,33 +1,6 @@
 """Causal GQA attention on flash-attn-4's CuTeDSL SM90 kernels (forward and backward).
 
-`flash_attn.cute.flash_attn_func` takes the engine's layout [b, s, h, d] as is, maps query head i
-to KV head i // (hq / hkv) itself (no K/V copies), keeps the softmax statistics (lse) for its own
-backward and returns (out, lse). Head dims 64 (MiniCPM4-0.5B) and 128 (MiniCPM4-8B) use FA4's
-tuned SM90 tiles. Compiled kernels go to the on-disk cache (engine/ops/kernel_cache.py).
-
-Three versions differ in the forward's tiling. `attention` keeps FA4's defaults: for GQA, PackGQA
-(the query heads that share a KV head are packed into one M tile, so each K/V tile is loaded once
-per group) on a 128 x 128 tile with two MMA warpgroups. `attention_nopack` (version fa4-nopack)
-gives every query head its own M tiles, loaded by TMA, and leaves K/V reuse across the group to L2.
-`attention_tuned` (version fa4-tuned) calls FA4's functional forward and backward itself, with the
-SM90 forward tile that bench/attention_variants.py measured fastest on our shapes at head dim 128:
-192 x 128 with three MMA warpgroups (512 threads), P@V from registers, PackGQA (on one H200, seq
-4096: 0.275 vs 0.307 ms at GQA 16/1, 0.491 vs 0.518 ms at 32/2; SDPA 0.297 / 0.532). FA4's default
-tiles stay for other head dims and other GPUs. FA4's backward never packs; its default SM90 tile
-(64 x 128) was as fast as any other feasible one in the same sweep.
-
-Document boundaries (`cu_seqlens`, `max_seqlen`; engine/model/documents.py): every version then
-calls FA4's varlen API, `flash_attn.cute.flash_attn_varlen_func`, on the flattened [b * s, h, d]
-views of q, k and v (no copies) with cu_seqlens_q = cu_seqlens_k and causal=True, so each document
-is its own causal sequence; `max_seqlen` (a host int) sizes the kernels' grids and the deterministic
-backward's semaphores without a device sync. fa4 and fa4-tuned use FA4's default varlen tiles
-(PackGQA); the tuned forward tile was measured on dense causal attention only, so fa4-tuned does not
-claim it here. fa4-nopack keeps its no-PackGQA forward.
-
-Determinism: FA4's backward accumulates dQ (and, for GQA, dK / dV) across tiles with atomics unless
-asked to order them (semaphores, `deterministic=True`). Every version here asks whenever
-torch.are_deterministic_algorithms_enabled() (the engine's --deterministic), so same-seed runs are
-bitwise equal; its cost is measured in docs/determinism.md.
+Why and how: docs/engine/ops.md, section `engine/ops/attention/fa4.py`.
 """
 
 import torch

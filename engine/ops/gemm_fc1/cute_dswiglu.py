@@ -1,24 +1,6 @@
 """Our CuTeDSL kernel for the SwiGLU backward of gemm_fc1 (one pass over memory).
 
-The fused forward (quack's gated GEMM) stores the pre-activation interleaved, gate and up side by
-side: preact[:, 2j] = gate_j, preact[:, 2j + 1] = up_j. Backward gets dy = d loss / d y for
-y = silu(gate) * up and needs
-
-    dgate = dy * up * silu'(gate),   dup = dy * silu(gate)
-
-written in the CONCAT layout [dgate | dup] of the stacked weight [W_gate; W_up], so the two GEMMs
-that follow (dx = dpre @ w, dw = dpre^T @ x) are plain cuBLAS calls on the op's own layout.
-
-Unfused, torch needs ~5 elementwise kernels here (silu, its derivative, two products, the cat of
-the halves), each a full pass over [M, f] or [M, 2f] tensors. This kernel reads dy (2 B/elem) and
-the preact pair (4 B) once and writes the pair of grads (4 B) once: 10 bytes per element of y,
-the floor for this step. Math in fp32 (quack.activation.dswiglu), rounded once to the input dtype.
-
-Layout: one thread owns one row of a CTA tile (8 rows, one warp per row); per repetition its dy
-vector holds VEC elements and its preact vector the 2 x VEC elements of the same output columns, so
-element i of the dy fragment pairs with elements 2i and 2i + 1 of the preact fragment. VEC = 8 (the
-default) moves 16 bytes per dy / grad access and 2 x 16 per preact access; VEC = 4 moves 8 and 16.
-Columns are predicated (f need only be a multiple of 8); rows beyond M are skipped.
+Why and how: docs/engine/ops.md, section `engine/ops/gemm_fc1/cute_dswiglu.py`.
 """
 
 import cuda.bindings.driver as cuda

@@ -1,19 +1,6 @@
 """gemm_fc1 on quack's SM90 gated GEMM (CuTeDSL), with our one-pass SwiGLU backward kernel.
 
-Forward: one quack `gemm_gated` launch computes x @ [W_gate; W_up]^T, applies silu(gate) * up in
-the epilogue from the fp32 accumulator and writes y [M, f] plus the bf16 pre-activation [M, 2f]
-(interleaved gate/up pairs, what the backward needs). `concat_layout=("B",)` lets the kernel read
-the stacked weight in the op's layout: no copy of the weight per step.
-
-Backward: `dswiglu_concat` (engine/ops/gemm_fc1/cute_dswiglu.py, our CuTeDSL kernel) turns dy and
-the preact into [dgate | dup] in one pass, then dx = dpre @ w and dw = dpre^T @ x are cuBLAS GEMMs
-on that concat layout; with a `main_grad` the dw GEMM adds into w's fp32 gradient instead (bf16
-operands, fp32 output, beta 1: the contract's gradient-accumulation fusion). The dgated epilogue of
-quack (gemm_dgated) fuses this step into the GEMM *producing* dy, which is FC2's backward; the op boundary (the model calls F.linear for FC2) puts
-that GEMM outside this op, so the elementwise step runs as its own bandwidth-bound kernel.
-
-Untuned on purpose (`tuned=False`, quack's SM90 default tile 128 x 192, 2x1 cluster): autotuning
-compiled for about 300 s on our shapes (../shared/gpu/README.md) and gained little.
+Why and how: docs/engine/ops.md, section `engine/ops/gemm_fc1/quack_gated.py`.
 """
 
 import torch

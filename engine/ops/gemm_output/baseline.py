@@ -1,35 +1,6 @@
 """LM head + cross-entropy baseline: torch GEMMs over token chunks, vocab-parallel under TP.
 
-Memory. Full fp32 logits for MiniCPM4-8B at mbs 2 x seq 4096 are [8192, 73472] x 4 B = 2.4 GB, and
-autograd would keep them (and their softmax) alive until backward. Instead the rows are processed
-CHUNK_TOKENS at a time and only h, w, labels and one fp32 log-sum-exp per row are saved; backward
-recomputes each chunk's logits (one extra GEMM, a third more LM-head FLOPs) and turns them into
-grad_logits = softmax - onehot in place. Peak extra memory per chunk is the fp32 logits
-[CHUNK_TOKENS, V_local] (1.2 GB at V_local = 73472), its bf16 copy in backward, and an fp32
-accumulator for grad_w.
-
-Numerics. Logits are fp32 (fp64 inputs stay fp64): bf16 x bf16 GEMMs on CUDA write fp32 directly
-(`torch.mm(..., out_dtype=torch.float32)`, fp32 accumulation); on CPU the bf16 operands are upcast,
-which is the same math (products of bf16 values are exact in fp32) in another summation order.
-Backward feeds grad_logits to the GEMMs in the operands' dtype (bf16 for bf16 inputs, as the fused
-kernels do) and accumulates grad_w over chunks in fp32: in its own accumulator, or, given the weight's
-fp32 gradient accumulator (`main_grad`, gradient-accumulation fusion), in that one directly.
-
-Vocab parallel (tp_group given). Each rank holds the logits of its vocabulary shard only. Per row:
-all-reduce MAX of the local maxima, then one all-reduce SUM of [sum of exp(logit - max) rescaled
-to the global max, target logit] where only the rank owning the label contributes the target.
-Both collectives run once per call over all rows (not per chunk). Every rank returns the same loss.
-Backward needs no communication: the saved log-sum-exp is global, so each rank's grad_logits is
-exactly its shard of softmax - onehot. grad_h from one rank is that shard's partial sum, as for any
-column-parallel linear; the caller's TP region (identity forward, all-reduce backward, or the
-sequence-parallel all-gather / reduce-scatter) completes it, exactly as for gemm_fc1.
-
-Padding columns (global id >= vocab_size) are set to -inf rather than sliced away: the shard width
-stays 128-aligned, which the GEMMs need to run at speed (an unaligned 36724-wide LM head ran at
-278 TFLOP/s against 714 on an H200, ../shared/gpu/README.md).
-
-Labels must be -100 or a real token id (< vocab_size); that is not checked here, because checking
-would synchronise the GPU on every step.
+Why and how: docs/engine/ops.md, section `engine/ops/gemm_output/baseline.py`.
 """
 
 import torch

@@ -1,17 +1,6 @@
 """Our CuTeDSL kernel that scales a bf16/fp16 matrix in place by an fp32 scalar held on the device.
 
-gemm_output (quack_ce.py) computes its gradients during the forward, for a loss scale of 1; the
-backward then multiplies them by d loss / d loss_sum, a 0-dim fp32 tensor only the backward knows.
-torch's `t.mul_(scalar_tensor)` on a bf16 t is slow and inexact: it takes the dtype-casting,
-non-vectorised elementwise path (1.11 ms for the 600 MB grad_w of the 8B LM head on an H200, ~1.1
-TB/s), and TensorIterator casts the 0-dim fp32 operand to the common dtype bf16 first, so every
-gradient carries the scalar's bf16 rounding (up to 2^-9 relative). This kernel reads the scalar
-once per thread from device memory (no host sync), multiplies in fp32 and rounds once, with 16-byte
-vector accesses: `(t.float() * scale).to(t.dtype)` bitwise, at the floor of 4 bytes per element.
-
-Layout: a CTA tile is 8 rows x 512 columns, one warp per row, 16 consecutive elements per thread
-in two 16-byte accesses; columns are predicated (n need only be a multiple of 8), rows beyond m
-are skipped.
+Why and how: docs/engine/ops.md, section `engine/ops/gemm_output/cute_scale.py`.
 """
 
 import cuda.bindings.driver as cuda

@@ -1,38 +1,6 @@
 """Our CuTeDSL RMSNorm, fused with the scaled residual add of a pre-norm decoder (forward + backward).
 
-Contract (engine/ops/README.md): rmsnorm(x, weight, *, eps, residual=None, residual_scale=1.0).
-
-    no residual:   y = x * rsqrt(mean(x^2) + eps) * weight              (fp32 math, one rounding)
-    residual:      s = residual + residual_scale * x   (fp32, rounded once to residual.dtype)
-                   returns (rmsnorm(s), s); the norm reads the ROUNDED s, as the baseline does,
-                   so s is bit-equal to the baseline's and y differs only in its final rounding.
-
-Forward, one pass: reads x (and residual), writes y (and s) and the fp32 rstd of every row. The
-residual scale and eps are runtime Float32 arguments, so one compiled kernel serves every layer.
-
-Backward, one pass per row, with s_hat = s * rstd (s = x without a residual):
-
-    ds = ds_out + rstd * (w*dy - s_hat * mean(w*dy * s_hat))
-    dresidual = ds (residual.dtype),  dx = residual_scale * ds (x.dtype)    [no residual: dx = ds]
-    dweight   = sum over rows of dy * s_hat
-
-dy or ds_out may be None (autograd with materialize_grads off): a missing ds_out is a compile-time
-flag of the kernel; a missing dy makes ds = ds_out exactly (no kernel needed, torch scales it).
-
-dweight, deterministically: the backward grid is persistent (ctas_per_sm() CTAs per SM); CTA b
-handles rows b, b + grid, b + 2 grid, ... (a static assignment), keeps its thread's column slice of
-sum(dy * s_hat) in fp32 registers in row order, and writes it to row b of a [grid, n] fp32 buffer;
-torch then sums the buffer over dim 0. No atomics anywhere, so for a given (rows, n, device) every
-addition happens in the same order on every call: bit-identical dweight run to run.
-
-Layout: one CTA per row (forward) / per row at a time (backward); TPR threads cover a row, each
-owning VEC = 8 consecutive elements (16-byte loads and stores for 16-bit types; an fp32 weight is
-loaded as two 16-byte halves) repeated REPS times at a stride of 8 x TPR columns, so a warp's
-accesses are contiguous. TPR = 32..512 keeps ~ELEMS = 16 elements per thread (n = 4096: 256
-threads, 2 x 16 bytes per tensor and thread). The row sums are a shuffle
-reduction inside each warp plus, for TPR > 32, a per-warp slot in shared memory that every thread
-sums in the same order (so all threads hold the identical sum). Columns beyond n (n a multiple of 8,
-not of 8 x TPR) are predicated off and their registers zero-filled so they add nothing.
+Why and how: docs/engine/ops.md, section `engine/ops/rmsnorm/cute_rmsnorm.py`.
 """
 
 import math

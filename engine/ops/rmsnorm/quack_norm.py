@@ -1,15 +1,6 @@
 """RMSNorm on quack's CuTeDSL row kernels, including the residual-fused form of the contract.
 
-Without a residual: quack's rmsnorm (forward and backward kernels, fp32 statistics).
-
-With a residual (s = residual + residual_scale * x; returns (rmsnorm(s), s)): quack's forward adds a
-residual without a scale, so the branch enters pre-scaled in fp32 (x * residual_scale, skipped
-when the scale is 1): the sum, its rounding to the residual's dtype and the norm then run in one
-kernel. Backward: quack's rmsnorm backward with `dresidual_out` (the gradient reaching s from the
-residual stream) returns ds = d loss / d s in one kernel; d residual = ds and d x = scale * ds.
-
-One difference to the baseline, within bf16 rounding: quack normalises the fp32 sum, the baseline
-normalises the sum after rounding it to the residual's dtype (s itself is rounded the same way).
+Why and how: docs/engine/ops.md, section `engine/ops/rmsnorm/quack_norm.py`.
 """
 
 import torch

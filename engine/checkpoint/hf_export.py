@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from engine.atomic import check_replaceable, replace_dir, sibling_dir
-from engine.checkpoint import read_meta, select_checkpoint
+from engine.atomic_files import check_replaceable, replace_dir, sibling_dir
+from engine.checkpoint.store import read_meta, select_checkpoint
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
 from engine.errors import ConfigError

@@ -1,21 +1,6 @@
 """`python -m engine export-int8`: a checkpoint -> one compact file of int8 weights, round-tripped and evaluated.
 
-The record-setting small-model trainers ship their models this way (parameter-golf's int8 + zlib export):
-- every 2-D weight with at least `QUANTIZE_MIN_NUMEL` (65,536) elements is quantised per row,
-  symmetrically: scale = max |row| / 127, q = round(w / scale) in [-127, 127], so w is read back as
-  q x scale within scale / 2 of what it was; the scales stay fp32 (one number a row);
-- everything else stays fp32 as the checkpoint holds it: the norm gains (1-D control tensors, whose
-  errors scale every activation) and 2-D tensors too small for their bytes to matter;
-- the result (engine names, full unsharded shapes at any TP layout of the checkpoint, the run's
-  config) is serialised with torch.save and compressed with zlib (level 9) into ONE file,
-      MAGIC | format version (u32) | payload length (u64) | SHA-256 of the payload | payload,
-  written atomically (engine/atomic.py), so a truncated or corrupted file is recognised and refused
-  before anything is decompressed or unpickled (and it is read with torch.load(weights_only=True)).
-
-The command then loads the file back (`load_int8`: the dequantised fp32 weights and the config) and
-evaluates the original weights and the round-tripped ones with the engine's own evaluation
-(engine/evaluate.py, the first --eval-samples validation samples of the run's data) on one process,
-printing the file size and the val_loss / val_bpb difference the quantisation costs.
+Why and how: docs/engine/checkpoint.md, section `engine/checkpoint/int8_export.py`.
 """
 
 import dataclasses
@@ -28,14 +13,14 @@ from typing import Any
 
 import torch
 
-from engine.atomic import write_bytes_atomic
-from engine.checkpoint import read_meta, select_checkpoint
+from engine.atomic_files import write_bytes_atomic
+from engine.checkpoint.store import read_meta, select_checkpoint
 from engine.config import EngineConfig, to_dict
 from engine.data.sources import build_data, default_cache_dir
 from engine.distributed import ParallelState
 from engine.errors import ConfigError
 from engine.evaluate import evaluate
-from engine.export_hf import check_outside, config_from_saved, load_full_weights
+from engine.checkpoint.hf_export import check_outside, config_from_saved, load_full_weights
 from engine.model import Transformer, build_model
 from engine.ops import resolve_ops
 from engine.train import resolve_device

@@ -1,23 +1,6 @@
 """Optimizer state in a checkpoint, in a form DCP can reshard across data-parallel sizes.
 
-With DP = 1 every parameter is one whole segment and is saved as plain tensors
-`[tp{r}/]{master,exp_avg,exp_avg_sq}/<name>` (the single-process format). With DP > 1 a rank owns
-only a contiguous piece [lo, hi) of some flattened parameters (ZeRO-1, FlatBuffers.shard_ranges),
-so each such key becomes a ShardedTensor: the flattened global parameter, of which this rank
-contributes its piece and every other DP rank of its TP rank its own. DCP stores the pieces with
-their offsets and, on load, reads whatever overlaps the pieces the loading run asks for; a plain
-tensor is the one-piece case. So a checkpoint loads on any DP size (and export-hf reads full
-tensors) with no gather on save and no extra memory: each rank writes and reads only its shard.
-Why not DTensor: its Shard placement cuts a tensor into torch.chunk-sized pieces, and ZeRO pieces
-follow bucket boundaries instead. Why not gathering full tensors on save: it would need the full
-fp32 masters and moments (12 bytes per parameter) on one rank.
-
-With --optimizer muon the hidden matrices' state is Muon's (engine/optim/muon.py): whole matrices, each
-written by the DP rank that owns it as plain tensors `[tp{r}/]{master,muon_momentum}/<name>`, so it too
-loads on any DP size (the loading run's owner reads it by name).
-
-The TP size must match (parameters are sliced differently per TP size); engine.checkpoint refuses
-a checkpoint of another TP size with both layouts named.
+Why and how: docs/engine/sharding.md, section `engine/sharding/zero_state.py`.
 """
 
 from typing import Any, Callable
@@ -54,7 +37,7 @@ def _pieces(buffers: FlatBuffers, par: ParallelState) -> dict[str, list[tuple[in
 
 def sharded_piece(local: torch.Tensor, numel: int, pieces: list[tuple[int, int, int]], rank: int) -> "st.ShardedTensor":
     """The flattened global tensor of `numel` elements cut into `pieces` (global rank, lo, hi), this rank's being `local`
-    (also --fsdp's, engine/parallel/fsdp.py)."""
+    (also --fsdp's, engine/sharding/fsdp.py)."""
     device = str(local.device)
     metas = [st.ShardMetadata(shard_offsets=[lo], shard_sizes=[hi - lo], placement=f"rank:{r}/{device}")
              for r, lo, hi in pieces]

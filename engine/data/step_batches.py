@@ -1,31 +1,6 @@
 """`python -m engine batches`: the exact token batch of given optimizer steps of a run, without training.
 
-Why: a judge that holds a run's printed loss and its optimizer state against its own forward and
-backward pass must know which tokens each step trained on, and must not take the run's word for it.
-The data order is a pure function of the data, --seq-length, --seed and the global batch size
-(engine/data/loader.py; with --data-mix also of the weights, the anneal and --num-steps: engine/data/mix.py),
-so this command, run from a checkout the judge trusts, states it: it builds
-the data exactly as `pretrain` does (build_data), walks the loader to the requested steps and writes
-each step's whole global batch, every micro-batch of every data-parallel rank (the loss of a step is a
-mean over all of it, so how it was split does not matter).
-
-Output, `<out>/batches.json` (written atomically):
-
-    format, version       "temper-batches", 1
-    seq_length, global_batch_size, seed, world_size
-    data, fingerprint     what build_data read, and the packed samples' fingerprint
-    steps                 {"N": {"rows": [sample index, ...], "inputs": [[token id, ...], ...], "labels": [[...], ...]}}
-
-Step N is the N-th global batch the loader hands out: the batch of optimizer step N (the `[LOSS] step=N`
-line), which the weights of step N - 1 were trained on, unless updates were skipped (--skip-spike-factor: a
-skipped step is retried on the next batch, so the judge counts the run's [SKIP] lines to map a step to its
-batch). Labels of -100 carry no loss (none today: every packed token is a label; --document-mask changes
-attention, not labels, so the batches are the same with it).
-
-Only the fields of DATA_GROUPS decide a step's batch; the others (optimizer and schedule, evaluation,
-output, kernels, performance) are reset to their defaults before the config is resolved, and flags this
-engine does not know are ignored with a note (engine/cli.py). So the flags of a run of a NEWER engine,
-one that accepts a schedule or a flag this one does not, still get their batches from this one.
+Why and how: docs/engine/data.md, section `engine/data/step_batches.py`.
 """
 
 import dataclasses

@@ -1,33 +1,6 @@
 """Fully sharded data parallelism (--fsdp): torch's FSDP2 over each TP rank's own shards.
 
-Layout: the 2-D DeviceMesh (dp, tp) of ParallelState's own groups (TP = consecutive ranks). The
-hand-written TP layers keep their local shards as plain tensors; `fully_shard` shards those again, by
-rows (dim 0), over the `dp` sub-mesh: every TP rank's copy is sharded over its DP group, and FSDP2
-never sees the TP split (no DTensor TP; the TP collectives stay the layers' own). One fully_shard per
-decoder layer and one at the root (embedding, final norm, LM head), so FSDP2 all-gathers a layer just
-before its forward, on its own stream: the next layer's all-gather runs behind this layer's compute as far as the
-host runs ahead (FSDP2's implicit forward prefetch), and backward prefetches the previous layer's;
-`reshard_after_forward` frees each layer's gathered weights after its forward (not the last layer's:
-backward needs it at once, as torchtitan does).
-
-Precision: the sharded parameters are the fp32 masters; MixedPrecisionPolicy all-gathers them in the
-compute dtype (bf16 on GPU) and reduce-scatters gradients in fp32, summed (not averaged: the loss is
-already divided by the global token count, engine/train.py), once per micro-batch's backward into the
-fp32 sharded `.grad`. torch's AdamW steps the sharded parameters, so its moments are sharded alike.
-Gradient-accumulation fusion is off under --fsdp (engine/config.py): FSDP2 owns the unsharded gradient
-the fused weight-gradient GEMMs would write into (the layers fall back to autograd's gradient when a
-parameter has no MainGrad).
-
-What TP asks of the gradients (engine/parallel/tensor_parallel.py) is unchanged, applied to the sharded
-gradients after backward: a TP group's ranks all hold tensors of the same shape, so each DP rank holds
-the same rows of each of them and the sums (replicated K/V rows, sequence-parallel norm gains) are
-sums of the same slices. The grad norm counts each element once by the same rules as the ZeRO-1
-optimizer (`tp_replicated`, `tp_duplicate`).
-
-Checkpoints: the ZeRO-1 format (engine/parallel/zero_state.py). A DP rank's dim-0 shard of a row-major
-tensor is one contiguous range of the flattened tensor, so it is a piece of the same ShardedTensor the
-ZeRO-1 optimizer writes (`[tp{r}/]{master,exp_avg,exp_avg_sq}/<name>`, flattened): DCP reshards
-between the two modes and any DP sizes.
+Why and how: docs/engine/sharding.md, section `engine/sharding/fsdp.py`.
 """
 
 import math
@@ -43,8 +16,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
 from engine.optim.optimizer import adam_step_tensor, clip_coefficient, global_norm, make_adamw
-from engine.parallel.tensor_parallel import GradSum
-from engine.parallel.zero_state import KINDS, sharded_piece, state_prefix
+from engine.model.tp_grads import TPGrads
+from engine.sharding.zero_state import KINDS, sharded_piece, state_prefix
 
 __all__ = ["device_mesh", "shard_model", "ShardedAdamW", "fsdp_optimizer_state", "load_fsdp_optimizer_state"]
 
@@ -96,11 +69,11 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 class ShardedAdamW:
     """AdamW over FSDP2's sharded fp32 parameters, with the engine's grad norm and clipping over TP x DP.
 
-    `grad_sums`: what TP asks of the gradients (apply_tensor_parallel on the sharded model)."""
+    `tp_grads`: what TP asks of the gradients (the sharded model's `tp_grads()`)."""
 
     def __init__(self, model: nn.Module, cfg: EngineConfig, par: ParallelState, lr_multipliers: Mapping[str, float],
-                 grad_sums: list[GradSum]):
-        self.model, self.cfg, self.par, self.grad_sums = model, cfg, par, grad_sums
+                 tp_grads: TPGrads):
+        self.model, self.cfg, self.par, self.tp_grads = model, cfg, par, tp_grads
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         missing = [n for n, _ in self.named if n not in lr_multipliers]
         assert not missing, f"no lr multiplier for {missing}"
@@ -115,7 +88,7 @@ class ShardedAdamW:
     @torch.no_grad()
     def finish_grads(self) -> None:
         """After the last micro-batch's backward (FSDP2 has reduce-scattered every gradient): the TP sums."""
-        for s in self.grad_sums:
+        for s in self.tp_grads.sums:
             lo, hi = _flat_range(s.param, self.par.dp_rank, self.par.dp_size)
             a, b = max(s.lo, lo), min(s.hi, hi)
             if a < b and s.param.grad is not None:
@@ -124,13 +97,7 @@ class ShardedAdamW:
     def _counted(self, param: torch.Tensor) -> list[slice]:
         """Slices of this rank's flattened gradient shard that count towards the grad norm (see MixedPrecisionAdamW)."""
         lo, hi = _flat_range(param, self.par.dp_rank, self.par.dp_size)
-        if self.par.tp_size > 1 and self.par.tp_rank != 0 and getattr(param, "tp_replicated", False):
-            return []
-        dup = getattr(param, "tp_duplicate", None)
-        if dup is None:
-            return [slice(0, hi - lo)]
-        a, b = min(max(dup[0] - lo, 0), hi - lo), min(max(dup[1] - lo, 0), hi - lo)
-        return [part for part in (slice(0, a), slice(b, hi - lo)) if part.stop > part.start]
+        return self.tp_grads.counted(param, lo, hi)
 
     @torch.no_grad()
     def grad_norm(self) -> float:

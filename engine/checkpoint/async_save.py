@@ -1,21 +1,6 @@
 """Asynchronous checkpoint saves (`--async-save`): copy to host memory, write in a background thread.
 
-Training stalls only for the copy of this rank's masters and moments into host buffers (pinned on
-CUDA, allocated when the run starts and reused); the background thread then runs the very same
-`save_checkpoint` as a blocking save (DCP write, checksums, manifest, fsync, rename, `latest`,
-prune), so the crash safety is the blocking save's: a checkpoint becomes `latest` only after its
-write is complete, and a kill mid-write leaves a `.tmp` folder that nothing reads or prunes.
-
-Ordering: one save at a time (`submit` waits for the previous one, which also frees the host
-buffers); the trainer waits for the one in flight before it exits, normally, on SIGTERM / SIGUSR1
-or on an error; pruning happens inside the save, after its own publish, so it never meets a
-checkpoint being written. The save's collectives run on a process group of their own (gloo), so
-they never interleave with training's collectives issued meanwhile by the main thread.
-
-Why not DCP's `async_save`: its signature and staging options changed across the torch releases
-this engine supports (>= 2.4), and the checksums, manifest and publish must follow the write, in
-order, on the same group; a thread around the blocking save is the same mechanism (a host copy and
-a background writer) with one code path for both modes.
+Why and how: docs/engine/checkpoint.md, section `engine/checkpoint/async_save.py`.
 """
 
 import threading

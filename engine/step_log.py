@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine.atomic import write_text_atomic
+from engine.atomic_files import write_text_atomic
 from engine.errors import ConfigError
 
 __all__ = ["MetricsWriter", "loss_line", "eval_line", "skip_line", "keep_through_step"]

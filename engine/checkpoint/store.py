@@ -1,27 +1,6 @@
 """Checkpoints with torch.distributed.checkpoint (DCP): sharded, atomic, checksummed, resumable bit for bit.
 
-Layout of a save dir:
-    step_00000050/   DCP shards + .metadata; meta.json (step, config, layout, write_seq, schedule
-                     overrides); manifest.json (SHA-256 of every other file, engine/checksums.py)
-    latest           the name of the newest published checkpoint (for people and scripts)
-A checkpoint holds the fp32 masters and Adam moments (the bf16 model weights are derived from the
-masters), the step, the data-loader position and every rank's RNG state: everything a resumed run
-needs to print the same [LOSS] lines as an uninterrupted one. Under data parallelism each rank saves
-only its ZeRO-1 pieces, in a form DCP reshards on load (engine/parallel/zero_state.py): a checkpoint
-resumes on any DP size with the same TP size (`check_compatible`).
-
-Atomicity: all ranks write into `step_N.tmp` and hash what they wrote; when every rank has finished,
-rank 0 writes meta.json and manifest.json, fsyncs, renames the folder to `step_N`, and only then
-rewrites `latest` (write a temp file, fsync, os.replace: it names a published checkpoint at every instant and is
-never removed). A crash at any point leaves the previous checkpoints and `latest` intact; `.tmp` folders are never
-read or listed, and what a killed save left (a `step_N.tmp` folder, `.latest.tmp-<pid>`, a folder set aside by
-replace_dir) is removed when the next run starts on the save dir (`remove_stale_temporaries`).
-
-Write order, not step number: a resumed run may write step 6 after an abandoned run wrote step 8.
-meta.json carries `write_seq` (one more than any checkpoint in the save dir), `--keep-last` keeps the
-N newest by it and `--resume auto` takes the newest by it that verifies against its manifest,
-naming each newer one it skipped and why. An explicit `--resume PATH` that does not verify is an
-error. Verification is collective: every rank rehashes a share of the blocks.
+Why and how: docs/engine/checkpoint.md, section `engine/checkpoint/store.py`.
 """
 
 import json
@@ -37,8 +16,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from engine.atomic import replace_dir, write_text_atomic
-from engine.checksums import check_listing, files_to_hash, hash_files, manifest_text, read_manifest, verify_blocks, MANIFEST
+from engine.atomic_files import replace_dir, write_text_atomic
+from engine.checkpoint.checksums import check_listing, files_to_hash, hash_files, manifest_text, read_manifest, verify_blocks, MANIFEST
 from engine.config import EngineConfig, flag_name, to_dict
 from engine.errors import ConfigError
 from engine.optim.schedule import schedule_fields
@@ -296,7 +275,7 @@ def _layout_text(layout: dict[str, Any]) -> str:
 
 def check_compatible(meta: dict[str, Any], cfg: EngineConfig, path: Path, layout: dict[str, int]) -> bool:
     """Refuse a checkpoint this run cannot continue. Returns True when it was written with another
-    data-parallel size: its ZeRO-1 optimizer shards are then resharded on load (engine/parallel/
+    data-parallel size: its ZeRO-1 optimizer shards are then resharded on load (engine/sharding/
     zero_state.py). The tensor-parallel size must match: weights are sliced per TP size."""
     saved = meta["config"]
     for name in MODEL_FIELDS:

@@ -1,20 +1,6 @@
 """Completing a step's fp32 gradients: TP sums, then the data-parallel reduce-scatter, per bucket.
 
-Earlier micro-batches of a step only accumulate into the flat fp32 buffer (no communication). On the
-last one, a post-accumulate-grad hook per parameter counts how many of a bucket's parameters
-backward has finished; when the count is complete the bucket is ready and, while backward goes on
-with the rest of the model:
-1. the TP gradient sums of its parameters run (engine/parallel/tensor_parallel.py), coalesced per
-   group into one all-reduce;
-2. its data-parallel reduce-scatter is launched asynchronously: afterwards this rank's shard of the
-   bucket (the part its optimizer owns) holds the sum over DP ranks. The loss was divided by the
-   global token count, so the DP gradient is a sum, not a mean.
-`finish()` launches whatever is not launched yet (everything, when overlap is off) and waits.
-
-On NCCL nothing here blocks the host: the TP all-reduce is stream-ordered before the reduce-scatter
-(waiting on an NCCL work only makes the current stream wait), and the reduce-scatters are waited
-for in `finish()` the same way. gloo has no in-place reduce-scatter in every torch release, so CPU
-runs all-reduce each bucket (engine/distributed/collectives.py).
+Why and how: docs/engine/sharding.md, section `engine/sharding/grad_sync.py`.
 """
 
 import torch
@@ -23,7 +9,7 @@ import torch.distributed as dist
 from engine.distributed import ParallelState
 from engine.distributed.collectives import reduce_scatter_flat
 from engine.optim.buffers import Bucket, FlatBuffers
-from engine.parallel.tensor_parallel import GradSum
+from engine.model.tp_grads import GradSum
 
 __all__ = ["GradSync"]
 

@@ -1,23 +1,6 @@
 """SHA-256 checksums of every file of a checkpoint: recorded at save, verified before a resume.
 
-DCP's reader notices a truncated shard but not a same-size overwrite: the bytes are read back as
-tensors whatever they hold. So each checkpoint folder carries `manifest.json`:
-
-    {"format": 1, "algorithm": "sha256", "block_bytes": 67108864,
-     "files": {"__0_0.distcp": {"bytes": N, "blocks": ["<sha256 of bytes 0..64 MiB>", ...]}, ...}}
-
-covering every other file in the folder (shards, DCP's .metadata, meta.json).
-
-Why SHA-256: it is in the standard library (the engine imports nothing else at load), it is what
-`sha256sum` computes, and with the SHA-NI instructions of current x86 servers it hashes ~1.8 GB/s
-per core (0.55 s per GB; measured on an AMD EPYC, `bench/checkpoint_save.py` prints it for the
-machine at hand). A 64-bit non-cryptographic hash (xxh3) would be ~5x faster but is not in the
-standard library; CRC-32 is only 32 bits. Why 64 MiB blocks: one rank's shard of the 8B at TP 2 is
-~48 GB, and hashlib releases the GIL, so blocks hash in parallel threads (and beside training in an
-asynchronous save); a damaged region is then named by its byte range.
-
-Work is split so no rank hashes alone: at save each rank hashes the shards it wrote (DCP names
-them `__<rank>_*`) and rank 0 the rest; at load the blocks are dealt round-robin over the ranks.
+Why and how: docs/engine/checkpoint.md, section `engine/checkpoint/checksums.py`.
 """
 
 import hashlib
