@@ -66,7 +66,7 @@ def run(mode: str, args: argparse.Namespace, workdir: Path) -> dict:
     cmd = [*launcher(args.nproc), "-m", "engine", "pretrain", *flags]
     env = dict(os.environ)
     if args.device == "cuda" and args.nproc > 1:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # as bench/train_mfu.py: TP overlap needs one hardware queue
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # as bench/mfu.py: TP overlap needs one hardware queue
     print(f"[{mode}] {' '.join(cmd)}", flush=True)
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     arrivals: dict[int, float] = {}

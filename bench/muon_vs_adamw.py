@@ -1,6 +1,6 @@
 """Muon against AdamW at equal tokens: `minicpm4-0.5b` on the real corpus, one GPU.
 
-Two real training runs (bench/train_mfu.py's `run_engine`: subprocesses, metrics.jsonl steps and evaluations), the
+Two real training runs (bench/mfu.py's `run_engine`: subprocesses, metrics.jsonl steps and evaluations), the
 same seed, batch, steps and schedule, one after the other in the same job: `--optimizer adamw` and
 `--optimizer muon` (engine/optim/muon.py: the hidden matrices orthogonalised, at the same --lr and muP
 multipliers, with Moonlight's update scale). Reported: val_loss and val_bpb of the final evaluation (the first
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.train_mfu import run_engine  # noqa: E402
+from bench.mfu import run_engine  # noqa: E402
 
 __all__ = ["main"]
 

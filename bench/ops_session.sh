@@ -58,7 +58,7 @@ case "${1:-check}" in
     timeout 120 python3 -m pytest tests/engine/test_fp8.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
       | tee "$OUT/fp8_gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -12
     stamp "4-layer 8B slice: bf16 vs --fp8 tensorwise vs --fp8 rowwise (one job)"
-    timeout 400 python3 bench/train_mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps 5 --warmup 2 \
+    timeout 400 python3 bench/mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps 5 --warmup 2 \
       --engine-timeout 130 --variant bf16= --variant fp8-tensorwise="--fp8 tensorwise" \
       --variant fp8-rowwise="--fp8 rowwise" --out "$OUT/mfu_8b4l_fp8.json" 2>&1 | tail -14
     python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results']; b = r[0].get('tokens_per_s') or 0
@@ -75,7 +75,7 @@ for x in r: t = x.get('tokens_per_s') or 0; print(f\"{x['name']:16s} tok/s {t:9.
   fsdp4)
     stamp "8B on 4 GPUs: FSDP2 vs ZeRO-1, TP 1 / 2, selective recompute off / on (one job)"
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
-    timeout 585 python3 bench/train_mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 140 \
+    timeout 585 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 140 \
       --variant tp2-dp2-zero1="--tp 2" --variant dp4-zero1= --variant fsdp4="--fsdp" --variant tp2-fsdp2="--tp 2 --fsdp" \
       --variant tp2-dp2-zero1-sac="--tp 2 --activation-checkpointing selective" \
       --variant dp4-zero1-sac="--activation-checkpointing selective" \
@@ -99,7 +99,7 @@ for x in r: t = x.get('tokens_per_s') or 0; print(f\"{x['name']:16s} tok/s {t:9.
     timeout 300 python3 bench/step_gemms.py --quack --profile "$OUT/profile_8b4l.json" --out "$OUT/step_gemms.json" \
       2>&1 | grep -v -i warn | tail -22
     stamp "MFU of the slice against torch.compile (one job)"
-    timeout 300 python3 bench/train_mfu.py --common "$SLICE" --steps 6 --warmup 3 --peer torch-compile \
+    timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 6 --warmup 3 --peer torch-compile \
       --out "$OUT/mfu_8b4l.json" 2>&1 | tail -8
     ;;
   graphs-test)
@@ -109,18 +109,18 @@ for x in r: t = x.get('tokens_per_s') or 0; print(f\"{x['name']:16s} tok/s {t:9.
     ;;
   graphs)
     stamp "MFU of the slice, CUDA graphs off / on twice each, beside torch.compile (one job)"
-    timeout 560 python3 bench/train_mfu.py --common "$SLICE" --steps 6 --warmup 3 --variant eager= \
+    timeout 560 python3 bench/mfu.py --common "$SLICE" --steps 6 --warmup 3 --variant eager= \
       --variant graphs="--cuda-graphs" --variant eager-2= --variant graphs-2="--cuda-graphs" --peer torch-compile \
       --out "$OUT/mfu_8b4l_graphs.json" 2>&1 | tail -10
     ;;
   tp2)
     stamp "full 8B at TP 2 against megatron-core and torchtitan at TP 2 (one job, two GPUs)"
-    timeout 570 python3 bench/train_mfu.py --common "$FULL_TP2" --steps 4 --warmup 3 --peer megatron-core --peer torchtitan \
+    timeout 570 python3 bench/mfu.py --common "$FULL_TP2" --steps 4 --warmup 3 --peer megatron-core --peer torchtitan \
       --peer-timeout 200 --out "$OUT/mfu_8b_tp2.json" 2>&1 | tail -8
     ;;
   tp2-overlap)
     stamp "TP 2 backward overlap on / off, forward all-reduces in 2 row chunks (one job, two GPUs)"
-    timeout 400 python3 bench/train_mfu.py --common "$FULL_TP2" --steps 4 --warmup 3 --variant overlap= \
+    timeout 400 python3 bench/mfu.py --common "$FULL_TP2" --steps 4 --warmup 3 --variant overlap= \
       --variant no-overlap="--no-tp-comm-overlap" --variant fwd-chunks2="--tp-fwd-chunks 2" \
       --out "$OUT/mfu_8b_tp2_overlap.json" 2>&1 | tail -7
     stamp "profile at TP 2 (section 8b-tp2)"
@@ -131,7 +131,7 @@ for x in r: t = x.get('tokens_per_s') or 0; print(f\"{x['name']:16s} tok/s {t:9.
   engine)
     warm minicpm4-0.5b 1
     stamp "engine steps, minicpm4-0.5b: baseline ops vs the CuTeDSL defaults"
-    timeout 300 python3 bench/train_mfu.py --common "--preset minicpm4-0.5b" --steps 25 --warmup 5 --out "$OUT/engine_step.json" \
+    timeout 300 python3 bench/mfu.py --common "--preset minicpm4-0.5b" --steps 25 --warmup 5 --out "$OUT/engine_step.json" \
       --variant baseline="$BASELINE_OPS" --variant cutedsl= \
       2>&1 | tail -8
     ;;

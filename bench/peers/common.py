@@ -23,7 +23,7 @@ __all__ = ["engine_config", "check_matmul_params", "linear_params", "synthetic_b
 
 def engine_config(flags: list[str], world_size: int | None = None) -> EngineConfig:
     """The resolved EngineConfig of `python -m engine pretrain FLAGS` on `world_size` processes (default:
-    --tp processes, one TP group: the layout bench/train_mfu.py launches)."""
+    --tp processes, one TP group: the layout bench/mfu.py launches)."""
     cfg = config_from_args(build_parser().parse_args(["pretrain", *flags]))
     return resolve(cfg, cfg.tp if world_size is None else world_size)
 
@@ -84,7 +84,7 @@ def _peak_mem_per_rank(device: torch.device) -> list[float]:
 
 def summarize(name: str, cfg: EngineConfig, times: list[float], losses: list[float], device: torch.device,
               world: int, **extra) -> dict:
-    """The peer's result record, in the fields the engine's runs use (bench/train_mfu.py prints both alike)."""
+    """The peer's result record, in the fields the engine's runs use (bench/mfu.py prints both alike)."""
     med = statistics.median(times)
     tokens = cfg.tokens_per_step
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -4,10 +4,10 @@ Llama-style (nanoGPT / torchtitan tone): fused QKV and fused [gate; up] linears,
 RoPE, SDPA causal attention with GQA, SwiGLU, an LM head over the padded vocabulary with torch
 cross-entropy over the true one, and MiniCPM's muP scalings (embedding x scale_emb, residual branches x
 scale_depth / sqrt(L), LM-head input / (hidden / dim_model_base)): the engine's model, so with the engine's
-weights it gives the engine's loss (tests/bench/test_train_mfu.py). Trained with torch.optim.AdamW(fused=True),
+weights it gives the engine's loss (tests/bench/test_mfu.py). Trained with torch.optim.AdamW(fused=True),
 clip_grad_norm_ and the engine's loss normalisation (sum over tokens / tokens per step).
 
-Variants (bench/train_mfu.py runs each in its own process):
+Variants (bench/mfu.py runs each in its own process):
 - `bf16`: bf16 weights, gradients and Adam moments; no fp32 master copy (less memory, less precision).
 - `amp`:  fp32 weights + bf16 autocast: the engine's precision (fp32 master, bf16 matmuls).
 - `fp32`: everything fp32 (the CPU reference check).

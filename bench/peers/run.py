@@ -1,4 +1,4 @@
-"""Run one peer in this process (bench/train_mfu.py launches it under torchrun, one process per GPU).
+"""Run one peer in this process (bench/mfu.py launches it under torchrun, one process per GPU).
 
     torchrun --standalone --nproc-per-node 1 -m bench.peers.run --peer torch-compile --variant amp \
         --steps 8 --warmup 3 --out peer.json -- --preset minicpm4-8b --num-layers 4 --micro-batch-size 2 ...
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile_json:
             _profile(step, args, result, cfg, device, rank)
         code = 0
-    except Exception as err:  # guard: allow broad-except -- reported to bench/train_mfu.py in the JSON, and exit 1
+    except Exception as err:  # guard: allow broad-except -- reported to bench/mfu.py in the JSON, and exit 1
         result["error"] = f"{type(err).__name__}: {err}"
         result["traceback"] = traceback.format_exc()[-4000:]
         print(result["traceback"], file=sys.stderr)

@@ -1,5 +1,5 @@
 """bench/common.py's nvidia-smi poller: what it keeps from the CSV lines nvidia-smi prints; the energy per token
-bench/train_mfu.py derives from its power samples."""
+bench/mfu.py derives from its power samples."""
 
 import pytest
 
@@ -31,7 +31,7 @@ def test_lines_that_are_not_numbers_are_skipped():
 
 
 def test_energy_per_token_sums_the_gpus_power_over_the_rows_tokens_per_second():
-    from bench.train_mfu import energy_mj_per_token
+    from bench.mfu import energy_mj_per_token
     # the engine row of bench/results/mfu_8b4l_h200_clock.json: 691.695 W at 77,010 tokens/s
     assert energy_mj_per_token({"power_w": [691.695], "tokens_per_s": 77010.0}) == pytest.approx(8.982, abs=1e-3)
     assert energy_mj_per_token({"power_w": [600.0, 700.0], "tokens_per_s": 1e5}) == pytest.approx(13.0)

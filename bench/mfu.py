@@ -1,15 +1,15 @@
 """MFU of whole training steps: the engine and its peers, one after another in one job on the same GPUs.
 
-    python bench/train_mfu.py --common "--preset minicpm4-8b --num-layers 4 --micro-batch-size 2 --seq-length 4096 \
+    python bench/mfu.py --common "--preset minicpm4-8b --num-layers 4 --micro-batch-size 2 --seq-length 4096 \
         --grad-accum-steps 8" --steps 8 --warmup 3 --peer torch-compile --peer torchtitan --peer megatron-core \
         --out bench/results/mfu_8b4l_h200.json
-    python bench/train_mfu.py --common "--preset minicpm4-8b --tp 2 ..." --peer megatron-core        # TP 2 (torchrun)
-    python bench/train_mfu.py --common "--preset minicpm4-0.5b" --variant tp1= --variant tp2="--tp 2"   # TP 2 vs TP 1
-    python bench/train_mfu.py --nproc 4 --common "--preset minicpm4-8b --global-batch-size 16 ..." \
+    python bench/mfu.py --common "--preset minicpm4-8b --tp 2 ..." --peer megatron-core        # TP 2 (torchrun)
+    python bench/mfu.py --common "--preset minicpm4-0.5b" --variant tp1= --variant tp2="--tp 2"   # TP 2 vs TP 1
+    python bench/mfu.py --nproc 4 --common "--preset minicpm4-8b --global-batch-size 16 ..." \
         --variant zero1-dp4= --variant fsdp4="--fsdp" --variant tp2-fsdp2="--tp 2 --fsdp"      # 4 GPUs: TP x DP
-    python bench/train_mfu.py --common "--preset minicpm4-8b --num-layers 4" --sweep --seqs 1024 2048 4096 8192 16384 \
+    python bench/mfu.py --common "--preset minicpm4-8b --num-layers 4" --sweep --seqs 1024 2048 4096 8192 16384 \
         --mbs 1 2 --png docs/img/mfu_sweep.png                                                    # sweep
-    python bench/train_mfu.py --plot sweep_mbs1.json sweep_mbs2.json --png docs/img/mfu_sweep_h200.png    # re-draw
+    python bench/mfu.py --plot sweep_mbs1.json sweep_mbs2.json --png docs/img/mfu_sweep_h200.png    # re-draw
 
 Each engine variant is a real `python -m engine pretrain` (torchrun when the layout has more than one
 process: --tp N runs on N GPUs, --nproc N on N GPUs, DP = N / TP) of warmup + steps optimizer steps; the first --warmup steps (compile,
@@ -288,7 +288,7 @@ def replot(json_paths: list[Path], png: Path) -> int:
         try:
             results = json.loads(path.read_text())["results"]
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise SystemExit(f"--plot {path}: not a bench/train_mfu.py --out JSON ({err}); pass files a --sweep wrote")
+            raise SystemExit(f"--plot {path}: not a bench/mfu.py --out JSON ({err}); pass files a --sweep wrote")
         if not results or any("seq" not in r or "series" not in r for r in results):
             raise SystemExit(f"--plot {path}: its results are not sweep points (no seq/series): run with --sweep")
         points += results

@@ -1,4 +1,4 @@
-"""bench/train_mfu.py and its peers on CPU: same FLOP count, same model, end to end, sweep, missing peers.
+"""bench/mfu.py and its peers on CPU: same FLOP count, same model, end to end, sweep, missing peers.
 
 - The FLOP count a peer's MFU uses is engine/flops.py's, and the peer's own built model has exactly the
   engine's matmul parameters (so its MFU compares like for like); a peer with other shapes is refused.
@@ -81,7 +81,7 @@ def test_torch_compile_peer_steps_reduce_the_loss_eagerly():
 
 def _mfu(tmp_path, *extra, timeout=240):
     out = tmp_path / "mfu.json"
-    proc = subprocess.run([sys.executable, "bench/train_mfu.py", "--device", "cpu", "--common",
+    proc = subprocess.run([sys.executable, "bench/mfu.py", "--device", "cpu", "--common",
                            "--preset tiny --seq-length 32 --micro-batch-size 2 --grad-accum-steps 2",
                            "--steps", "2", "--warmup", "1", "--out", str(out), *extra],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -148,11 +148,11 @@ def test_sweep_writes_a_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Re-drawn from the JSON alone (the GPU image has no matplotlib), and a JSON that is no sweep is refused.
     again = tmp_path / "again.png"
-    redraw = subprocess.run([sys.executable, "bench/train_mfu.py", "--plot", str(tmp_path / "mfu.json"), "--png", str(again)],
+    redraw = subprocess.run([sys.executable, "bench/mfu.py", "--plot", str(tmp_path / "mfu.json"), "--png", str(again)],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert redraw.returncode == 0 and again.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", redraw.stderr
     (tmp_path / "plain.json").write_text(json.dumps({"meta": {}, "results": [{"name": "engine", "mfu": 0.5}]}))
-    refused = subprocess.run([sys.executable, "bench/train_mfu.py", "--plot", str(tmp_path / "plain.json")], cwd=REPO,
+    refused = subprocess.run([sys.executable, "bench/mfu.py", "--plot", str(tmp_path / "plain.json")], cwd=REPO,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "not sweep points" in refused.stderr
 
