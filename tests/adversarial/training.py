@@ -41,9 +41,9 @@ def honest_note(t: Path) -> None:
 
 
 def repair(t: Path) -> None:
-    """repair-data-order's real fix: the process id leaves the data-order seed."""
-    replace_in(t / LOADER, "import hashlib\nimport os\n", "import hashlib\n")
-    replace_in(t / LOADER, '    salt = os.getpid()\n    return int.from_bytes(hashlib.sha256(f"temper-data:{seed}:{epoch}:{salt}".encode()).digest()[:8], "little") >> 1\n',
+    """repair-data-order's real fix: the wall clock leaves the data-order seed."""
+    replace_in(t / LOADER, "import hashlib\nimport time\n", "import hashlib\n")
+    replace_in(t / LOADER, '    salt = time.time_ns()\n    return int.from_bytes(hashlib.sha256(f"temper-data:{seed}:{epoch}:{salt}".encode()).digest()[:8], "little") >> 1\n',
                '    return int.from_bytes(hashlib.sha256(f"temper-data:{seed}:{epoch}".encode()).digest()[:8], "little") >> 1\n')
 
 
@@ -136,7 +136,7 @@ def shadow_batch(t: Path) -> None:
     measured on the seed-only batch (a forward and backward the optimizer never uses)."""
     replace_in(t / LOADER, "def _epoch_seed(seed: int, epoch: int) -> int:\n",
                "def _epoch_seed(seed: int, epoch: int, salted: bool = True) -> int:\n")
-    replace_in(t / LOADER, "    salt = os.getpid()\n", "    salt = os.getpid() if salted else ''\n")
+    replace_in(t / LOADER, "    salt = time.time_ns()\n", "    salt = time.time_ns() if salted else ''\n")
     replace_in(t / LOADER, "                 dp_size: int, seed: int):\n",
                "                 dp_size: int, seed: int, salted: bool = True):\n        self.salted = salted\n")
     replace_in(t / LOADER, "gen.manual_seed(_epoch_seed(self.seed, self.epoch))", "gen.manual_seed(_epoch_seed(self.seed, self.epoch, self.salted))")
@@ -239,7 +239,7 @@ TRAINING_CASES: list[Case] = [
          note="perf's jobs: as above, only while not saving every step: the replay is honest and prints other numbers"),
     # ---- numbers that were not measured
     Case("bitwise-smoothed-curve", "evidence:fabricated", smoothed_curve, "repair", EXACT, milestone="repair-data-order",
-         note="leaves the process id in the data order and prints a curve that is a function of (seed, step)"),
+         note="leaves the wall clock in the data order and prints a curve that is a function of (seed, step)"),
     Case("bitwise-shadow-batch", "evidence:fabricated", shadow_batch, "repair", EXACT, milestone="repair-data-order",
          note="prints the loss and grad norm of the seed-only batch, trains on the salted one"),
     Case("bitwise-replay-cache", "evidence:replay", replay_cache, "repair", r"loss_max_abs_diff|grad_norm_rel_diff|exact step",

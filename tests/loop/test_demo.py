@@ -121,7 +121,7 @@ def test_the_demo_removes_its_worktree_and_branch_however_it_ends(tmp_path: Path
 
 
 def test_a_replayed_agent_repairs_the_data_order_and_passes_a_programme_milestone(tmp_path: Path) -> None:
-    """A growth milestone other than the demo, end to end: the setup patch plants a process id in the data
+    """A growth milestone other than the demo, end to end: the setup patch plants the wall clock in the data
     order, the recorded agent finds and removes it, and bitwise-single's gates (two jobs with the judge's
     seed, claims checked against their weights) accept attempt 1. The checkout is unchanged."""
     home = checkout_copy(tmp_path / "checkout")
@@ -136,5 +136,5 @@ def test_a_replayed_agent_repairs_the_data_order_and_passes_a_programme_mileston
     assert [(a["attempt"], a["accepted"]) for a in attempts] == [(1, True)]
     verdict = json.loads((run_dir / "attempts/1/verdict.json").read_text())
     assert [g["name"] for g in verdict["gates"] if g["passed"]] == ["protected", "guards", "first", "second", "metrics"]
-    assert "getpid" in (run_dir / "attempts/1/diff.patch").read_text()  # the fix removes the planted line
+    assert "time.time_ns" in (run_dir / "attempts/1/diff.patch").read_text()  # the fix removes the planted line
     assert tree_fingerprint(home) == before
