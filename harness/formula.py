@@ -7,7 +7,7 @@ protected, but a formula is still text: it is parsed with `ast` into a small whi
 names below, + - * / ** and unary minus, comparisons, `a if cond else b`, and the functions min, max,
 sqrt, exp, log, cos, sin, abs) and walked here; anything else (attributes, subscripts, other calls,
 lambdas, strings) is refused when the milestone loads, naming what was found. Stdlib only: the spec
-loader (harness/spec.py) validates with it and the judge evaluates with it.
+loader (harness/spec/) validates with it and the judge evaluates with it.
 """
 
 import ast

@@ -1,4 +1,4 @@
-"""What a judging draws (harness/judge/draws.py), the [draw] table that says it (harness/spec.py), the formula a
+"""What a judging draws (harness/judge/draws.py), the [draw] table that says it (harness/spec/), the formula a
 milestone states its learning rate with (harness/formula.py) and the contract check that holds every step to it
 (harness/judge/contract.py)."""
 
