@@ -57,7 +57,7 @@ class Draw:
     overridden: tuple[str, ...] = ()  # names given by --draw rather than drawn
 
     def placeholders(self) -> dict[str, str]:
-        """{name} and {name.key} for job argv ({corpus} is per job: the runner fills it)."""
+        """{name} and {name.key} for job argv ({corpus} is per job: the job gate fills it)."""
         out: dict[str, str] = {}
         for name, value in self.values.items():
             if name == "corpus":

@@ -10,19 +10,19 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from harness.spec.vocab import (GUARD_RULES, METRICS, OPS, _NAME, _RelPath, _Selector, _Strict, _check_relpath)
+from harness.spec.vocab import (GUARD_RULES, METRICS, OPS, NAME_PATTERN, RelPath, Selector, Strict, check_relpath)
 
 __all__ = ["ProtectedGate", "GuardsGate", "PytestGate", "OpBench", "JobGate", "MetricRule", "MetricsGate", "Gate"]
 
 
-class _GateBase(_Strict):
+class _GateBase(Strict):
     name: str = ""  # filled by the loader: the kind for the first gate of a kind, else "<kind>-<n>"
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if value and not re.fullmatch(_NAME, value):
-            raise ValueError(f"name {value!r} must match {_NAME} (lower case, digits, '-', '_')")
+        if value and not re.fullmatch(NAME_PATTERN, value):
+            raise ValueError(f"name {value!r} must match {NAME_PATTERN} (lower case, digits, '-', '_')")
         return value
 
 
@@ -37,7 +37,7 @@ class GuardsGate(_GateBase):
     """`temper guards check` over `paths` with the named rules (all by default)."""
 
     kind: Literal["guards"]
-    paths: list[_RelPath] = Field(default_factory=lambda: ["engine"], min_length=1)
+    paths: list[RelPath] = Field(default_factory=lambda: ["engine"], min_length=1)
     rules: list[Literal["ssot", "dag", "public-surface", "fail-fast", "isolation", "exec-route", "recognition"]] = Field(
         default_factory=lambda: list(GUARD_RULES), min_length=1
     )
@@ -48,7 +48,7 @@ class PytestGate(_GateBase):
     file or a skip-everything conftest must not pass)."""
 
     kind: Literal["pytest"]
-    selectors: list[_Selector] = Field(min_length=1)
+    selectors: list[Selector] = Field(min_length=1)
     min_collected: int = Field(gt=0)
     args: list[str] = Field(default_factory=list)  # only selections: "-k EXPR", "-m EXPR"
     timeout_s: float = Field(default=600, gt=0)
@@ -70,7 +70,7 @@ class PytestGate(_GateBase):
         return value
 
 
-class OpBench(_Strict):
+class OpBench(Strict):
     """What a bench or stress job measures (harness/opbench.py, judged by harness/judge/opjudge.py).
 
     The judge runs the op `version` (a name in engine/ops/<op>/register.toml; "default": its CUDA default,
@@ -137,7 +137,7 @@ class JobGate(_GateBase):
     # (a job the judge kills on purpose).
     verify: bool = True
     # The milestone's learning-rate contract, a formula of s, lr, W, N, ... (harness/formula.py): every printed lr
-    # and the lr the judge fits from every pair of checkpoints it holds must follow it (harness/judge/contract.py).
+    # and the lr the judge fits from every pair of checkpoints it holds must follow it (harness/judge/claims/contract.py).
     # Empty: they follow the schedule the base engine defines for the job's config. Never off: a milestone whose
     # point is a new schedule states it here.
     lr_contract: str = ""
@@ -184,7 +184,7 @@ class JobGate(_GateBase):
     @field_validator("log", "metrics_file")
     @classmethod
     def _file(cls, value: str) -> str:
-        return _check_relpath(value, "file")
+        return check_relpath(value, "file")
 
 
 # What a [draw] entry may say besides a DrawVar table: how a seed is drawn, and the judge-cut training corpus.
@@ -192,7 +192,7 @@ class JobGate(_GateBase):
 # "epoch-crossing" (the entry `corpus` only): {corpus} is a prepared dataset the judge cuts from the base's
 
 
-class MetricRule(_Strict):
+class MetricRule(Strict):
     """`<metric of job> <op> <value>`, optionally against a reference (a protected file or an earlier job)
     and over a window of steps (from_step / to_step, inclusive)."""
 
@@ -229,7 +229,7 @@ class MetricRule(_Strict):
     @field_validator("ref")
     @classmethod
     def _ref(cls, value: str | None) -> str | None:
-        return None if value is None else _check_relpath(value, "ref")
+        return None if value is None else check_relpath(value, "ref")
 
     def describe(self) -> str:
         """Human form for prompts and reports: 'mfu of train >= 0.55 (steps 5..)'."""

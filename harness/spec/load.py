@@ -10,9 +10,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from harness.spec.gates import JobGate, MetricRule, MetricsGate, ProtectedGate
-from harness.spec.milestone import _DRAW_NAME, DrawVar, Milestone, Requires
-from harness.spec.vocab import (_FIXED_PLACEHOLDERS, _TASK_COMMAND, GATE_KINDS, JUDGE_GLOBS, METRICS, OP_TASKS,
-                                PRINTED_DIFFS, SHAPE_KEYS, STATE_METRICS, SpecError, _literal_prefix, _placeholders,
+from harness.spec.milestone import DRAW_NAME, DrawVar, Milestone, Requires
+from harness.spec.vocab import (FIXED_PLACEHOLDERS, TASK_COMMAND, GATE_KINDS, JUDGE_GLOBS, METRICS, OP_TASKS,
+                                PRINTED_DIFFS, SHAPE_KEYS, STATE_METRICS, SpecError, literal_prefix, placeholders,
                                 glob_match)
 
 __all__ = ["load_milestone", "load_milestones", "find_milestone"]
@@ -94,7 +94,7 @@ def _cross_checks(m: Milestone) -> list[tuple[str, str]]:
     problems += _state_twins(m)
     problems += _draw_checks(m.draw)
     for i, glob in enumerate(m.editable):
-        prefix = _literal_prefix(glob)
+        prefix = literal_prefix(glob)
         if prefix and not prefix.startswith("tests/") and any(
             glob_match(j, prefix) or glob_match(j, prefix.rstrip("/") + "/x") for j in JUDGE_GLOBS
         ):
@@ -142,9 +142,9 @@ def _hardware_checks(requires: Requires, gate: JobGate, where: str) -> list[tupl
 def _draw_checks(draw: Mapping[str, Any]) -> list[tuple[str, str]]:
     problems = []
     for name, entry in draw.items():
-        if not re.fullmatch(_DRAW_NAME, name) or name in _FIXED_PLACEHOLDERS and name != "seed":
-            problems.append((f"draw.{name}", f"a drawn name matches {_DRAW_NAME} and is none of {', '.join(_FIXED_PLACEHOLDERS[:2])}, "
-                                             f"{', '.join(_FIXED_PLACEHOLDERS[3:])}"))
+        if not re.fullmatch(DRAW_NAME, name) or name in FIXED_PLACEHOLDERS and name != "seed":
+            problems.append((f"draw.{name}", f"a drawn name matches {DRAW_NAME} and is none of {', '.join(FIXED_PLACEHOLDERS[:2])}, "
+                                             f"{', '.join(FIXED_PLACEHOLDERS[3:])}"))
         elif (entry == "epoch-crossing") != (name == "corpus"):
             problems.append((f"draw.{name}", "corpus = \"epoch-crossing\" is the one corpus entry; seeds are \"small\", "
                                              "\"large\" or \"any\""))
@@ -191,7 +191,7 @@ def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate], draw: Ma
         return problems
     if gate.bench is not None:
         problems.append((f"{where}.bench", f"only bench and stress jobs take a bench table (this is a {gate.task} job)"))
-    expected = _TASK_COMMAND[gate.task]
+    expected = TASK_COMMAND[gate.task]
     if not gate.argv or gate.argv[0] != expected:
         got = repr(gate.argv[0]) if gate.argv else "nothing"
         problems.append((f"{where}.argv[0]", f"a {gate.task} job runs `engine {expected}`: argv must start with {expected!r} (got {got})"))
@@ -208,8 +208,8 @@ def _job_checks(gate: JobGate, where: str, earlier: dict[str, JobGate], draw: Ma
             problems.append((f"{where}.argv", "train jobs must pass \"--run-dir\", \"{job_dir}\" so the metrics land in the job's folder"))
     drawn = _drawn_names(draw)
     for k, arg in enumerate(gate.argv):
-        for name in _placeholders(arg):
-            if name in _FIXED_PLACEHOLDERS or name in drawn:
+        for name in placeholders(arg):
+            if name in FIXED_PLACEHOLDERS or name in drawn:
                 continue
             if name.startswith("job_dir:") and name[len("job_dir:"):] in earlier:
                 continue

@@ -7,12 +7,12 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from harness.spec.gates import Gate, JobGate, MetricsGate
-from harness.spec.vocab import JUDGE_GLOBS, NEW_TEST_GLOB, TEST_GLOB, _Glob, _Strict, _check_relpath, glob_match
+from harness.spec.vocab import JUDGE_GLOBS, NEW_TEST_GLOB, TEST_GLOB, Glob, Strict, check_relpath, glob_match
 
-__all__ = ["ContextFile", "Budget", "DRAW_KINDS", "DrawVar", "Requires", "Milestone"]
+__all__ = ["ContextFile", "Budget", "DRAW_KINDS", "DRAW_NAME", "DrawVar", "Requires", "Milestone"]
 
 
-class ContextFile(_Strict):
+class ContextFile(Strict):
     """A file the prompt shows (`include = true`: an excerpt inlined) or only points to."""
 
     path: str
@@ -23,7 +23,7 @@ class ContextFile(_Strict):
     @field_validator("path")
     @classmethod
     def _path(cls, value: str) -> str:
-        return _check_relpath(value)
+        return check_relpath(value)
 
     @field_validator("lines")
     @classmethod
@@ -33,7 +33,7 @@ class ContextFile(_Strict):
         return value
 
 
-class Budget(_Strict):
+class Budget(Strict):
     """Limits checked before every model call; the first one spent ends the run as budget_exhausted."""
 
     max_turns: int = Field(gt=0)
@@ -48,10 +48,10 @@ class Budget(_Strict):
 # "epoch-crossing" (the entry `corpus` only): {corpus} is a prepared dataset the judge cuts from the base's
 # bundled corpus for each job, so small that the job's run crosses an epoch boundary (harness/judge/draws.py).
 DRAW_KINDS = ("small", "large", "any", "epoch-crossing")
-_DRAW_NAME = r"[a-z][a-z0-9_]*"
+DRAW_NAME = r"[a-z][a-z0-9_]*"
 
 
-class DrawVar(_Strict):
+class DrawVar(Strict):
     """One value a judging draws from its secret (harness/judge/draws.py): an integer from `range` [lo, hi]
     (inclusive; a `multiple` of k when given), or one of `choices`: numbers, or tables of numbers that a job reads
     as {name.key} (a layout: {nproc = 4, tp = 2, gas = 3}). Job argv reads it as {name}."""
@@ -73,8 +73,8 @@ class DrawVar(_Strict):
             if tables and (len(tables) != len(self.choices) or any(set(t) != set(tables[0]) for t in tables)):
                 raise ValueError("choices are all numbers or all tables with the same keys")
             for key in (tables[0] if tables else {}):
-                if not re.fullmatch(_DRAW_NAME, key):
-                    raise ValueError(f"choice key {key!r} must match {_DRAW_NAME}")
+                if not re.fullmatch(DRAW_NAME, key):
+                    raise ValueError(f"choice key {key!r} must match {DRAW_NAME}")
         return self
 
     def keys(self) -> tuple[str, ...]:
@@ -91,7 +91,7 @@ class DrawVar(_Strict):
 
 
 
-class Requires(_Strict):
+class Requires(Strict):
     """The hardware a milestone's jobs need. The judge checks what it actually runs on (it asks the
     machine itself, never the candidate) and, where it falls short, says "needs ..." instead of judging.
 
@@ -116,18 +116,18 @@ class Requires(_Strict):
         return what + (" under SLURM" if self.slurm else "")
 
 
-class Milestone(_Strict):
+class Milestone(Strict):
     id: str
     title: str = Field(min_length=1)
     goal: str = Field(min_length=1)  # markdown
     context: list[ContextFile] = Field(default_factory=list)
-    editable: list[_Glob] = Field(min_length=1)
-    protected: list[_Glob] = Field(default_factory=list)  # in addition to JUDGE_GLOBS and tests/**
+    editable: list[Glob] = Field(min_length=1)
+    protected: list[Glob] = Field(default_factory=list)  # in addition to JUDGE_GLOBS and tests/**
     setup: str | None = None  # a patch (git apply) committed before the agent starts
     # A folder under milestones/ whose files (held-out acceptance tests, reference data) are copied over
     # the judged checkout for judging only: never in the agent's worktree. They are protected like tests.
     hidden: str | None = None
-    binary: list[_Glob] = Field(default_factory=list)  # editable paths where binary content is allowed
+    binary: list[Glob] = Field(default_factory=list)  # editable paths where binary content is allowed
     requires: Requires = Field(default_factory=Requires)
     # What each judging draws from its secret (harness/judge/draws.py): {name: DrawVar table, or a DRAW_KINDS word}.
     # `seed` is drawn ("any") when not named. Job argv reads the values as {name} / {name.key}, hidden tests
@@ -157,14 +157,14 @@ class Milestone(_Strict):
     @field_validator("setup")
     @classmethod
     def _setup(cls, value: str | None) -> str | None:
-        return None if value is None else _check_relpath(value, "setup")
+        return None if value is None else check_relpath(value, "setup")
 
     @field_validator("hidden")
     @classmethod
     def _hidden(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        _check_relpath(value, "hidden")
+        check_relpath(value, "hidden")
         if not value.startswith("milestones/"):
             raise ValueError(f"hidden {value!r} must be a folder under milestones/ (part of the judge, never editable)")
         return value.rstrip("/")

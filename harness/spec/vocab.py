@@ -17,7 +17,8 @@ from harness.globs import glob_match  # the one matcher; re-exported by harness.
 
 __all__ = ["SpecError", "JUDGE_GLOBS", "TEST_GLOB", "NEW_TEST_GLOB", "GATE_KINDS", "GUARD_RULES", "OP_TASKS", "SHAPE_KEYS",
            "OPS", "MetricInfo", "METRICS", "STATE_METRICS", "PRINTED_DIFFS", "compare", "glob_match", "referenced_jobs",
-           "render_argv"]
+           "render_argv", "Strict", "RelPath", "Glob", "Selector", "check_relpath", "literal_prefix", "placeholders",
+           "NAME_PATTERN", "FIXED_PLACEHOLDERS", "TASK_COMMAND"]
 
 
 class SpecError(ValueError):
@@ -63,7 +64,7 @@ GATE_KINDS = ("protected", "guards", "pytest", "job", "metrics")
 GUARD_RULES = ("ssot", "dag", "public-surface", "fail-fast", "isolation", "exec-route", "recognition")
 # Engine subcommand each engine job task runs (`python -m engine <argv[0]> ...`). The op tasks (bench,
 # stress) run the judge's own harness/opbench.py instead, configured by the gate's `bench` table.
-_TASK_COMMAND = {"train": "pretrain", "prepare": "prepare"}
+TASK_COMMAND = {"train": "pretrain", "prepare": "prepare"}
 OP_TASKS = ("bench", "stress")
 # The dimensions a milestone names for its timed shape (a bench gate's `shape` table), per op.
 SHAPE_KEYS: dict[str, tuple[str, ...]] = {
@@ -115,12 +116,12 @@ METRICS: dict[str, MetricInfo] = {
     "state_bitwise_diff": MetricInfo(
         "elements that differ in their bits between the job's checkpoints and the reference job's, over every saved "
         "tensor (fp32 masters, Adam moments) and value (step, Adam step, data position) at every step both kept, the "
-        "last printed step included; read by the judge (harness/judge/bitwise.py); 0 means bit for bit",
+        "last printed step included; read by the judge (harness/judge/claims/bitwise.py); 0 means bit for bit",
         ("train",), needs_ref=True, unit="elements"),
     "state_rel_diff": MetricInfo(
         "max over the steps both jobs kept and over every parameter's fp32 master and Adam moments, reassembled whole "
         "from each layout's TP / DP shards by the judge, of the relative L2 difference ||a - b|| / ||b||; step, Adam "
-        "step and data position must be equal (harness/judge/bitwise.py)", ("train",), needs_ref=True),
+        "step and data position must be equal (harness/judge/claims/bitwise.py)", ("train",), needs_ref=True),
     "val_loss": MetricInfo("validation loss of the final evaluation", ("train",)),
     "val_bpb": MetricInfo("validation bits per byte of the final evaluation", ("train",), unit="bits/byte"),
     "speedup": MetricInfo("bench: the base commit's baseline time per call / the candidate version's, medians over "
@@ -152,7 +153,7 @@ def compare(op: str, actual: float, value: float) -> bool:
 # ---------------------------------------------------------------- globs and paths
 
 
-def _check_relpath(value: str, what: str = "path") -> str:
+def check_relpath(value: str, what: str = "path") -> str:
     if not value:
         raise ValueError(f"empty {what}")
     if "\\" in value:
@@ -165,38 +166,38 @@ def _check_relpath(value: str, what: str = "path") -> str:
     return value
 
 
-def _literal_prefix(pattern: str) -> str:
+def literal_prefix(pattern: str) -> str:
     """The part of a glob before its first wildcard: 'engine/ops/**' -> 'engine/ops/'."""
     match = re.search(r"[*?\[]", pattern)
     return pattern if match is None else pattern[: match.start()]
 
 
 def _check_glob(value: str) -> str:
-    return _check_relpath(value, "glob")
+    return check_relpath(value, "glob")
 
 
 def _check_selector(value: str) -> str:
-    _check_relpath(value.split("::", 1)[0], "selector")
+    check_relpath(value.split("::", 1)[0], "selector")
     return value
 
 
 # Item-level validation keeps the index in error paths: `editable[1]`, not `editable`.
-_RelPath = Annotated[str, AfterValidator(_check_relpath)]
-_Glob = Annotated[str, AfterValidator(_check_glob)]
-_Selector = Annotated[str, AfterValidator(_check_selector)]
+RelPath = Annotated[str, AfterValidator(check_relpath)]
+Glob = Annotated[str, AfterValidator(_check_glob)]
+Selector = Annotated[str, AfterValidator(_check_selector)]
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
-_NAME = r"[a-z0-9][a-z0-9_-]*"
-_FIXED_PLACEHOLDERS = ("job_dir", "worktree", "seed", "device", "data")
+NAME_PATTERN = r"[a-z0-9][a-z0-9_-]*"
+FIXED_PLACEHOLDERS = ("job_dir", "worktree", "seed", "device", "data")
 
 
-def _placeholders(arg: str) -> list[str]:
+def placeholders(arg: str) -> list[str]:
     return [m.group(1) for m in _PLACEHOLDER.finditer(arg) if m.group(1) is not None]
 
 
 def referenced_jobs(argv: list[str]) -> set[str]:
     """The earlier jobs whose folders an argv names ({job_dir:NAME})."""
-    return {name[len("job_dir:"):] for arg in argv for name in _placeholders(arg) if name.startswith("job_dir:")}
+    return {name[len("job_dir:"):] for arg in argv for name in placeholders(arg) if name.startswith("job_dir:")}
 
 
 def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, job_dirs: Mapping[str, str | Path],
@@ -221,13 +222,13 @@ def render_argv(argv: list[str], *, job_dir: str | Path, worktree: str | Path, j
             return str(fixed[name])
         if name.startswith("job_dir:") and name[len("job_dir:"):] in job_dirs:
             return str(job_dirs[name[len("job_dir:"):]])
-        raise KeyError(f"unknown placeholder {token} (known: {', '.join('{' + k + '}' for k in _FIXED_PLACEHOLDERS)}, "
+        raise KeyError(f"unknown placeholder {token} (known: {', '.join('{' + k + '}' for k in FIXED_PLACEHOLDERS)}, "
                        f"{{job_dir:NAME}} for {sorted(job_dirs)})")
 
     return [_PLACEHOLDER.sub(fill, arg) for arg in argv]
 
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 

@@ -19,7 +19,9 @@ import pytest
 
 from harness.jobs import launch
 from harness.judge import GateRunner
-from harness.judge.runner import _neutral
+from harness.judge.gates.job import engine_spec
+from harness.judge.gates.pytest import _pytest_run
+from harness.judge.judging import neutral
 from harness.records import RunRecord
 from harness.settings import child_env
 from harness.spec import JobGate, load_milestone
@@ -108,14 +110,14 @@ def _judged_runs(checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     runner = GateRunner(milestone=milestone, repo=checkout, base=git(checkout, "rev-parse", "HEAD").strip(), record=record)
     seen: dict[str, str] = {}
 
-    def run_all(self: GateRunner, judging) -> list:  # noqa: ANN001 -- the runner's _Judging
+    def run_all(self: GateRunner, judging) -> list:  # noqa: ANN001 -- harness.judge.judging.Judging
         gate = JobGate(kind="job", name="probe", task="train", timeout_s=300, argv=["pretrain"])
-        job_dir = _neutral(judging.holder)
-        spec = self._engine_spec(gate, judging, name="probe", argv=["pretrain"], job_dir=job_dir,
-                                 log_path=tmp_path / "probe.log", timeout_s=300)
+        job_dir = neutral(judging.holder)
+        spec = engine_spec(gate, judging, name="probe", argv=["pretrain"], job_dir=job_dir,
+                           log_path=tmp_path / "probe.log", timeout_s=300)
         spec = replace(spec, argv=[sys.executable, "-m", "tests.judge.recognition_probe"])
         seen["job"] = launch(spec).wait(poll_s=0.2).read_log()
-        result, _, _ = self._pytest_run("probe", ["tests/judge/recognition_probe.py"], ["-s"], judging, 300)
+        result, _, _ = _pytest_run("probe", ["tests/judge/recognition_probe.py"], ["-s"], judging, 300)
         seen["pytest"] = result.read_log()
         return []
 
