@@ -3,8 +3,8 @@
 The same probe (tests/judge/recognition_probe.py) runs twice in a checkout of a real repository: as a user runs
 the engine (a plain `python -m ...` from the writable checkout, cwd = the checkout) and through the judge's own
 launch path for candidate processes: `GateRunner.judge` admits an empty patch and, in place of the gates, starts the
-probe with the JobSpec of a job gate (`_engine_spec`: its sandbox, env and cwd, only the program swapped) and as a
-test of a pytest gate (`_pytest_run`, the judge's pytest). Both runs get the same base environment: this process's,
+probe with the JobSpec of a job gate (`harness/judge/gates/job.py` `engine_spec`: its sandbox, env and cwd, only the program swapped) and as a
+test of a pytest gate (`gates/pytest.py` `_pytest_run`, the judge's pytest). Both runs get the same base environment: this process's,
 with the Python variables a plain user does not set removed. Every fact must agree except those in KNOWN, each
 with the reason docs/HARNESS.md gives (what the sandbox cannot hide; the guards' `recognition` rule covers reading them).
 """

@@ -405,11 +405,11 @@ def test_a_run_verified_on_its_final_step_is_replayed_to_a_secret_step(home: Pat
     honest engine passes; one that reuses the last gradient on every other step except the last two, which the final
     pair verifies, is caught at the replay's secret step; one that does so only in the timed run (it has --save-last, the replay does
     not) prints other numbers than its replay."""
-    from harness.judge import runner as runner_module
     from harness.judge.claims.saveplan import plan_saves
+    from harness.judge.gates import job as job_gate
     from tests.adversarial.training import stale_gradient_off_the_final_pair, stale_gradient_when_timed
 
-    monkeypatch.setattr(runner_module, "plan_saves", lambda *a, **kw: plan_saves(*a, **{**kw, "device": "cuda"}))
+    monkeypatch.setattr(job_gate, "plan_saves", lambda *a, **kw: plan_saves(*a, **{**kw, "device": "cuda"}))
     one_job_milestone(home, "replayed", "A run the judge verifies as on a GPU", timeout_s=300, argv=(
         '"pretrain", "--preset", "tiny", "--device", "cpu", "--seed", "{seed}", "--num-steps", "6", "--warmup-steps", "1", '
         '"--seq-length", "32", "--micro-batch-size", "2", "--eval-samples", "0", "--run-dir", "{job_dir}"'))

@@ -5,10 +5,6 @@ checkout's guards.toml. Every `# guard: allow` the candidate's files have beyond
 a red line the candidate lifted for itself is a reviewer's decision.
 """
 
-from guards.config import GuardsConfigError, load_config
-from guards.report import summary as guards_summary
-from guards.runner import check_paths
-from guards.suppression import new_suppressions
 from harness.judge.baseconfig import base_file
 from harness.judge.judging import Judging
 from harness.spec import GuardsGate
@@ -20,6 +16,12 @@ MODEL = GuardsGate
 
 
 def run(gate: GuardsGate, judging: Judging) -> GateResult:
+    # Imported here, not at load: every process that imports harness.judge (the judge's pytest plugin, the op
+    # bench) would otherwise load the guards too.
+    from guards.config import GuardsConfigError, load_config
+    from guards.report import summary as guards_summary
+    from guards.runner import check_paths
+
     try:
         config = load_config(judging.tree / "guards.toml")
     except GuardsConfigError as err:
@@ -42,6 +44,8 @@ def run(gate: GuardsGate, judging: Judging) -> GateResult:
 def _new_suppressions(gate: GuardsGate, judging: Judging) -> list[str]:
     """Every `# guard: allow` the candidate's files have beyond the base's, read from the files (never
     from one diff dialect's text)."""
+    from guards.suppression import new_suppressions
+
     in_scope = [p for p, kind in judging.policy.changed.items() if kind != "deleted" and p.endswith(".py")
                 and any(p == s or p.startswith(s.rstrip("/") + "/") for s in gate.paths)]
     candidate = {p: (judging.tree / p).read_bytes().decode("utf-8", "replace") for p in in_scope}
