@@ -51,7 +51,8 @@ KNOWN = {
 }
 # pytest gates only: the judge's plugin on the import path, its seed for hidden tests (env reads are the ssot guard's).
 PYTEST_KNOWN = {
-    "env:TEMPER_JUDGE_SEED": "the judge's seed for hidden tests", "env:PYTEST_DISABLE_PLUGIN_AUTOLOAD": "judge's pytest",
+    "env:TEMPER_JUDGE_SEED": "the judge's seed for hidden tests", "env:TEMPER_JUDGE_DRAW": "the judge's draw for hidden tests",
+    "env:PYTEST_DISABLE_PLUGIN_AUTOLOAD": "judge's pytest",
     "env:PYTEST_ADDOPTS": "judge's pytest", "sys_path": "judge's pytest plugin (PYTHONPATH)",
 }
 # What a plain user's Python has not: these would set interpreter flags of their own.
@@ -117,7 +118,8 @@ def _judged_runs(checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                            log_path=tmp_path / "probe.log", timeout_s=300)
         spec = replace(spec, argv=[sys.executable, "-m", "tests.judge.recognition_probe"])
         seen["job"] = launch(spec).wait(poll_s=0.2).read_log()
-        result, _, _ = _pytest_run("probe", ["tests/judge/recognition_probe.py"], ["-s"], judging, 300)
+        # As the candidate's own new test files run (the pytest process where candidate code runs): no import barrier.
+        result, _, _ = _pytest_run("probe", ["tests/judge/recognition_probe.py"], ["-s"], judging, 300, barrier=False)
         seen["pytest"] = result.read_log()
         return []
 
