@@ -2,12 +2,12 @@
 
 A milestone that asks for a new schedule states it as a formula, e.g. demo-tiny's
 `lr * min(s / W, sqrt(W / s))`; the judge evaluates it itself at every step of every drawn job
-(harness/judge/contract.py), so no gate needs to trust a test or the engine for it. Milestone files are
+(harness/judge/claims/contract.py), so no gate needs to trust a test or the engine for it. Milestone files are
 protected, but a formula is still text: it is parsed with `ast` into a small whitelist (numbers, the
 names below, + - * / ** and unary minus, comparisons, `a if cond else b`, and the functions min, max,
 sqrt, exp, log, cos, sin, abs) and walked here; anything else (attributes, subscripts, other calls,
 lambdas, strings) is refused when the milestone loads, naming what was found. Stdlib only: the spec
-loader (harness/spec.py) validates with it and the judge evaluates with it.
+loader (harness/spec/) validates with it and the judge evaluates with it.
 """
 
 import ast
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 __all__ = ["FormulaError", "Formula", "VARIABLES"]
 
-# The names a formula may use, bound per step by the judge (harness/judge/contract.py says how):
+# The names a formula may use, bound per step by the judge (harness/judge/claims/contract.py says how):
 VARIABLES: dict[str, str] = {
     "s": "the optimizer step as printed (1-based)",
     "lr": "the peak learning rate (--lr)",

@@ -12,7 +12,7 @@ Candidate code runs sandboxed: JobSpec(..., sandbox=Sandbox(writable=(job_dir,),
 from harness.jobs.local import LocalJob
 from harness.jobs.sandbox import Sandbox, SandboxUnavailable, overlay_changes, probe
 from harness.jobs.slurm import SlurmJob
-from harness.jobs.job import (
+from harness.jobs.jobspec import (
     TERMINAL_STATES,
     Job,
     JobError,

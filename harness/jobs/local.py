@@ -30,7 +30,7 @@ import threading
 
 from harness import settings
 from harness.jobs.process import LineLog, Process, ProcessResult, group_members, parse_signal
-from harness.jobs.job import Job, JobError, JobResult, JobSpec, JobState
+from harness.jobs.jobspec import Job, JobError, JobResult, JobSpec, JobState
 
 __all__ = ["LocalJob", "local_command", "live_group_members"]
 

@@ -36,7 +36,7 @@ import jinja2
 from harness import settings
 from harness.atomic import write_atomic
 from harness.jobs.process import FileTail
-from harness.jobs.job import Job, JobError, JobResult, JobSpec, JobState, SubmitError
+from harness.jobs.jobspec import Job, JobError, JobResult, JobSpec, JobState, SubmitError
 
 __all__ = ["SlurmJob", "SlurmInfo", "render_sbatch", "accounting_enabled", "slurm_time_seconds"]
 

@@ -6,24 +6,21 @@
 every path a milestone lets an agent edit and never imports the engine or the tests: it reads what
 candidate processes print through pipes it owns, and re-derives what they claim with its own code.
 
-- policy.py: what a patch may touch (editable globs, honest new tests, no binaries, symlinks or submodules);
-- protected.py: manifests of the judged checkout, base-commit hashes, pytest collection;
-- bytecode.py: the judged checkout's bytecode, compiled by the judge (candidate Python runs with its defaults);
-- runner.py: the gates in order in a throw-away checkout, candidate code sandboxed;
-- pytest_report.py, canary.py: test outcomes signed on the judge's pipe by its own pytest plugin, and canary
-  tests that must come out as written (the tested process runs candidate code);
-- metrics.py, mfu.py, logparse.py: metric rules from judge-owned logs and clocks;
-- digits.py, bitwise.py: printed numbers held to the documented format's digits; two runs claimed to agree compared
-  in their checkpoints, every tensor (bit for bit, or resharded across layouts);
-- evidence.py, checkpoint.py, reference.py: a train job's claims against its own weights (final loss, lr);
-- exactstep.py, batches.py, saveplan.py, keeper.py: each verified step's loss, grad norm and applied gradient
-  against the judge's forward and backward pass on the exact batch the base engine states for it;
-- opcases.py, opjudge.py, tensorfile.py: op milestones (the bench itself, harness/opbench.py, runs sandboxed);
-- hardware.py: what machine the judge itself sees (a milestone's `requires`).
+The pipeline, top down (guards.toml [dag.harness] holds each layer to importing only the ones below it):
+- runner.py: draw, admit, the gates in order, the verdict;
+- gates/: one module per gate kind (protected, guards, pytest, job, metrics), each `run(gate, judging)`;
+- claims/: a train job's claims re-derived from the files the judge reads back (one contract, its __init__);
+- admit.py, judging.py: the admitted tree the gates judge; one judging's state and its sandboxed processes;
+- the pieces: policy.py (what a patch may touch), manifests.py (checkout and base hashes), bytecode.py (the
+  checkout compiled by the judge), draws.py (the secret draw), baseconfig.py (the base engine's config),
+  barrier.py, pytest_report.py, canary.py, candidate.py (acceptance tests that never import candidate code),
+  logparse.py, live.py (the engine's log lines, progress), opcases.py, opjudge.py, tensorfile.py (op milestones),
+  hardware.py (what machine the judge itself sees).
 """
 
+from harness.judge.gates.metrics import judge_metrics, model_mismatches
 from harness.judge.hardware import NeedsHardware, check_data, check_requires
-from harness.judge.metrics import JobOutcome, judge_metrics, model_mismatches
+from harness.judge.judging import JobOutcome
 from harness.judge.runner import GateError, GateRunner, verdict_text
 
 __all__ = ["GateRunner", "GateError", "NeedsHardware", "check_requires", "check_data", "verdict_text", "JobOutcome", "judge_metrics",

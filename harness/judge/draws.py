@@ -2,7 +2,7 @@
 
 A judge that runs fixed, small configurations accepts an engine that is right only for them (one seed,
 20 steps, sequences of 64, width 128, DP 2, the first epoch). So every judging draws, from its secret
-seed, the values a milestone's `[draw]` table names (harness/spec.py `DrawVar`): seeds (the small ones
+seed, the values a milestone's `[draw]` table names (harness/spec/milestone.py `DrawVar`): seeds (the small ones
 people type, 0..100, and large ones up to 2**63 - 1), sequence lengths, widths, layer and step counts,
 parallel layouts, and a corpus so small that a job's run crosses an epoch boundary. Job argv reads them
 as {name} / {name.key}; hidden tests read them from the JSON file TEMPER_JUDGE_DRAW names (and may draw
@@ -57,7 +57,7 @@ class Draw:
     overridden: tuple[str, ...] = ()  # names given by --draw rather than drawn
 
     def placeholders(self) -> dict[str, str]:
-        """{name} and {name.key} for job argv ({corpus} is per job: the runner fills it)."""
+        """{name} and {name.key} for job argv ({corpus} is per job: the job gate fills it)."""
         out: dict[str, str] = {}
         for name, value in self.values.items():
             if name == "corpus":

@@ -59,7 +59,7 @@ class StepRecord:
     """One optimizer step (or, for Megatron, one logging interval's per-iteration average).
 
     `reported_mfu` / `reported_tflops` are what the training program claims about itself; the judge
-    recomputes MFU from `tokens` and `time_s` (harness/judge/mfu.py) and only compares.
+    recomputes MFU from `tokens` and `time_s` (harness/judge/claims/measured_mfu.py) and only compares.
     """
 
     step: int
@@ -182,7 +182,7 @@ _BY_FORMAT = {"%d": _INT, "%.9e": _E9, "%.6e": _E6, "%.6f": _F6, "%.4f": _F4, "%
 
 # The engine's documented wire format (engine/step_log.py, DESIGN.md section 3), restated here and owned by the
 # judge: it is never read from the engine an agent edits. Every field must be present, in this order, in exactly
-# this format; harness/judge/digits.py holds the measured fields to the digits the format promises.
+# this format; harness/judge/claims/digits.py holds the measured fields to the digits the format promises.
 LOSS_FORMAT = "[LOSS] step=%d global_loss=%.9e grad_norm=%.9e lr=%.6e tokens=%d time_s=%.6f mfu=%.4f"
 EVAL_FORMAT = "[EVAL] step=%d val_loss=%.9e val_bpb=%.6f tokens=%d"
 SKIP_FORMAT = "[SKIP] step=%d global_loss=%.9e running_mean=%.9e factor=%g consecutive=%d skipped_batches=%d"

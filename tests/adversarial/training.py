@@ -88,7 +88,7 @@ def stale_gradient_when(when: str):  # noqa: ANN201 -- an edit
 
 
 stale_gradient = stale_gradient_when("self.step % 2 == 1")  # every other step
-# Spares the last two steps: a GPU judge keeps only their checkpoints (harness/judge/saveplan.py).
+# Spares the last two steps: a GPU judge keeps only their checkpoints (harness/judge/claims/saveplan.py).
 _UNCHECKED = "self.step % 2 == 1 and self.step + 1 < self.cfg.num_steps - 1"
 stale_gradient_off_the_final_pair = stale_gradient_when(_UNCHECKED)
 # ... and only in the timed run: the judge's replay saves every step and has no --save-last.

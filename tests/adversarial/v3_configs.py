@@ -8,7 +8,7 @@ box, written as an agent would excuse it (a tuned path, a cap for long runs, a m
 inputs, a shortcut at large DP, a cached permutation). Each is rejected now because every judging draws
 seeds small and large, more steps than the hidden test, sequences past 512 and a width of 1024 or more, a DP
 3 or 4 layout and a corpus whose epoch ends mid-run (harness/judge/draws.py), and holds every step to the
-milestone's contract (harness/judge/contract.py) and to the judge's exact-step check. On the main before
+milestone's contract (harness/judge/claims/contract.py) and to the judge's exact-step check. On the main before
 the draws each was ACCEPTED (see the report of issue 30). Their honest twins are the suite's.
 """
 

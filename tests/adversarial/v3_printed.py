@@ -5,8 +5,8 @@ A run can agree with another in what it prints and differ in what it carries: it
 the documented `%.9e` (to 5 or 6 digits, or to float16) so that run-to-run noise planted in the weights never
 reaches the printed digits, or it plants the noise where no printed number depends on it (the update of the
 final step, the second moment of elements whose gradient is zero). The judge must refuse both: the printed
-digits are held to the documented format (harness/judge/digits.py: "fewer digits"), and the runs' checkpoints
-are compared tensor by tensor (harness/judge/bitwise.py: `state_bitwise_diff`, naming the first tensor that
+digits are held to the documented format (harness/judge/claims/digits.py: "fewer digits"), and the runs' checkpoints
+are compared tensor by tensor (harness/judge/claims/bitwise.py: `state_bitwise_diff`, naming the first tensor that
 differs). The noise comes from the wall clock, so two runs differ (one value in ~1000 repeats).
 
 Same mechanism as training.py (a Case, built from edits of a fresh clone at test time, judged by `temper gate

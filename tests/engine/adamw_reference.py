@@ -1,6 +1,6 @@
 """An independent training loop for the engine's model family, to hold the engine's optimizer to.
 
-Model: the judge's plain fp32 forward (harness/judge/reference.py: no engine code) over a dict of
+Model: the judge's plain fp32 forward (harness/judge/claims/reference.py: no engine code) over a dict of
 leaf tensors. Optimizer: torch.optim.AdamW (foreach) with explicit param groups, muP as the recipe
 states it (restated here from the config fields, not from the engine): hidden matrices (attn.qkv,
 attn.o, mlp.fc1, mlp.fc2) at lr / (hidden_size / dim_model_base), embedding, LM head and norm gains
@@ -22,7 +22,7 @@ from engine.data.sources import build_data
 from engine.distributed import ParallelState
 from engine.model import build_model
 from engine.ops import resolve_ops
-from harness.judge import reference
+from harness.judge.claims import reference
 
 __all__ = ["HIDDEN_MATRICES", "cosine", "mup_multiplier", "param_groups", "initial_weights", "clipped_steps",
            "train_reference", "adamw", "adamw_step", "reference_logits"]

@@ -1,6 +1,6 @@
 """An independent Muon training loop for the engine's model family, written from the recipe, not from the engine.
 
-Model: the judge's plain fp32 forward (harness/judge/reference.py: no engine code) over a dict of leaf tensors
+Model: the judge's plain fp32 forward (harness/judge/claims/reference.py: no engine code) over a dict of leaf tensors
 at the TP 1 layout. Optimizer, restated here from the recipe (Keller Jordan's Muon with Moonlight's scale):
 - the hidden matrices, split into their logical matrices (Q, K, V rows of attn.qkv; gate, up rows of mlp.fc1;
   attn.o; mlp.fc2), each: buf = m buf + (1 - m) g; u = (1 - m) g + m buf (Nesterov) or buf; O = the quintic

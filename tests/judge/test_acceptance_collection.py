@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.protected import tree_manifest
+from harness.judge.manifests import tree_manifest
+from harness.judge.admit import overlay_hidden
 from harness.judge.runner import GateRunner
 from harness.records import RunRecord
 from harness.spec import PytestGate, load_milestones
@@ -53,7 +54,7 @@ def collections(tmp_path_factory) -> tuple:
         record = RunRecord.create(milestone_id=m.id, spec_hash=m.spec_hash, agent={"spec": "none"}, base_commit="0" * 40,
                                   branch="", worktree="", runs_root=tmp / "runs")
         runner = GateRunner(milestone=m, repo=REPO, base="HEAD", record=record)
-        runner._overlay_hidden(tree)
+        overlay_hidden(m, REPO, tree)
     everything = _gates(MILESTONES[0])[0].model_copy(
         update={"selectors": sorted({s for m in MILESTONES for g in _gates(m) for s in g.selectors})})
     editable_anywhere = lambda rel: any(m.is_editable(rel) for m in MILESTONES)  # noqa: E731

@@ -1,4 +1,4 @@
-"""harness/judge/bitwise.py: two runs' checkpoints compared tensor by tensor, and digits.py: printed numbers
+"""harness/judge/claims/bitwise.py: two runs' checkpoints compared tensor by tensor, and digits.py: printed numbers
 held to the documented format's digits.
 
 The checkpoints are a real tiny CPU run's (the session's `honest` run, tests/judge/conftest.py), re-saved with
@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from harness.judge.bitwise import compare_bitwise, compare_layouts, diff_tensors, diff_values, job_checkpoints
-from harness.judge.checkpoint import list_checkpoints, read_stored, stored_entries
-from harness.judge.digits import digit_problems, short
+from harness.judge.claims.bitwise import compare_bitwise, compare_layouts, diff_tensors, diff_values, job_checkpoints
+from harness.judge.claims.checkpoint_reader import list_checkpoints, read_stored, stored_entries
+from harness.judge.claims.digits import digit_problems, short
 from harness.judge.logparse import EVAL_FORMAT, LOSS_FORMAT, LogParseError, parse_engine_log, parse_eval_lines
 from harness.spec import SpecError, load_milestone
 

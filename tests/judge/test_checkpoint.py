@@ -1,4 +1,4 @@
-"""harness/judge/checkpoint.py reads what the engine writes, whole and safely.
+"""harness/judge/claims/checkpoint_reader.py reads what the engine writes, whole and safely.
 
 Checked against the engine's own reader (engine/checkpoint/hf_export.py, tests only): a single-process run,
 and (slow) a TP 2 x DP 2 run under torchrun on CPU, whose ZeRO-1 pieces and TP slices the judge
@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from harness.judge.checkpoint import KINDS, CheckpointError, full_shapes, list_checkpoints, load_checkpoint
-from harness.judge.evidence import embedded_tokens, verify_train_run
+from harness.judge.claims.checkpoint_reader import KINDS, CheckpointError, full_shapes, list_checkpoints, load_checkpoint
+from harness.judge.claims.evidence import embedded_tokens, verify_train_run
 from tests.judge.runs import REPO, expected_config, validation_bytes
 
 
@@ -144,7 +144,7 @@ def test_tp2_dp2_checkpoint_is_reassembled(tmp_path):
     for name, t in engine.items():
         assert torch.equal(t.float(), ck.masters[name]), name
     # small buckets: some parameters are cut into ZeRO pieces across the two DP ranks, and were joined
-    from harness.judge.checkpoint import _read_metadata
+    from harness.judge.claims.checkpoint_reader import _read_metadata
     chunks = {len(v.chunks) for k, v in _read_metadata(final).state_dict_metadata.items() if k.startswith("optim.")}
     assert chunks == {1, 2}
     from harness.judge.logparse import parse_engine_log, parse_eval_lines
@@ -158,7 +158,7 @@ def test_tp2_dp2_checkpoint_is_reassembled(tmp_path):
 
 def test_storage_paths_outside_the_folder_are_refused(run, tmp_path):
     import pickle
-    from harness.judge.checkpoint import _read_metadata
+    from harness.judge.claims.checkpoint_reader import _read_metadata
     bad = tmp_path / "step_00000006"
     shutil.copytree(run.save_dir / "step_00000006", bad)
     (bad / "manifest.json").unlink()

@@ -1,6 +1,6 @@
-"""What a judging draws (harness/judge/draws.py), the [draw] table that says it (harness/spec.py), the formula a
+"""What a judging draws (harness/judge/draws.py), the [draw] table that says it (harness/spec/), the formula a
 milestone states its learning rate with (harness/formula.py) and the contract check that holds every step to it
-(harness/judge/contract.py)."""
+(harness/judge/claims/contract.py)."""
 
 import json
 import math
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from harness.formula import Formula, FormulaError
-from harness.judge.contract import PRINTED_RTOL, check_lr_contract, contract_lr
+from harness.judge.claims.contract import PRINTED_RTOL, check_lr_contract, contract_lr
 from harness.judge.draws import (LARGE_SEEDS, SMALL_SEEDS, DrawError, corpus_tokens, draw_values, load_override,
                                  write_corpus)
-from harness.judge.evidence import embedded_tokens, shard_tokens
-from harness.judge.exactstep import step_pairs
-from harness.judge.checkpoint import list_checkpoints
+from harness.judge.claims.evidence import embedded_tokens, shard_tokens
+from harness.judge.claims.exactstep import step_pairs
+from harness.judge.claims.checkpoint_reader import list_checkpoints
 from harness.spec import SpecError, load_milestone
 from tests.judge.runs import REPO, expected_config, train
 

@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from harness.judge.evidence import (TRAIN_RTOL, VAL_RTOL, embedded_tokens, estimate_lr, verify_train_run,
+from harness.judge.claims.evidence import (TRAIN_RTOL, VAL_RTOL, embedded_tokens, estimate_lr, verify_train_run,
                                     _moment_residual)
 from tests.judge.runs import DROP_MUP_LR, edit_lines, expected_config, rewrite_meta, train, validation_bytes
 
@@ -184,7 +184,7 @@ def test_prepared_shards_give_the_same_validation_tokens(tmp_path):
     tokenization of the corpus file (the two data paths a milestone may use agree)."""
     import subprocess
     import sys
-    from harness.judge.evidence import shard_tokens
+    from harness.judge.claims.evidence import shard_tokens
     from tests.judge.runs import REPO
     proc = subprocess.run([sys.executable, "-m", "engine", "prepare", "--out", str(tmp_path / "prep")], cwd=REPO,
                           capture_output=True, text=True, timeout=300)

@@ -1,9 +1,9 @@
-"""Exact-step verification (harness/judge/exactstep.py) on real tiny CPU runs of the engine, with the batches the
-engine's own `batches` command states (harness/judge/batches.py reads them): an honest run passes far inside the
+"""Exact-step verification (harness/judge/claims/exactstep.py) on real tiny CPU runs of the engine, with the batches the
+engine's own `batches` command states (harness/judge/claims/batches.py reads them): an honest run passes far inside the
 bounds, and every way a step can misstate its work is named. Plus the pieces around it: the batches file reader,
 the save plan, the secret keeper of checkpoints.
 
-The reference is the judge's plain-PyTorch forward and backward (harness/judge/reference.py, itself held
+The reference is the judge's plain-PyTorch forward and backward (harness/judge/claims/reference.py, itself held
 against HF LlamaForCausalLM in tests/judge/test_reference.py). Tolerances are exactstep.FP32 (fp32 CPU runs);
 the honest run must stay 25x inside them (the margin the module's doc states).
 """
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.judge.batches import BatchesError, batches_argv, read_batches
-from harness.judge.checkpoint import list_checkpoints
-from harness.judge.exactstep import BF16, BF16_CAP, FP32, StepBatch, batch_order, step_pairs, tolerances_for, verify_exact_steps
-from harness.judge.keeper import CheckpointKeeper, draw_pairs
+from harness.judge.claims.batches import BatchesError, batches_argv, read_batches
+from harness.judge.claims.checkpoint_reader import list_checkpoints
+from harness.judge.claims.exactstep import BF16, BF16_CAP, FP32, StepBatch, batch_order, step_pairs, tolerances_for, verify_exact_steps
+from harness.judge.claims.keeper import CheckpointKeeper, draw_pairs
 from harness.judge.logparse import parse_engine_log, parse_skip_lines
-from harness.judge.saveplan import JOB_BUDGET, plan_replay, plan_saves
+from harness.judge.claims.saveplan import JOB_BUDGET, plan_replay, plan_saves
 from tests.judge.runs import REPO, edit_lines, expected_config, flag_argv, train
 
 

@@ -648,7 +648,7 @@ def _rope_ignores_documents(q, k, cos, sin, *, cu_seqlens=None, max_seqlen=None)
 
 def test_every_hot_op_has_the_judges_contract_and_a_bench_spec() -> None:
     """A new op in engine/ops (OP_NAMES) needs the judge's own fp32 writing of its contract (opcases.OPS) and a
-    bench gate that can name it (harness/spec.py OpBench.op); tests/milestones/test_programme.py then asks for its
+    bench gate that can name it (harness/spec/gates.py OpBench.op); tests/milestones/test_programme.py then asks for its
     op-<name> milestone."""
     from typing import get_args
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.judge.policy import changed_files, check_policy, read_patch
-from harness.judge.protected import tree_manifest
+from harness.judge.manifests import tree_manifest
 from harness.spec import Milestone
 
 __all__: list[str] = []

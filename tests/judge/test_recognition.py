@@ -3,8 +3,8 @@
 The same probe (tests/judge/recognition_probe.py) runs twice in a checkout of a real repository: as a user runs
 the engine (a plain `python -m ...` from the writable checkout, cwd = the checkout) and through the judge's own
 launch path for candidate processes: `GateRunner.judge` admits an empty patch and, in place of the gates, starts the
-probe with the JobSpec of a job gate (`_engine_spec`: its sandbox, env and cwd, only the program swapped) and as a
-test of a pytest gate (`_pytest_run`, the judge's pytest). Both runs get the same base environment: this process's,
+probe with the JobSpec of a job gate (`harness/judge/gates/job.py` `engine_spec`: its sandbox, env and cwd, only the program swapped) and as a
+test of a pytest gate (`gates/pytest.py` `_pytest_run`, the judge's pytest). Both runs get the same base environment: this process's,
 with the Python variables a plain user does not set removed. Every fact must agree except those in KNOWN, each
 with the reason docs/HARNESS.md gives (what the sandbox cannot hide; the guards' `recognition` rule covers reading them).
 """
@@ -19,7 +19,9 @@ import pytest
 
 from harness.jobs import launch
 from harness.judge import GateRunner
-from harness.judge.runner import _neutral
+from harness.judge.gates.job import engine_spec
+from harness.judge.gates.pytest import _pytest_run
+from harness.judge.judging import neutral
 from harness.records import RunRecord
 from harness.settings import child_env
 from harness.spec import JobGate, load_milestone
@@ -49,7 +51,8 @@ KNOWN = {
 }
 # pytest gates only: the judge's plugin on the import path, its seed for hidden tests (env reads are the ssot guard's).
 PYTEST_KNOWN = {
-    "env:TEMPER_JUDGE_SEED": "the judge's seed for hidden tests", "env:PYTEST_DISABLE_PLUGIN_AUTOLOAD": "judge's pytest",
+    "env:TEMPER_JUDGE_SEED": "the judge's seed for hidden tests", "env:TEMPER_JUDGE_DRAW": "the judge's draw for hidden tests",
+    "env:PYTEST_DISABLE_PLUGIN_AUTOLOAD": "judge's pytest",
     "env:PYTEST_ADDOPTS": "judge's pytest", "sys_path": "judge's pytest plugin (PYTHONPATH)",
 }
 # What a plain user's Python has not: these would set interpreter flags of their own.
@@ -108,14 +111,15 @@ def _judged_runs(checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     runner = GateRunner(milestone=milestone, repo=checkout, base=git(checkout, "rev-parse", "HEAD").strip(), record=record)
     seen: dict[str, str] = {}
 
-    def run_all(self: GateRunner, judging) -> list:  # noqa: ANN001 -- the runner's _Judging
+    def run_all(self: GateRunner, judging) -> list:  # noqa: ANN001 -- harness.judge.judging.Judging
         gate = JobGate(kind="job", name="probe", task="train", timeout_s=300, argv=["pretrain"])
-        job_dir = _neutral(judging.holder)
-        spec = self._engine_spec(gate, judging, name="probe", argv=["pretrain"], job_dir=job_dir,
-                                 log_path=tmp_path / "probe.log", timeout_s=300)
+        job_dir = neutral(judging.holder)
+        spec = engine_spec(gate, judging, name="probe", argv=["pretrain"], job_dir=job_dir,
+                           log_path=tmp_path / "probe.log", timeout_s=300)
         spec = replace(spec, argv=[sys.executable, "-m", "tests.judge.recognition_probe"])
         seen["job"] = launch(spec).wait(poll_s=0.2).read_log()
-        result, _, _ = self._pytest_run("probe", ["tests/judge/recognition_probe.py"], ["-s"], judging, 300)
+        # As the candidate's own new test files run (the pytest process where candidate code runs): no import barrier.
+        result, _, _ = _pytest_run("probe", ["tests/judge/recognition_probe.py"], ["-s"], judging, 300, barrier=False)
         seen["pytest"] = result.read_log()
         return []
 

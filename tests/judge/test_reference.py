@@ -1,4 +1,4 @@
-"""The judge's reference forward (harness/judge/reference.py) against independent implementations.
+"""The judge's reference forward (harness/judge/claims/reference.py) against independent implementations.
 
 - Llama-style config (mup off) vs transformers' LlamaForCausalLM, fp32 on CPU, same weights.
   Tolerance: logits atol 1e-4 (values of order 1-10; both sides are fp32 with different op orders:
@@ -22,7 +22,7 @@ import math
 import pytest
 import torch
 
-from harness.judge import reference
+from harness.judge.claims import reference
 
 LLAMA = {"vocab_size": 300, "vocab_pad_multiple": 128, "hidden_size": 64, "num_layers": 2, "num_heads": 4,
          "num_kv_heads": 2, "head_dim": 16, "ffn_hidden_size": 96, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
@@ -263,15 +263,15 @@ _RECOMPUTE_IN_A_FRESH_PROCESS = """
 import sys
 from pathlib import Path
 import torch
-from harness.judge import reference
-from harness.judge.runner import _judge_caches
+from harness.judge.claims import reference
+from harness.judge.judging import judge_caches
 sys.path.insert(0, sys.argv[1])
 from test_reference import LLAMA, random_params
 reference._LARGE_MODEL = 0  # the large-model path: every layer recomputed in backward
 inputs = torch.randint(0, LLAMA["vocab_size"], (2, 8))
 run = lambda: reference.loss_and_grads(random_params(LLAMA), LLAMA, inputs, inputs.clone())
 if sys.argv[2] == "judge":
-    with _judge_caches(Path(sys.argv[3])):
+    with judge_caches(Path(sys.argv[3])):
         run()
 else:
     run()
@@ -281,7 +281,7 @@ else:
 @pytest.mark.parametrize("inside", [True, False])
 def test_the_judges_recompute_leaves_nothing_in_tmpdir(tmp_path, inside):
     """The large-model path recomputes layers with torch.utils.checkpoint, which imports torch._dynamo, which makes
-    Inductor's cache folder in $TMPDIR. Inside the judge's `_judge_caches` that folder is the judging's own (removed
+    Inductor's cache folder in $TMPDIR. Inside the judge's `judge_caches` that folder is the judging's own (removed
     with it); outside, the control shows torch's default, so the check can fail."""
     import os
     import subprocess

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.judge import GateError, GateRunner, judge_metrics
-from harness.judge.metrics import JobOutcome
+from harness.judge.judging import JobOutcome
 from harness.jobs import JobResult
 from harness.records import RunRecord
 from harness.spec import JobGate, MetricsGate, load_milestone
@@ -236,7 +236,7 @@ max_attempts = 1
 
 TINY = {"vocab_size": 258, "hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32,
         "ffn_hidden_size": 384, "seq_length": 256}
-# Training FLOPs per token of TINY, by hand (Megatron count, see harness/judge/mfu.py's docstring):
+# Training FLOPs per token of TINY, by hand (Megatron count, see harness/judge/claims/measured_mfu.py's docstring):
 # per layer QKV 128*(4+2*2)*32 = 32768, O 4*32*128 = 16384, FC1 128*2*384 = 98304, FC2 384*128 = 49152
 # -> 196608; x 4 layers = 786432; LM head 128*258 = 33024; matmul params 819456; x 6 = 4916736;
 # attention 6*4*4*32*256 = 786432. Total 5703168.
@@ -260,7 +260,7 @@ def job_folder(tmp_path: Path, name: str, log_lines: list[str], config: dict | N
     return JobOutcome(gate=gate, job_id=name, job_dir=folder, result=result, argv=tuple(argv))
 
 
-# Measured numbers carry all ten printed digits (harness/judge/digits.py refuses round ones): the fixtures' round
+# Measured numbers carry all ten printed digits (harness/judge/claims/digits.py refuses round ones): the fixtures' round
 # values are printed nudged by ~1e-9, as a measurement would print.
 MEASURED = 1 - 1.234567e-9
 
@@ -405,11 +405,11 @@ def test_a_run_verified_on_its_final_step_is_replayed_to_a_secret_step(home: Pat
     honest engine passes; one that reuses the last gradient on every other step except the last two, which the final
     pair verifies, is caught at the replay's secret step; one that does so only in the timed run (it has --save-last, the replay does
     not) prints other numbers than its replay."""
-    from harness.judge import runner as runner_module
-    from harness.judge.saveplan import plan_saves
+    from harness.judge.claims.saveplan import plan_saves
+    from harness.judge.gates import job as job_gate
     from tests.adversarial.training import stale_gradient_off_the_final_pair, stale_gradient_when_timed
 
-    monkeypatch.setattr(runner_module, "plan_saves", lambda *a, **kw: plan_saves(*a, **{**kw, "device": "cuda"}))
+    monkeypatch.setattr(job_gate, "plan_saves", lambda *a, **kw: plan_saves(*a, **{**kw, "device": "cuda"}))
     one_job_milestone(home, "replayed", "A run the judge verifies as on a GPU", timeout_s=300, argv=(
         '"pretrain", "--preset", "tiny", "--device", "cpu", "--seed", "{seed}", "--num-steps", "6", "--warmup-steps", "1", '
         '"--seq-length", "32", "--micro-batch-size", "2", "--eval-samples", "0", "--run-dir", "{job_dir}"'))

@@ -36,7 +36,7 @@ GPU_MILESTONES = {"perf": "1 x H100/H200 GPU", "production": "8 x H100/H200 GPUs
 # are not what its weights give under the judge's own forward pass (the next-token objective). So are
 # bitwise-single's (the wall clock in the data order: the first run's steps did not train on the batches the
 # base engine states for them) and bitwise-dptp's (a loss normalised per DP rank: the DP 2 run's printed grad
-# norm is twice the judge's on the exact batch), by the exact-step check (harness/judge/exactstep.py).
+# norm is twice the judge's on the exact batch), by the exact-step check (harness/judge/claims/exactstep.py).
 DEFENDING_GATE = {"alignment": "pytest", "bitwise-single": "first", "resume": "restart-metrics",
                   "bitwise-dptp": "dp2", "long-horizon": "train"}
 # GPU milestones with a planted regression, judged on the device (`-m gpu`; docs/fp8.md). fp8-parity's regression

@@ -7,7 +7,7 @@ milestone's goal, written out here independently of the engine. Peak, warmup, st
 engine's --seed (a small one people type or a large one past 32 bits) are drawn from the judge's secret
 (TEMPER_JUDGE_SEED, a new one each judging), so no fixed input can be special-cased. The judge's own jobs
 run longer and wider configurations of the same secret and hold the same formula at every step
-(milestones/demo-tiny.toml, harness/judge/contract.py).
+(milestones/demo-tiny.toml, harness/judge/claims/contract.py).
 """
 
 import math

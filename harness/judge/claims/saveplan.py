@@ -1,14 +1,14 @@
 """Which checkpoints the judge makes a train job leave, so that it can verify the job's claims from them.
 
-The judge verifies a finished train job from its checkpoints (harness/judge/evidence.py: the final
-weights' loss and the applied learning rate; harness/judge/exactstep.py: each verified step's loss, grad
+The judge verifies a finished train job from its checkpoints (harness/judge/claims/evidence.py: the final
+weights' loss and the applied learning rate; harness/judge/claims/exactstep.py: each verified step's loss, grad
 norm and applied gradient on its exact batch). A step N is verified exactly when checkpoints N - 1 and
 N both exist, so the judge rewrites the job's argv (`plan_saves`):
 
 - CPU, every step's checkpoint fits in JOB_BUDGET bytes: `--save-every 1 --keep-last <all>`. Every step
   from 2 on is verified. A cadence the milestone chose is replaced (CPU milestones time nothing, and all
   of its checkpoints are kept, so a later job resuming from one still finds it).
-- CPU, they do not fit: `--save-every 1 --keep-last 4`, and the judge keeps (harness/judge/keeper.py) the
+- CPU, they do not fit: `--save-every 1 --keep-last 4`, and the judge keeps (harness/judge/claims/keeper.py) the
   final pair and as many secret random pairs as KEEP_BUDGET holds: the job cannot tell which steps
   are checked, so it has to do every step's full work. (With a cadence of the milestone's own, which the
   judge keeps here, only the final pair: see below.)
@@ -17,7 +17,7 @@ N both exist, so the judge rewrites the job's argv (`plan_saves`):
   disk holds it. MFU milestones are then verified on their final step only; what that leaves open is
   in docs/HARNESS.md's threat model.
 A base whose engine has no `--save-last` gets the judge's old request (the final weights only on GPU):
-`limits` says what is then not verified, and the runner puts it on the verdict.
+`limits` says what is then not verified, and the job gate puts it on the verdict.
 
 A run verified on its final step alone could do less work on the steps before it. So the judge then replays
 the job, untimed (`plan_replay`): the same argv and seed in a folder of its own, saving every step, stopped
@@ -105,7 +105,7 @@ class ReplayPlan:
 def plan_replay(argv: Sequence[str], job_dir: Path, *, expected: Mapping[str, Any], free_bytes: int,
                 draw: Callable[[int], int] = secrets.randbelow) -> ReplayPlan | str:
     """The untimed replay of a job verified on its final step only (module doc); `argv` is the job's own, rendered
-    for the replay's folder. A str says why there is none (the runner flags the verdict with it)."""
+    for the replay's folder. A str says why there is none (claims/verify_train.py flags the verdict with it)."""
     out = list(argv)
     flags = flag_values(out)
     steps = int(expected.get("num_steps", 0))

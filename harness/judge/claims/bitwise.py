@@ -4,7 +4,7 @@ A milestone that claims two runs are the same run (one seed twice, a resumed run
 one layout twice) says so of every number the run carries, not of the ten digits its `[LOSS]` line prints:
 a run can print rounded numbers (or numbers no step depends on) while its weights, fp32 masters or Adam moments
 drift from one run to the next. So the judge reads both jobs' checkpoints with its own reader
-(harness/judge/checkpoint.py: an allow-list unpickler, `weights_only` tensors) and compares them:
+(harness/judge/claims/checkpoint_reader.py: an allow-list unpickler, `weights_only` tensors) and compares them:
 
 - `compare_bitwise`: same layout. Every key either folder stores, at every step both kept: each tensor
   (masters, Adam moments, Muon state, RNG states) in its saved dtype and shape, bit for bit; each saved value
@@ -24,7 +24,7 @@ drift from one run to the next. So the judge reads both jobs' checkpoints with i
   elements up to 2e-5 of their tensor's largest value, relative L2 at most 4e-6 (second moments of norm gains;
   masters 5.6e-7); DP 2: 2.5e-7.
 
-Which checkpoints: the job gate makes every verified train job save (harness/judge/saveplan.py: every step on
+Which checkpoints: the job gate makes every verified train job save (harness/judge/claims/saveplan.py: every step on
 CPU, the final pair on GPU); the folders are found from the job's own argv (`--save-dir`, which the judge set or
 the milestone named) and the keeper's links. The step both jobs printed last must be among the compared ones.
 """
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from harness.judge.baseconfig import flag_values
-from harness.judge.checkpoint import KINDS, CheckpointError, list_checkpoints, load_checkpoint, read_stored, stored_entries
+from harness.judge.claims.checkpoint_reader import KINDS, CheckpointError, list_checkpoints, load_checkpoint, read_stored, stored_entries
 
 __all__ = ["IGNORED", "Difference", "Comparison", "compare_bitwise", "compare_layouts", "job_checkpoints",
            "diff_tensors", "diff_values"]
@@ -97,7 +97,7 @@ def _span(steps: Sequence[int]) -> str:
 
 def job_checkpoints(argv: Sequence[str], kept: Iterable[Path] = ()) -> dict[int, Path]:
     """step -> checkpoint folder of a train job: its `--save-dir` (the judge's or the milestone's) and what the
-    judge's keeper linked out of the job's sight (harness/judge/keeper.py), the keeper's copy first."""
+    judge's keeper linked out of the job's sight (harness/judge/claims/keeper.py), the keeper's copy first."""
     found: dict[int, Path] = {}
     save_dir = flag_values(argv).get("save-dir")
     for path in [*(list_checkpoints(Path(save_dir)) if isinstance(save_dir, str) else []), *kept]:

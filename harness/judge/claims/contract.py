@@ -8,7 +8,7 @@ a. the printed lr of every [LOSS] line, within PRINTED_RTOL (the line carries 7 
    for a run that does not resume, one line for each step 1..N, none missing or repeated: a contract
    checked on the steps a run chose to print would be checked on nothing;
 b. the lr the optimizer actually applied at every step N whose checkpoints N - 1 and N the judge holds (on
-   CPU every step, else the final one and secret ones: harness/judge/saveplan.py), fitted from the fp32
+   CPU every step, else the final one and secret ones: harness/judge/claims/saveplan.py), fitted from the fp32
    masters and the Adam moments of step N per tensor (evidence.estimate_lr), times the tensor's muP
    multiplier (evidence.lr_multiplier), within evidence.LR_RTOL.
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from harness.formula import Formula, FormulaError
-from harness.judge.checkpoint import CheckpointError, load_checkpoint
-from harness.judge.evidence import LR_RTOL, estimate_lr, lr_multiplier, scheduled_lr
-from harness.judge.saveplan import checkpoint_bytes
+from harness.judge.claims.checkpoint_reader import CheckpointError, load_checkpoint
+from harness.judge.claims.evidence import LR_RTOL, estimate_lr, lr_multiplier, scheduled_lr
+from harness.judge.claims.saveplan import checkpoint_bytes
 
 __all__ = ["contract_lr", "check_lr_contract", "PRINTED_RTOL", "FIT_ALL_BYTES"]
 

@@ -45,7 +45,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
-from harness.judge.manifest import manifest_problems
+from harness.judge.claims.manifest import manifest_problems
 
 __all__ = ["CheckpointError", "JudgeCheckpoint", "load_checkpoint", "list_checkpoints", "full_shapes",
            "read_meta", "size_mismatches", "stored_entries", "read_stored", "KINDS", "SHAPE_FIELDS"]

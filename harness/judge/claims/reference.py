@@ -1,7 +1,7 @@
 """The judge's own fp32 forward pass of the engine's model family (MiniCPM4 / Llama), plain PyTorch.
 
 Part of the judge: nothing here imports the engine. It reads the engine's parameter names and
-fused layouts (as harness/judge/checkpoint.py returns them, whole tensors in the TP = 1 layout):
+fused layouts (as harness/judge/claims/checkpoint_reader.py returns them, whole tensors in the TP = 1 layout):
 
     embed.weight          [padded vocab, hidden]      rows >= vocab_size are padding (never used)
     layers.{i}.attn_norm.weight, layers.{i}.mlp_norm.weight, final_norm.weight   [hidden]

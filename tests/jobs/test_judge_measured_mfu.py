@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from harness.judge.logparse import StepRecord, parse_engine_log
-from harness.judge.mfu import (
+from harness.judge.claims.measured_mfu import (
     ModelShape,
     clock_step_times,
     expected_tokens_per_step,

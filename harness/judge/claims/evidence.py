@@ -3,7 +3,7 @@
 Part of the judge: nothing here imports the engine. A train job prints `[LOSS]` / `[EVAL]` lines
 and leaves checkpoints; the job controls all of them. `verify_train_run` trusts none of the
 numbers and recomputes what it can from the checkpoint tensors, which it reads itself
-(harness/judge/checkpoint.py) and evaluates with its own forward pass (harness/judge/reference.py):
+(harness/judge/claims/checkpoint_reader.py) and evaluates with its own forward pass (harness/judge/claims/reference.py):
 
 a. Model size. The shapes of the final checkpoint's tensors must equal the shapes the EXPECTED
    config implies (the milestone's argv over the base commit's presets, passed in by the caller),
@@ -44,7 +44,7 @@ c. Learning rate. From checkpoints N - 1 and N, torch's AdamW step is
    Every printed lr must also follow the EXPECTED config's schedule (`scheduled_lr`, restated from
    the base's engine/optim/schedule.py), so an engine change that raises the lr and prints it
    truthfully is caught too (a milestone that states its own lr_contract is held to that instead:
-   harness/judge/contract.py, check_schedule=False here).
+   harness/judge/claims/contract.py, check_schedule=False here).
 
 What this does not catch (documented, out of scope here): a job that rewrites checkpoint N - 1's
 masters consistently (the step between N - 1 and N then looks smaller; judge_val_loss still holds
@@ -61,8 +61,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from harness.judge import reference
-from harness.judge.checkpoint import (SHAPE_FIELDS, CheckpointError, JudgeCheckpoint, full_shapes, list_checkpoints,
+from harness.judge.claims import reference
+from harness.judge.claims.checkpoint_reader import (SHAPE_FIELDS, CheckpointError, JudgeCheckpoint, full_shapes, list_checkpoints,
                                       load_checkpoint, read_meta, size_mismatches)
 
 __all__ = ["Evidence", "TokenStream", "embedded_tokens", "shard_tokens", "verify_train_run", "estimate_lr",
@@ -93,7 +93,7 @@ CHECKED_FIELDS = ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers
                   "head_dim", "ffn_hidden_size", "rms_norm_eps", "rope_theta", "mup", "scale_emb", "scale_depth",
                   "dim_model_base", "seq_length", "adam_beta1", "adam_beta2", "adam_eps", "tp", "document_mask",
                   "reset_position_ids", "optimizer")
-# The optimizer whose update c. models (and whose moments harness/judge/exactstep.py reads): torch's AdamW on every
+# The optimizer whose update c. models (and whose moments harness/judge/claims/exactstep.py reads): torch's AdamW on every
 # tensor. A job asked to run another (`--optimizer muon`: Newton-Schulz-orthogonalised momentum for the hidden
 # matrices, no Adam moments for them) cannot be verified by these checks, and is refused by name rather than
 # misjudged as a run that hid its moments or applied the wrong lr.
@@ -311,7 +311,7 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
     if optimizer != VERIFIED_OPTIMIZER:
         ev.violations.append(
             f"config: the job's argv asks for --optimizer {optimizer}; the judge verifies the applied learning rate and "
-            f"each exact step from AdamW's moments (harness/judge/evidence.py, exactstep.py), which a {optimizer} run does "
+            f"each exact step from AdamW's moments (harness/judge/claims/evidence.py, exactstep.py), which a {optimizer} run does "
             f"not keep for its hidden matrices: give the milestone's gate `verify = false` or run --optimizer adamw")
         return ev
     steps = list(printed_steps)

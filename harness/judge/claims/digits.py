@@ -19,7 +19,7 @@ is refused every time.
 Not checked: `lr` (schedules print round numbers; evidence.py holds the printed lr against the schedule
 and the applied one), `time_s` and `mfu` (the judge's clock), `val_bpb`. Rounding to 8 or 9 digits cannot
 be told from a measured value; it hides at most about one unit in the last place of an fp32 loss, and a
-difference in any tensor of the run is caught by the checkpoint comparison (harness/judge/bitwise.py).
+difference in any tensor of the run is caught by the checkpoint comparison (harness/judge/claims/bitwise.py).
 """
 
 import math

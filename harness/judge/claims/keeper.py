@@ -2,7 +2,7 @@
 
 A CPU train job saves every step and keeps only its last few (`--keep-last`) where all of them would not
 fit in the judge's disk budget. The judge then draws which step pairs (N - 1, N) it will verify exactly
-(harness/judge/exactstep.py) with a secret of its own (never the judging seed, which a job may read in
+(harness/judge/claims/exactstep.py) with a secret of its own (never the judging seed, which a job may read in
 its argv), and never tells the job: the job cannot do the full work only on the steps that get checked.
 
 While the job runs, `poll()` hard-links EVERY complete checkpoint into the judge's own folder (outside

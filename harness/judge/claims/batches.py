@@ -1,17 +1,17 @@
 """The exact batches of a train job's steps, as the BASE commit's engine states them (never the candidate's).
 
-Part of the judge: nothing here imports the engine. The runner (harness/judge/runner.py) runs
+Part of the judge: nothing here imports the engine. claims/verify_train.py runs
 `python -m engine batches` of a checkout of the base commit, sandboxed, with the job's own argv, and
 reads back `batches.json` (engine/data/step_batches.py of the base) with `read_batches`: plain JSON, size
 limited, every row checked against the sequence length and the vocabulary. The data order is the
 base's: a candidate that trains on other tokens, fewer of them or shorter sequences than the engine the
-user trusts would have fed is then caught by the exact-step check (harness/judge/exactstep.py).
+user trusts would have fed is then caught by the exact-step check (harness/judge/claims/exactstep.py).
 
 Why the base and not the candidate: the data order is part of what the judge verifies. Why the base
 without the milestone's setup patch: a setup may plant the very defect the agent must repair in the data
-pipeline (repair-data-order salts the order with the process id); the runner reverse-applies it in the
+pipeline (repair-data-order salts the order with the process id); claims/verify_train.py reverse-applies it in the
 checkout the batches come from. A base whose engine has no `batches` command (older than this judge)
-cannot state its batches: `MISSING_COMMAND` tells the runner, which then skips the check with a flag on
+cannot state its batches: `MISSING_COMMAND` tells claims/verify_train.py, which then skips the check with a flag on
 the verdict rather than reject every candidate.
 """
 
@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 
 from harness.judge.baseconfig import flag_values
-from harness.judge.exactstep import StepBatch
+from harness.judge.claims.exactstep import StepBatch
 
 __all__ = ["BatchesError", "FILE", "MISSING_COMMAND", "batches_argv", "read_batches"]
 

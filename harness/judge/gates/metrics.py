@@ -1,5 +1,5 @@
-"""Metric rules: values the judge computes itself from a job's log and resolved config, never the
-engine's own claims.
+"""The metrics gate (MODEL = MetricsGate): metric rules over earlier jobs, values the judge computes itself from a
+job's log and resolved config, never the engine's own claims.
 
 The judge keeps each job's `log` (the job's stdout + stderr through a pipe the judge owns) and
 `log.times` (when each line arrived, by the judge's clock) in its own records, where the job cannot
@@ -8,11 +8,11 @@ write. The job's own folder (`{job_dir}`: `config.json`, `metrics.jsonl`, checkp
   wire line fails the gate), evaluations from its `[EVAL]` lines; the JSONL twin is never read;
 - step times come from the judge's clock: `step_time_s`, `tokens_per_s` and `mfu` use the spacing of
   the [LOSS] lines, and a claimed time_s more than 5 % off that clock fails the rule with both numbers;
-- MFU is recomputed with harness.judge.mfu from the model the milestone's job asked for (the base
+- MFU is recomputed with harness.judge.claims.measured_mfu from the model the milestone's job asked for (the base
   commit's preset + the model flags of the argv), never from config.json; the printed `mfu=` is
   ignored except to report the difference;
-- the measured numbers of those lines must carry the digits of the documented format (harness/judge/digits.py);
-- `state_bitwise_diff` / `state_rel_diff` compare two jobs' checkpoints, read by the judge (harness/judge/bitwise.py):
+- the measured numbers of those lines must carry the digits of the documented format (harness/judge/claims/digits.py);
+- `state_bitwise_diff` / `state_rel_diff` compare two jobs' checkpoints, read by the judge (harness/judge/claims/bitwise.py):
   a claim that two runs agree never rests on their printed numbers alone (the spec requires the twin rule);
 - config.json's model fields must be the model the milestone's job asked for: the preset named by
   `--preset` in the job's argv, as the base commit's engine/model_spec.toml defines it, overridden by
@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.jobs import JobResult
 from harness.judge.baseconfig import ConfigUnknown, expected_config, flag_values
-from harness.judge.bitwise import compare_bitwise, compare_layouts, job_checkpoints
-from harness.judge.checkpoint import CheckpointError
-from harness.judge.digits import digit_problems
+from harness.judge.claims.bitwise import compare_bitwise, compare_layouts, job_checkpoints
+from harness.judge.claims.checkpoint_reader import CheckpointError
+from harness.judge.claims.digits import digit_problems
+from harness.judge.claims.measured_mfu import CLOCK_TOLERANCE, H100_PEAK_TFLOPS, ModelShape, clock_step_times, mfu
+from harness.judge.judging import JobOutcome, Judging, tail
 from harness.judge.logparse import (
     EvalRecord,
     LogParseError,
@@ -41,10 +42,10 @@ from harness.judge.logparse import (
     pipe_mismatch,
     read_line_times,
 )
-from harness.judge.mfu import CLOCK_TOLERANCE, H100_PEAK_TFLOPS, ModelShape, clock_step_times, mfu
-from harness.spec import OP_TASKS, STATE_METRICS, JobGate, MetricRule, MetricsGate, compare
+from harness.spec import OP_TASKS, STATE_METRICS, MetricRule, MetricsGate, compare
+from harness.verdict import GateResult
 
-__all__ = ["JobOutcome", "JobData", "MODEL_FIELDS", "load_job_data", "expected_model", "model_mismatches", "judge_metrics",
+__all__ = ["MODEL", "run", "JobData", "MODEL_FIELDS", "load_job_data", "expected_model", "model_mismatches", "judge_metrics",
            "RuleFailure"]
 
 # The fields that decide what model was trained (and what the FLOP count is).
@@ -54,21 +55,24 @@ _BATCH_FIELDS = ("global_batch_size",)
 _WARMUP_STEPS = 2  # steps left out of MFU when a rule gives no window (allocator warm-up, compilation)
 
 
+MODEL = MetricsGate
+
+
+def run(gate: MetricsGate, judging: Judging) -> GateResult:
+    defaults, presets = judging.ctx.base_config()
+    violations, metrics, flags = judge_metrics(gate, judging.jobs, tree=judging.tree, presets=presets or None,
+                                               defaults=defaults)
+    judging.flags += flags
+    if violations:
+        tails = [tail(o.result.read_log(), 20) for o in judging.jobs.values()]
+        return GateResult(name=gate.name, kind=gate.kind, passed=False, violations=tuple(violations), metrics=metrics,
+                          log_tail="\n".join(tails), summary=f"{len(violations)} of {len(gate.rules)} rule(s) fail")
+    return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=metrics,
+                      summary=f"{len(gate.rules)} rule(s) hold")
+
+
 class RuleFailure(ValueError):
     """A metric could not be computed (no data, wrong job kind); the rule fails with this message."""
-
-
-@dataclass(frozen=True)
-class JobOutcome:
-    """One job gate's run during this judging: its folder under runs/<id>/jobs/ and how it ended."""
-
-    gate: JobGate
-    job_id: str
-    job_dir: Path  # the job's own (writable, untrusted) folder
-    result: JobResult
-    argv: tuple[str, ...] = ()  # the argv the judge rendered for it
-    evidence: dict[str, float] | None = None  # what the judge measured from the job's weights (judge_val_loss, ...)
-    kept: tuple[Path, ...] = ()  # checkpoints the judge's keeper linked out of the job's sight (harness/judge/keeper.py)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 backward pass on the exact batch of that step.
 
 Part of the judge: nothing here imports the engine. For a step N whose checkpoints N - 1 and N the judge
-holds (read with harness/judge/checkpoint.py), and whose batch it knows from a trusted source (the base
-commit's `engine batches`, harness/judge/batches.py), it computes with harness/judge/reference.py, from
+holds (read with harness/judge/claims/checkpoint_reader.py), and whose batch it knows from a trusted source (the base
+commit's `engine batches`, harness/judge/claims/batches.py), it computes with harness/judge/claims/reference.py, from
 the masters of step N - 1:
 
     L = sum of next-token cross-entropy over the batch's labels / their count   (the engine's loss of a step)
@@ -23,10 +23,10 @@ other data or a stale gradient, or that printed made-up numbers (a smoothed curv
 losses) fails here whatever its weights look like from afar.
 
 AdamW only: c. and d. read Adam moments of every tensor. A job whose argv asks for `--optimizer muon` (no Adam
-moments for the hidden matrices) is refused by name in harness/judge/evidence.py before any step is checked.
+moments for the hidden matrices) is refused by name in harness/judge/claims/evidence.py before any step is checked.
 
 The moments do not depend on the learning rate, so c. and d. hold whatever lr each tensor trained at (muP's
-per-tensor multipliers included: harness/judge/evidence.py holds the applied lr of every tensor). The
+per-tensor multipliers included: harness/judge/claims/evidence.py holds the applied lr of every tensor). The
 forward reads packed documents as the EXPECTED config says (document_mask, reset_position_ids; the EOS of
 the judge's own tokenization), never as the job's meta.json does (reference.judged_config).
 
@@ -66,8 +66,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from harness.judge import reference
-from harness.judge.checkpoint import CheckpointError, load_checkpoint
+from harness.judge.claims import reference
+from harness.judge.claims.checkpoint_reader import CheckpointError, load_checkpoint
 
 __all__ = ["Tolerances", "FP32", "BF16", "tolerances_for", "StepBatch", "StepCheck", "ExactEvidence", "BatchOrder",
            "batch_order", "step_pairs", "verify_exact_steps"]
