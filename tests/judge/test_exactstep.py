@@ -242,6 +242,26 @@ def test_an_honest_fp8_step_passes_on_the_judges_own_fp8_floor_and_half_a_batch_
         assert ev.checked[0].grad_rel > 2 * bound
 
 
+@pytest.mark.slow
+def test_a_bf16_fp8_step_gets_the_judges_bf16_and_fp8_floor(tmp_path):
+    """--compute-dtype bf16 --fp8 tensorwise on CPU: the judge's floor pass is bf16 autocast with its FP8 linears.
+    Measured (tiny, step 2): floor 2.6e-2 of the gradient, the honest step 2.7e-2; half a batch moves the gradient 0.42
+    and the grad norm 0.12 (its loss only 1.2e-2, inside bf16's 2e-2), another batch the gradient 0.81."""
+    run = train(tmp_path / "bf16", fp8="tensorwise", compute_dtype="bf16", **FP8_FLAGS)
+    pairs = step_pairs(list_checkpoints(run.save_dir))
+    batches = engine_batches(run, tmp_path / "b", [1, 2])
+    expected = {**expected_config(fp8="tensorwise", **FP8_FLAGS), "compute_dtype": "bf16"}
+    ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches)
+    assert not ev.violations, ev.violations
+    [c] = ev.checked
+    assert c.floor_pass == "bf16 + FP8 tensorwise" and c.grad_rel < 2 * c.floor["grad"]
+    whole = StepBatch(torch.cat([batches[2].inputs, batches[1].inputs]), torch.cat([batches[2].labels, batches[1].labels]))
+    for cheat in ({2: whole}, {2: batches[1]}):
+        ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=cheat)
+        assert any("did not train on the batch" in v for v in ev.violations), ev.violations
+        assert ev.checked[0].grad_rel > 2 * BF16.grad
+
+
 def test_an_fp8_recipe_the_judge_cannot_compute_is_refused_by_name():
     ev = verify_exact_steps([], expected_config=expected_config(fp8="mxfp8"), printed_steps=[], batches={})
     assert len(ev.violations) == 1 and "--fp8 mxfp8" in ev.violations[0] and "fp8_reference.py" in ev.violations[0]
