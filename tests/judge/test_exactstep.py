@@ -398,3 +398,26 @@ def test_honest_bf16_gpu_steps_stay_inside_the_bf16_bounds(tmp_path):
               f"v {c.second_moment_rel:.2e}")
     assert ev.checked and not ev.violations, ev.violations
     assert all(math.isfinite(c.grad_rel) for c in ev.checked)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_honest_fp8_gpu_steps_stay_inside_the_fp8_bounds(tmp_path, recipe):
+    """Run on a CUDA machine: minicpm4-0.5b, bf16 with --fp8 (every op baseline: the FP8 path); prints each step's
+    distances and the judge's own bf16 + FP8 floor, and those of another batch (the margin FP8_CAP leaves)."""
+    flags = dict(preset="minicpm4-0.5b", seq_length=1024, micro_batch_size=2, num_steps=3, warmup_steps=1,
+                 eval_samples=0, fp8=recipe, **{f"op_{op}": "baseline" for op in
+                                                 ("attention", "rmsnorm", "gemm_fc1", "gemm_output", "rope")})
+    run = train(tmp_path / "gpu", device="cuda", keep_last=3, **flags)
+    pairs = step_pairs(list_checkpoints(run.save_dir))
+    batches = engine_batches(run, tmp_path / "b", [1, 2, 3])
+    expected = expected_config(**flags)
+    ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches, device="cuda")
+    other = verify_exact_steps(pairs[-1:], expected_config=expected, printed_steps=run.steps(), batches={3: batches[2]},
+                               device="cuda")
+    for c in ev.checked + other.checked:
+        print(f"{recipe} step {c.step}: loss {abs(c.printed_loss - c.judge_loss) / c.judge_loss:.2e} grad_norm "
+              f"{abs(c.printed_grad_norm - c.judge_grad_norm) / c.judge_grad_norm:.2e} grad {c.grad_rel:.3e} "
+              f"v {c.second_moment_rel:.3e} floor ({c.floor_pass}) {c.floor}")
+    assert ev.checked and not ev.violations, ev.violations
+    assert any("did not train on the batch" in v for v in other.violations), other.violations
