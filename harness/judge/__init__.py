@@ -17,7 +17,8 @@ candidate processes print through pipes it owns, and re-derives what they claim 
   in their checkpoints, every tensor (bit for bit, or resharded across layouts);
 - evidence.py, checkpoint.py, reference.py: a train job's claims against its own weights (final loss, lr);
 - exactstep.py, batches.py, saveplan.py, keeper.py: each verified step's loss, grad norm and applied gradient
-  against the judge's forward and backward pass on the exact batch the base engine states for it;
+  against the judge's forward and backward pass on the exact batch the base engine states for it (fp8_reference.py:
+  that pass with FP8 linears, the floor of an --fp8 run);
 - opcases.py, opjudge.py, tensorfile.py: op milestones (the bench itself, harness/opbench.py, runs sandboxed);
 - hardware.py: what machine the judge itself sees (a milestone's `requires`).
 """
