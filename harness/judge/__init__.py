@@ -9,7 +9,8 @@ candidate processes print through pipes it owns, and re-derives what they claim 
 The pipeline, top down (guards.toml [dag.harness] holds each layer to importing only the ones below it):
 - runner.py: draw, admit, the gates in order, the verdict;
 - gates/: one module per gate kind (protected, guards, pytest, job, metrics), each `run(gate, judging)`;
-- claims/: a train job's claims re-derived from the files the judge reads back (one contract, its __init__);
+- claims/: a train job's claims re-derived from the files the judge reads back (one contract, its __init__;
+  claims/fp8_reference.py: the judge's own FP8 linears, the floor of an --fp8 run's exact steps);
 - admit.py, judging.py: the admitted tree the gates judge; one judging's state and its sandboxed processes;
 - the pieces: policy.py (what a patch may touch), manifests.py (checkout and base hashes), bytecode.py (the
   checkout compiled by the judge), draws.py (the secret draw), baseconfig.py (the base engine's config),

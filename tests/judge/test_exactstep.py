@@ -20,7 +20,7 @@ import torch
 
 from harness.judge.claims.batches import BatchesError, batches_argv, read_batches
 from harness.judge.claims.checkpoint_reader import list_checkpoints
-from harness.judge.claims.exactstep import BF16, BF16_CAP, FP32, StepBatch, batch_order, step_pairs, tolerances_for, verify_exact_steps
+from harness.judge.claims.exactstep import BF16, BF16_CAP, FLOOR_FACTOR, FP8_CAP, FP32, StepBatch, batch_order, step_pairs, tolerances_for, verify_exact_steps
 from harness.judge.claims.keeper import CheckpointKeeper, draw_pairs
 from harness.judge.logparse import parse_engine_log, parse_skip_lines
 from harness.judge.claims.saveplan import JOB_BUDGET, plan_replay, plan_saves
@@ -204,6 +204,79 @@ def test_a_bf16_step_gets_the_judges_own_bf16_floor_and_another_batch_is_still_n
     assert any("exact step" in v and "bf16 pass" in v for v in other.violations), other.violations
 
 
+# ---------------------------------------------------------------- FP8 (CPU emulation): the judge's own FP8 floor
+
+FP8_FLAGS = dict(num_steps=2, warmup_steps=1, eval_samples=0)  # pair (1, 2): the cheapest run with one step to check
+# A planted wrong scale (tests/milestones/regressions/fp8-parity.patch as a prelude): E5M2's range for every format, so
+# E4M3 activations and weights saturate above amax / 128.
+WRONG_FP8_SCALE = ("import torch, engine.distributed.fp8 as fp8\n_scale = fp8.amax_scale\n"
+                   "fp8.amax_scale = lambda t, dtype, dim, pow2: _scale(t, torch.float8_e5m2, dim, pow2)\n")
+
+
+def fp8_step(tmp_path, recipe, prelude=""):
+    run = train(tmp_path / recipe, prelude=prelude, fp8=recipe, **FP8_FLAGS)
+    pairs = step_pairs(list_checkpoints(run.save_dir))
+    assert [int(p.name[-8:]) for _, p in pairs] == [2]
+    return run, pairs, engine_batches(run, tmp_path / f"b-{recipe}", [1, 2]), expected_config(fp8=recipe, **FP8_FLAGS)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", pytest.param("rowwise", marks=pytest.mark.slow)])  # ~15 s a run
+def test_an_honest_fp8_step_passes_on_the_judges_own_fp8_floor_and_half_a_batch_is_named(tmp_path, recipe):
+    """--fp8 on CPU (the engine's emulation): the step is held to FLOOR_FACTOR x the judge's own FP8 pass's distance
+    from its fp32 one. Measured (tiny, step 2): floor ~2e-2 of the gradient, the honest step within 1 % of the floor
+    (the judge's FP8 pass quantises as the engine does), so 3x leaves it far inside; the plain fp32 bounds reject it.
+    Half the batch moves the gradient ~0.2, another batch ~0.45: more than twice the widened bound (the margin)."""
+    run, pairs, batches, expected = fp8_step(tmp_path, recipe)
+    ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches)
+    assert not ev.violations, ev.violations
+    [c] = ev.checked
+    assert c.floor_pass == f"FP8 {recipe}" and 1e-3 < c.floor["grad"] < FP8_CAP.grad / 10
+    assert c.grad_rel < 1.5 * c.floor["grad"]  # the same rounding as the judge's FP8 pass: 3x is a margin of 2
+    bound = FLOOR_FACTOR * c.floor["grad"]
+    plain = verify_exact_steps(pairs, expected_config=expected_config(**FP8_FLAGS), printed_steps=run.steps(), batches=batches)
+    assert any("did not train on the batch" in v for v in plain.violations), plain.violations  # no floor: rejected
+    whole = StepBatch(torch.cat([batches[2].inputs, batches[1].inputs]), torch.cat([batches[2].labels, batches[1].labels]))
+    for cheat in ({2: whole}, {2: batches[1]}):
+        ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=cheat)
+        assert any("did not train on the batch" in v and f"FP8 {recipe} pass" in v for v in ev.violations), ev.violations
+        assert ev.checked[0].grad_rel > 2 * bound
+
+
+@pytest.mark.slow
+def test_a_bf16_fp8_step_gets_the_judges_bf16_and_fp8_floor(tmp_path):
+    """--compute-dtype bf16 --fp8 tensorwise on CPU: the judge's floor pass is bf16 autocast with its FP8 linears.
+    Measured (tiny, step 2): floor 2.6e-2 of the gradient, the honest step 2.7e-2; half a batch moves the gradient 0.42
+    and the grad norm 0.12 (its loss only 1.2e-2, inside bf16's 2e-2), another batch the gradient 0.81."""
+    run = train(tmp_path / "bf16", fp8="tensorwise", compute_dtype="bf16", **FP8_FLAGS)
+    pairs = step_pairs(list_checkpoints(run.save_dir))
+    batches = engine_batches(run, tmp_path / "b", [1, 2])
+    expected = {**expected_config(fp8="tensorwise", **FP8_FLAGS), "compute_dtype": "bf16"}
+    ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches)
+    assert not ev.violations, ev.violations
+    [c] = ev.checked
+    assert c.floor_pass == "bf16 + FP8 tensorwise" and c.grad_rel < 2 * c.floor["grad"]
+    whole = StepBatch(torch.cat([batches[2].inputs, batches[1].inputs]), torch.cat([batches[2].labels, batches[1].labels]))
+    for cheat in ({2: whole}, {2: batches[1]}):
+        ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=cheat)
+        assert any("did not train on the batch" in v for v in ev.violations), ev.violations
+        assert ev.checked[0].grad_rel > 2 * BF16.grad
+
+
+def test_an_fp8_recipe_the_judge_cannot_compute_is_refused_by_name():
+    ev = verify_exact_steps([], expected_config=expected_config(fp8="mxfp8"), printed_steps=[], batches={})
+    assert len(ev.violations) == 1 and "--fp8 mxfp8" in ev.violations[0] and "fp8_reference.py" in ev.violations[0]
+
+
+@pytest.mark.slow
+def test_an_fp8_run_with_a_wrong_scale_is_rejected(tmp_path):
+    """The fp8-parity milestone's planted regression: saturated E4M3 operands move the printed loss ~1 % and the gradient
+    ~0.6 from the judge's, against bounds of ~6e-4 and ~0.08 (3x its own FP8 floor)."""
+    run, pairs, batches, expected = fp8_step(tmp_path, "tensorwise", prelude=WRONG_FP8_SCALE)
+    ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches)
+    text = " ".join(ev.violations)
+    assert "global_loss" in text and "did not train on the batch" in text, ev.violations
+
+
 # ---------------------------------------------------------------- batches file
 
 
@@ -325,3 +398,26 @@ def test_honest_bf16_gpu_steps_stay_inside_the_bf16_bounds(tmp_path):
               f"v {c.second_moment_rel:.2e}")
     assert ev.checked and not ev.violations, ev.violations
     assert all(math.isfinite(c.grad_rel) for c in ev.checked)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_honest_fp8_gpu_steps_stay_inside_the_fp8_bounds(tmp_path, recipe):
+    """Run on a CUDA machine: minicpm4-0.5b, bf16 with --fp8 (every op baseline: the FP8 path); prints each step's
+    distances and the judge's own bf16 + FP8 floor, and those of another batch (the margin FP8_CAP leaves)."""
+    flags = dict(preset="minicpm4-0.5b", seq_length=1024, micro_batch_size=2, num_steps=3, warmup_steps=1,
+                 eval_samples=0, fp8=recipe, **{f"op_{op}": "baseline" for op in
+                                                 ("attention", "rmsnorm", "gemm_fc1", "gemm_output", "rope")})
+    run = train(tmp_path / "gpu", device="cuda", keep_last=3, **flags)
+    pairs = step_pairs(list_checkpoints(run.save_dir))
+    batches = engine_batches(run, tmp_path / "b", [1, 2, 3])
+    expected = expected_config(**flags)
+    ev = verify_exact_steps(pairs, expected_config=expected, printed_steps=run.steps(), batches=batches, device="cuda")
+    other = verify_exact_steps(pairs[-1:], expected_config=expected, printed_steps=run.steps(), batches={3: batches[2]},
+                               device="cuda")
+    for c in ev.checked + other.checked:
+        print(f"{recipe} step {c.step}: loss {abs(c.printed_loss - c.judge_loss) / c.judge_loss:.2e} grad_norm "
+              f"{abs(c.printed_grad_norm - c.judge_grad_norm) / c.judge_grad_norm:.2e} grad {c.grad_rel:.3e} "
+              f"v {c.second_moment_rel:.3e} floor ({c.floor_pass}) {c.floor}")
+    assert ev.checked and not ev.violations, ev.violations
+    assert any("did not train on the batch" in v for v in other.violations), other.violations

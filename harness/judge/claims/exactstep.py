@@ -57,6 +57,24 @@ Tolerances (`tolerances_for`), relative:
   fp32) on the same weights and batch, and a bound is at least FLOOR_FACTOR = 3 x how far that lands from its
   fp32 pass (the second moment: 2 x that for the squares), at most BF16_CAP (5e-2, 0.2, 0.5, 0.6), below what
   the cheats move. The floors are in each check (`StepCheck.floor`) and the verdict's measured values.
+- FP8 runs (expected config `fp8` tensorwise or rowwise, docs/fp8.md): the decoder's linears (QKV, O, FC1, FC2)
+  round every GEMM operand to E4M3 (3 mantissa bits) or, tensorwise, the output gradient to E5M2 (2 bits): 16-32x
+  bf16's roundoff, and the gradient moves far more than the loss. Measured with the engine's CPU emulation (fp32
+  otherwise) against this fp32 reference, tiny, step 2: loss 1.7e-4, grad norm 2.3e-3, gradient 2.1e-2; at
+  minicpm4-0.5b shapes (4 layers, initial weights, 4 x 256 tokens) the gradient 0.35 (docs/fp8.md) to 0.89
+  (another init), loss 6e-4. So each FP8 step gets a floor of its own, as bf16 steps do: the judge's pass with the
+  decoder's linears quantised as the recipe states (harness/judge/claims/fp8_reference.py: dynamic amax scales per tensor
+  or per row, fp32 products; in bf16 autocast too when the run computes in bf16) against its fp32 pass, and each
+  bound is at least FLOOR_FACTOR x that (2 x for the second moment) and at most FP8_CAP (5e-2, 0.2, 0.7, 0.8: the
+  gradient caps above bf16's 0.5 / 0.6 because FP8's error adds to bf16's, ~0.35 and ~0.3-0.45 measured, ~0.5-0.57
+  together). An honest CPU step lands within 1 % of the floor (the same quantisation as the engine's). Margin
+  left: on tiny the bound is ~0.06 of the gradient and half the batch moves it 0.21, another batch 0.45
+  (tests/judge/test_exactstep.py holds both > 2 x the bound), and a wrong scale (fp8-parity's planted regression)
+  0.64 and the loss 1 %. At 0.5b shapes the gradient floor is as large as the cheats' move (half the batch 0.90,
+  another 1.29, at initial weights; the loss only 1e-4 and 2.6e-3 there): FP8_CAP then decides, so an honest step
+  must stay below 0.7 and a cheat is named when its own FP8 noise and the batch's add past that (half the batch
+  with 0.35 of FP8 noise: ~0.97). Closer than that the relative L2 against fp32 cannot tell FP8 rounding from
+  batch noise; the judge would need the engine's exact FP8 grid (its micro-batch and TP-shard scales).
 """
 
 import math
@@ -68,9 +86,10 @@ import torch
 
 from harness.judge.claims import reference
 from harness.judge.claims.checkpoint_reader import CheckpointError, load_checkpoint
+from harness.judge.claims.fp8_reference import RECIPES as FP8_RECIPES, fp8_linear
 
-__all__ = ["Tolerances", "FP32", "BF16", "tolerances_for", "StepBatch", "StepCheck", "ExactEvidence", "BatchOrder",
-           "batch_order", "step_pairs", "verify_exact_steps"]
+__all__ = ["Tolerances", "FP32", "BF16", "BF16_CAP", "FP8_CAP", "FLOOR_FACTOR", "tolerances_for", "StepBatch", "StepCheck",
+           "ExactEvidence", "BatchOrder", "batch_order", "step_pairs", "verify_exact_steps"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,8 @@ BF16 = Tolerances(loss=2e-2, grad_norm=5e-2, grad=0.15, second_moment=0.2)
 # which stay below what the cheats move (another batch ~0.3-1 of the gradient, half the samples percents of the loss).
 BF16_CAP = Tolerances(loss=5e-2, grad_norm=0.2, grad=0.5, second_moment=0.6)
 FLOOR_FACTOR = 3.0
+# FP8 runs (config fp8 != off): the same widening from the judge's own FP8 pass (module doc), capped here.
+FP8_CAP = Tolerances(loss=5e-2, grad_norm=0.2, grad=0.7, second_moment=0.8)
 
 
 def tolerances_for(config: Mapping[str, Any], device: str) -> Tolerances:
@@ -114,7 +135,8 @@ class StepCheck:
     printed_grad_norm: float | None = None
     grad_rel: float = math.nan
     second_moment_rel: float = math.nan
-    floor: dict[str, float] = field(default_factory=dict)  # bf16 runs: the judge's own bf16 error on this step
+    floor: dict[str, float] = field(default_factory=dict)  # bf16 / FP8 runs: the judge's own error on this step
+    floor_pass: str = ""  # which pass measured it: "bf16", "FP8 tensorwise", "bf16 + FP8 rowwise"
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -235,22 +257,25 @@ def _norm(grads: Mapping[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
 
 
-def _bf16_floor(params: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], batch: StepBatch, device: str,
-                eos_id: int | None, loss: float, norm: float, grads: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """How far the judge's own pass in bf16 autocast (GEMM inputs rounded to bf16, fp32 accumulation; the loss in
-    fp32) lands from its fp32 pass on the same weights and batch: the rounding noise of an honest bf16 step here."""
-    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+def _own_floor(params: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], batch: StepBatch, device: str,
+               eos_id: int | None, loss: float, norm: float, grads: Mapping[str, torch.Tensor], *, bf16: bool,
+               fp8: str) -> dict[str, float]:
+    """How far the judge's own pass as the run computes (bf16 autocast: GEMM inputs rounded to bf16, fp32
+    accumulation, the loss in fp32; `fp8`: the decoder's linears through fp8_reference) lands from its fp32 pass on
+    the same weights and batch: the rounding noise of an honest step of that run here."""
+    linear = fp8_linear(fp8) if fp8 != "off" else None
+    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
         loss16, _, grads16 = reference.loss_and_grads(params, cfg, batch.inputs.to(device), batch.labels.to(device),
-                                                      eos_id=eos_id)
+                                                      eos_id=eos_id, linear=linear)
     norm16 = _norm(grads16)
     err = sum(float((grads16[k].double() - g.double()).pow(2).sum()) for k, g in grads.items())
     return {"loss": _rel(loss16, loss), "grad_norm": _rel(norm16, norm), "grad": math.sqrt(err) / max(norm, 1e-300)}
 
 
-def _widened(tol: Tolerances, floor: Mapping[str, float]) -> Tolerances:
-    """The bf16 bounds, each at least FLOOR_FACTOR x the step's own bf16 floor and at most BF16_CAP's."""
+def _widened(tol: Tolerances, floor: Mapping[str, float], cap: Tolerances) -> Tolerances:
+    """The bounds, each at least FLOOR_FACTOR x the step's own floor and at most `cap`'s."""
     def bound(name: str, base: float, floor_value: float) -> float:
-        return min(max(base, FLOOR_FACTOR * floor_value), getattr(BF16_CAP, name))
+        return min(max(base, FLOOR_FACTOR * floor_value), getattr(cap, name))
 
     return Tolerances(loss=bound("loss", tol.loss, floor["loss"]), grad_norm=bound("grad_norm", tol.grad_norm, floor["grad_norm"]),
                       grad=bound("grad", tol.grad, floor["grad"]), second_moment=bound("second_moment", tol.second_moment,
@@ -258,7 +283,7 @@ def _widened(tol: Tolerances, floor: Mapping[str, float]) -> Tolerances:
 
 
 def _floor_note(check: StepCheck, name: str) -> str:
-    return f"; the judge's own bf16 pass is {check.floor[name]:.3g} from its fp32 one" if check.floor else ""
+    return f"; the judge's own {check.floor_pass} pass is {check.floor[name]:.3g} from its fp32 one" if check.floor else ""
 
 
 def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | None, expected: Mapping[str, Any],
@@ -286,9 +311,11 @@ def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | No
     loss, _, grads = reference.loss_and_grads(params, cfg, batch.inputs.to(device), batch.labels.to(device), eos_id=eos_id)
     norm = _norm(grads)
     check = StepCheck(step=step, judge_loss=loss, judge_grad_norm=norm)
-    if tol == BF16:
-        check.floor = _bf16_floor(params, cfg, batch, device, eos_id, loss, norm, grads)
-        tol = _widened(tol, check.floor)
+    fp8 = str(expected.get("fp8", "off"))
+    if tol == BF16 or fp8 != "off":
+        check.floor = _own_floor(params, cfg, batch, device, eos_id, loss, norm, grads, bf16=tol == BF16, fp8=fp8)
+        check.floor_pass = " + ".join(["bf16"] * (tol == BF16) + [f"FP8 {fp8}"] * (fp8 != "off"))
+        tol = _widened(tol, check.floor, FP8_CAP if fp8 != "off" else BF16_CAP)
     del params
     ev.checked.append(check)
     if printed is not None:
@@ -349,6 +376,11 @@ def verify_exact_steps(pairs: Sequence[tuple[Path, Path]], *, expected_config: M
     and d only. `eos_id`: the EOS of the judge's own tokenization, for a config with document_mask on.
     Never raises for a bad run: every problem is a violation of the returned evidence."""
     ev = ExactEvidence()
+    fp8 = str(expected_config.get("fp8", "off"))
+    if fp8 not in ("off", *FP8_RECIPES):
+        ev.violations.append(f"exact step: the job runs --fp8 {fp8}, a recipe the judge has no FP8 reference for "
+                             f"({', '.join(FP8_RECIPES)}); add it to harness/judge/claims/fp8_reference.py")
+        return ev
     tol = tolerances or tolerances_for(expected_config, device)
     order = order or BatchOrder()
     printed = {r.step: r for r in printed_steps}

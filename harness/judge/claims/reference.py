@@ -30,7 +30,7 @@ raises: the reference never quietly attends across documents.
 """
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -120,8 +120,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
+def _matmul_t(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w.t()
+
+
 def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor,
-            eos_id: int | None = None, recompute: bool = False) -> torch.Tensor:
+            eos_id: int | None = None, recompute: bool = False, linear: Callable = _matmul_t) -> torch.Tensor:
     sc = scalings(config)
     h, d = int(config["hidden_size"]), int(config["head_dim"])
     nh, nkv, L = int(config["num_heads"]), int(config["num_kv_heads"]), int(config["num_layers"])
@@ -139,7 +143,7 @@ def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], input
     def layer(x: torch.Tensor, i: int) -> torch.Tensor:
         p = f"layers.{i}"
         y = _rmsnorm(x, params[f"{p}.attn_norm.weight"], eps)
-        q, k, v = (y @ params[f"{p}.attn.qkv"].t()).split([nh * d, nkv * d, nkv * d], dim=-1)
+        q, k, v = linear(y, params[f"{p}.attn.qkv"]).split([nh * d, nkv * d, nkv * d], dim=-1)
         q = _rotate(q.view(b, s, nh, d).transpose(1, 2), cos, sin)
         k = _rotate(k.view(b, s, nkv, d).transpose(1, 2), cos, sin)
         v = v.view(b, s, nkv, d).transpose(1, 2)
@@ -149,10 +153,10 @@ def _hidden(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], input
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(d))
         else:
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(d))
-        x = x + sc.residual * (att.transpose(1, 2).reshape(b, s, nh * d) @ params[f"{p}.attn.o"].t())
+        x = x + sc.residual * linear(att.transpose(1, 2).reshape(b, s, nh * d), params[f"{p}.attn.o"])
         y = _rmsnorm(x, params[f"{p}.mlp_norm.weight"], eps)
-        gate, up = (y @ params[f"{p}.mlp.fc1"].t()).chunk(2, dim=-1)
-        return x + sc.residual * ((F.silu(gate) * up) @ params[f"{p}.mlp.fc2"].t())
+        gate, up = linear(y, params[f"{p}.mlp.fc1"]).chunk(2, dim=-1)
+        return x + sc.residual * linear(F.silu(gate) * up, params[f"{p}.mlp.fc2"])
 
     for i in range(L):
         x = checkpoint(layer, x, i, use_reentrant=False) if recompute else layer(x, i)
@@ -189,13 +193,14 @@ def loss(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: 
 
 def loss_and_grads(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs: torch.Tensor,
                    labels: torch.Tensor, rows_per_pass: int = 0, *, eos_id: int | None = None,
-                   backward: bool = True) -> tuple[float, int, dict[str, torch.Tensor]]:
+                   backward: bool = True, linear: Callable | None = None) -> tuple[float, int, dict[str, torch.Tensor]]:
     """inputs, labels [B, S] -> (mean next-token cross-entropy over the labels that are not -100, their count,
     its gradient for every parameter). The engine's loss of one optimizer step: the sum over the whole global
     batch divided by the global count of valid labels. Computed in the parameters' dtype, `rows_per_pass` rows
     at a time (0: all at once, or one for a large model, which also recomputes each layer in backward); every
     row starts a document, so passes of rows see the documents of the whole batch. `eos_id`: needed when the
-    config has document_mask on. `backward` False: the loss alone (no gradients: an empty dict)."""
+    config has document_mask on. `backward` False: the loss alone (no gradients: an empty dict). `linear(x, w)`: the
+    decoder's QKV, O, FC1 and FC2 products x w^T (None: exact; harness/judge/claims/fp8_reference.py has an FP8 one)."""
     _check(config)
     vocab = int(config["vocab_size"])
     leaves = {k: v.detach().requires_grad_(backward) for k, v in params.items()}
@@ -207,7 +212,7 @@ def loss_and_grads(params: Mapping[str, torch.Tensor], config: Mapping[str, Any]
     total = 0.0
     with torch.set_grad_enabled(backward):
         for i in range(0, inputs.shape[0], rows):
-            out = _hidden(leaves, config, inputs[i:i + rows], eos_id, recompute=large and backward) \
+            out = _hidden(leaves, config, inputs[i:i + rows], eos_id, recompute=large and backward, linear=linear or _matmul_t) \
                 @ leaves["lm_head"][:vocab].t()
             ce = F.cross_entropy(out.reshape(-1, vocab), labels[i:i + rows].reshape(-1), ignore_index=IGNORE_INDEX,
                                  reduction="sum")

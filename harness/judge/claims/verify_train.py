@@ -209,7 +209,7 @@ def _verify_exact(outcome: JobOutcome, judging: Judging, expected: dict[str, Any
     if exact.checked:
         measured["exact_grad_rel_max"] = max(c.grad_rel for c in exact.checked)
         if any(c.floor for c in exact.checked):  # bf16: the judge's own bf16 error, which widened the bounds
-            measured["exact_bf16_floor_grad_max"] = max(c.floor.get("grad", 0.0) for c in exact.checked)
+            measured["exact_floor_grad_max"] = max(c.floor.get("grad", 0.0) for c in exact.checked)
     return exact.violations, measured
 
 
