@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.jobs import overlay_changes, probe
-from harness.judge.admit import admit, overlay_hidden
+from harness.judge.admit import admit
 from harness.judge.draws import DrawError, draw_values
 from harness.judge.gates import RUNS
 from harness.judge.gates.pytest import collect_ids
@@ -41,11 +41,10 @@ from harness.judge.judging import (LOG_TAIL_LINES, Context, GateError, Judging, 
 from harness.judge.manifests import tree_manifest
 from harness.judge.policy import changed_files
 from harness.progress import Progress
-from harness.records import RunRecord, scrub_text, write_atomic
+from harness.records import RunRecord
 from harness.settings import data_dir
 from harness.spec import Milestone, PytestGate
 from harness.verdict import GateResult, Verdict
-from harness.workspace import Workspace
 
 __all__ = ["GateRunner", "GateError", "verdict_text", "LOG_TAIL_LINES"]
 
@@ -99,7 +98,6 @@ class GateRunner:
             raise GateError(str(err)) from None
         self.progress("gate", f"drawn: {draw.describe()}")
         self.record.note("draw", **draw.as_json())
-        self._collect_base_ids(log_dir)
         with admit(self.milestone, repo=ctx.repo, base=ctx.base, home=ctx.home, diff=diff,
                    compile_bytecode=not sandbox_flags) as admitted:
             env = candidate_env(admitted.tree, admitted.holder, seed, draw, sandboxed=not sandbox_flags)
@@ -150,25 +148,6 @@ class GateRunner:
         if self._sandbox_problem:
             raise GateError(f"the judge refuses to run candidate code without its sandbox: {self._sandbox_problem}")
         return []
-
-    def _collect_base_ids(self, log_dir: Path) -> None:
-        """Test IDs each pytest gate collects on the base (+ hidden material), in a checkout of its own that
-        no candidate touches; once per runner."""
-        gates = [g for g in self.milestone.gates if isinstance(g, PytestGate) and g.name not in self.base_ids]
-        if not gates:
-            return
-        with Workspace.scratch(self.ctx.repo, self.ctx.base) as scratch:
-            tree = scratch.worktree
-            overlay_hidden(self.milestone, self.ctx.home, tree)
-            for gate in gates:
-                self.progress("gate", f"collecting the base's tests for {gate.name} ...")
-                proc, ids = self.collect_ids(tree, tree.parent, gate)
-                write_atomic(log_dir / f"{gate.name}-base-collect.log", scrub_text(proc.stdout + proc.stderr))
-                if proc.returncode not in (0, 5):
-                    raise GateError(f"the base's tests for gate {gate.name} do not collect (pytest exit {proc.returncode}); "
-                                    f"see {log_dir / (gate.name + '-base-collect.log')}")
-                self.base_ids[gate.name] = ids
-                self.record.note("base test ids", gate=gate.name, count=len(ids))
 
     def _run_all(self, judging: Judging) -> list[GateResult]:
         """The gates in order; after the first failure the rest are recorded as skipped."""

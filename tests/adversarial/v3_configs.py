@@ -108,7 +108,7 @@ V3_CONFIG_CASES: list[Case] = [
     Case("config-lr-right-for-small-seeds", "config:seed",
          inverse_sqrt_only_when("cfg.seed < 2**32", "32-bit seeds: the path the tests exercise"), "honest", PYTEST_OR_LR,
          note="inverse_sqrt only for seeds people type; a large drawn seed gets the cosine"),
-    Case("config-lr-holds-after-step-20", "config:steps", decay_floor_after(20), "honest", LR, slow=False,
+    Case("config-lr-holds-after-step-20", "config:steps", decay_floor_after(20), "honest", LR,
          note="no decay after step 20, the old job's length"),
     Case("config-lr-holds-after-step-15", "config:steps", decay_floor_after(15), "honest", LR,
          note="no decay after step 15, the hidden test's longest run"),

@@ -59,6 +59,7 @@ def test_claimed_lower_loss_is_caught(honest, validation):
     assert any("val loss" in v and "val_loss" in v for v in ev.violations), ev.violations
 
 
+@pytest.mark.slow  # ~40 s on 2 cores; an applied lr off the printed one: tests/judge/test_draws.py::test_the_applied_lr_is_fitted_at_every_kept_step
 def test_secretly_doubled_lr_is_caught(honest, tmp_path, validation):
     cheat = train(tmp_path / "cheat", lr=2e-2, num_steps=3, warmup_steps=1)  # the expected lr is the preset's 1e-2
     rewrite_meta(cheat.save_dir, lr=1e-2)

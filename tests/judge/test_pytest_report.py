@@ -110,6 +110,7 @@ def test_a_test_process_that_alters_its_outcomes_is_not_believed(home: Path, tmp
     assert proc.returncode == 2 and "do not collect" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # ~55 s on 2 cores; canaries that do not come out as written: test_canaries_must_come_out_as_written
 def test_the_canaries_run_whatever_the_gate_selects(home: Path, tmp_path: Path) -> None:
     """A gate that selects its tests (`-k`, `-m`, as the op milestones do with `-k gemm_fc1`) deselected the judge's
     canaries too, and then rejected every patch, the honest one included, as a run that "cannot be trusted". Found

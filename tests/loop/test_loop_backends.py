@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.loop.loop_helpers import ENV_EDIT, FIX_ENV_EDIT, GOOD_EDIT, events, run_dirs, temper
 from tests.loopback import anthropic_wire as aw
 from tests.loopback import openai_wire as ow
@@ -64,6 +66,7 @@ def test_anthropic_backend_end_to_end_and_no_key_on_disk(home: Path) -> None:
     assert_no_key_under(home / "runs")
 
 
+@pytest.mark.slow  # ~25 s; the OpenAI wire on loopback: tests/agents/test_openai_api.py; unknown cost: tests/loop/test_loop_units.py
 def test_openai_compatible_backend_end_to_end_with_unknown_cost(home: Path) -> None:
     """A self-hosted model has no price: cost stays unknown, and unknown never counts against max_cost_usd."""
     with ow.openai_server() as server:

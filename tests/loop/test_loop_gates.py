@@ -398,6 +398,7 @@ def test_no_sandbox_no_judging_unless_asked_and_then_the_verdict_says_so(home: P
     assert verdict.accepted and any(f.startswith("unsandboxed") for f in verdict.flags)
 
 
+@pytest.mark.slow  # ~85 s on 2 cores; the replay plan (plan_replay) and its bit-for-bit check: tests/judge/test_exactstep.py
 def test_a_run_verified_on_its_final_step_is_replayed_to_a_secret_step(home: Path, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """On GPU the judge keeps only the final pair of checkpoints (saveplan.plan_saves), so it replays the job untimed to

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.records import list_runs, read_events
 from harness.report import render_report
 from harness.workspace import Workspace
@@ -144,6 +146,7 @@ def test_protected_edits_through_the_shell_are_rejected_even_when_hidden_from_gi
     assert_readable(run_dir)
 
 
+@pytest.mark.slow  # ~56 s on 2 cores: a whole run killed and resumed; the records it resumes from: tests/harness/test_records_store.py
 def test_a_killed_run_resumes_from_its_records(home: Path, tmp_path: Path) -> None:
     """SIGKILL `temper run` while a tool call is running; `temper resume` re-runs the unfinished call,
     judges, and ends exactly as an uninterrupted run would (accepted on attempt 1)."""

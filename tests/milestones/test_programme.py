@@ -172,7 +172,7 @@ def test_the_engine_passes(milestone, tmp_path):
 
 
 REGRESSIONS = [
-    pytest.param("alignment"),
+    pytest.param("alignment", marks=pytest.mark.slow),  # ~43 s; the alignment tests themselves run by default (test_alignment.py)
     pytest.param("bitwise-single"),
     pytest.param("resume"),
     pytest.param("bitwise-dptp", marks=pytest.mark.slow),  # 4 processes (gloo): ~60 s a gate on 2 cores
@@ -204,6 +204,7 @@ def test_a_gpu_milestone_is_passed_by_the_engine_and_failed_by_its_regression(mi
     assert failed_gate(verdict) == GPU_DEFENDING_GATE[milestone], summary(verdict)
 
 
+@pytest.mark.slow  # ~41 s; demo-tiny's acceptance is judged by default in tests/adversarial (honest@demo-tiny)
 def test_demo_tiny_is_failed_by_main(tmp_path):
     code, verdict = gate("demo-tiny", None, tmp_path)
     assert code == 1 and failed_gate(verdict) == "pytest", summary(verdict)

@@ -22,23 +22,25 @@ from harness.jobs import JobSpec, launch
 from harness.judge.barrier import BARRIER_OPTION as BARRIER, write_barrier
 from harness.judge.baseconfig import base_file
 from harness.judge.canary import canary_problems, write_canaries
-from harness.judge.judging import JUDGE_ROOT, Context, Judging, candidate_env, neutral, read_text, tail
+from harness.judge.admit import overlay_hidden
+from harness.judge.judging import JUDGE_ROOT, Context, GateError, Judging, candidate_env, neutral, read_text, tail
 from harness.judge.live import TestFileProgress, count_text
 from harness.judge.manifests import tree_manifest
 from harness.judge.pytest_report import CANARIES, OPTION, PREFIX, parse_reports
-from harness.records import scrub_file
+from harness.records import scrub_file, scrub_text, write_atomic
 from harness.settings import child_env
 from harness.spec import PytestGate
 from harness.verdict import GateResult
+from harness.workspace import Workspace
 
-__all__ = ["MODEL", "run", "collect_ids", "judge_ini"]
+__all__ = ["MODEL", "run", "collect_base_ids", "collect_ids", "judge_ini"]
 
 MODEL = PytestGate
 _COLLECTED_ID = re.compile(r"^(\S+\.py::\S.*)$")
 
 
 def run(gate: PytestGate, judging: Judging) -> GateResult:
-    base_ids = judging.ctx.base_ids.get(gate.name, frozenset())
+    base_ids = collect_base_ids(gate, judging)
     files = len({node.partition("::")[0] for node in base_ids}) or None
     result, cases, problems = _pytest_run(gate.name, list(gate.selectors), list(gate.args), judging,
                                           gate.timeout_s, ignore=judging.policy.new_tests, files=files)
@@ -79,6 +81,27 @@ def run(gate: PytestGate, judging: Judging) -> GateResult:
             return new
         summary += f"; the candidate's {len(judging.policy.new_tests)} new test file(s) pass on their own"
     return GateResult(name=gate.name, kind=gate.kind, passed=True, metrics=metrics, summary=summary)
+
+
+def collect_base_ids(gate: PytestGate, judging: Judging) -> frozenset[str]:
+    """Test IDs `gate` collects on the base (+ hidden material), in a checkout of its own that no candidate touches:
+    every one must run in the judged checkout. Collected when the gate first runs (a patch refused by an earlier gate
+    costs no collection), once per runner."""
+    ctx = judging.ctx
+    if gate.name in ctx.base_ids:
+        return ctx.base_ids[gate.name]
+    log = judging.log_dir / f"{gate.name}-base-collect.log"
+    with Workspace.scratch(ctx.repo, ctx.base) as scratch:
+        tree = scratch.worktree
+        overlay_hidden(ctx.milestone, ctx.home, tree)
+        ctx.progress("gate", f"collecting the base's tests for {gate.name} ...")
+        proc, ids = collect_ids(ctx, tree, tree.parent, gate)
+    write_atomic(log, scrub_text(proc.stdout + proc.stderr))
+    if proc.returncode not in (0, 5):
+        raise GateError(f"the base's tests for gate {gate.name} do not collect (pytest exit {proc.returncode}); see {log}")
+    ctx.base_ids[gate.name] = ids
+    ctx.record.note("base test ids", gate=gate.name, count=len(ids))
+    return ids
 
 
 def collect_ids(ctx: Context, tree: Path, holder: Path, gate: PytestGate, *, barrier: bool = True,
