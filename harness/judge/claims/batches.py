@@ -9,7 +9,7 @@ user trusts would have fed is then caught by the exact-step check (harness/judge
 
 Why the base and not the candidate: the data order is part of what the judge verifies. Why the base
 without the milestone's setup patch: a setup may plant the very defect the agent must repair in the data
-pipeline (repair-data-order salts the order with the process id); claims/verify_train.py reverse-applies it in the
+pipeline (repair-data-order salts the order with the wall clock); claims/verify_train.py reverse-applies it in the
 checkout the batches come from. A base whose engine has no `batches` command (older than this judge)
 cannot state its batches: `MISSING_COMMAND` tells claims/verify_train.py, which then skips the check with a flag on
 the verdict rather than reject every candidate.
