@@ -14,7 +14,7 @@ fails these tests loudly instead of judging unprotected.
 
 Cost: a rejection before any candidate code runs takes ~10 s (the judge collects the base's tests
 first); an accepted demo-tiny patch runs the acceptance tests and a 20-step CPU training job (1-3 min
-on 2 cores). The default set is the fast classes plus one honest twin; `-m slow` runs the rest.
+on 2 cores). The default set is the fast classes; `-m slow` runs the rest and every honest twin.
 """
 
 import hashlib
@@ -191,8 +191,9 @@ _GPU_MILESTONES = {c.milestone for c in ALL_CASES if c.gpu and c.twin not in HON
 
 
 def _twin_marks(twin: str, milestone: str) -> list:
-    if (twin, milestone) == ("honest", "demo-tiny"):
-        return []
+    # Every twin runs the acceptance tests and the jobs (honest@demo-tiny: ~210 s on 2 cores), so all are slow. An honest
+    # change is accepted end to end by default in tests/loop/test_demo.py (a recorded agent's repair, judged on drawn
+    # configurations with exact steps) and tests/loop/test_loop_gates.py (`temper gate` on patches).
     return [pytest.mark.slow, *([pytest.mark.gpu] if twin in GPU_TWINS or milestone in _GPU_MILESTONES else [])]
 
 

@@ -117,6 +117,7 @@ def test_twenty_steps_match_plain_pytorch_adamw_on_the_same_model(tmp_path: Path
     assert loss < math.log(cfg.vocab_size) - 0.5  # and it learned something
 
 
+@pytest.mark.slow  # ~41 s; by default: HF logits (tests/milestones/test_alignment.py) and 20 steps against plain PyTorch AdamW below
 def test_twenty_steps_track_hf_llama_training(tmp_path: Path):
     """The same 20 steps against HF's LlamaForCausalLM as the model (fully independent code).
     Step 1 agrees to 1e-5 like the forward test; later steps drift because reduction-order

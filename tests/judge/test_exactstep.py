@@ -106,6 +106,7 @@ def short_docs(tmp_path_factory):
     return data
 
 
+@pytest.mark.slow  # ~20 s; the judge reads packed documents with the mask the config asks for by default in test_evidence.py
 def test_a_document_masked_step_verifies_with_the_mask_its_config_asks_for(tmp_path, short_docs):
     """--document-mask --reset-position-ids: the judge's pass reads the step's batch as the expected config says,
     with the EOS of its own tokenization (the byte tokenizer's 257), and the honest step is exact; read without

@@ -95,6 +95,7 @@ def runner(home: Path, tmp_path: Path) -> GateRunner:
     return GateRunner(milestone=milestone, repo=home, base=git(home, "rev-parse", "HEAD").strip(), record=record)
 
 
+@pytest.mark.slow  # ~42 s; a new suppression is refused by default in tests/adversarial (allow-plain) and tests/guards
 def test_runner_catches_new_suppressions_and_a_broken_collection(runner: GateRunner, home: Path, tmp_path: Path) -> None:
     # A `# guard: allow` the candidate adds lifts a red line for itself: rejected, though the guard is then silent.
     suppressed = unified_diff(home, tmp_path, lambda t: replace_in(
