@@ -103,8 +103,8 @@ def test_a_test_process_that_alters_its_outcomes_is_not_believed(home: Path, tmp
 
     # A test that imports the engine in the judge's process is refused at collection (the barrier names the way out).
     test = home / "tests" / "test_names.py"
-    test.write_text(test.read_text() + "\n\ndef test_checked():\n    from engine import config\n\n"
-                    "    assert getattr(config, 'LR_SCHEDULES_CHECKED', True)\n")
+    test.write_text(test.read_text() + "\n\nfrom engine import config as engine_config  # at collection, in the judge's process\n\n\n"
+                    "def test_checked():\n    assert getattr(engine_config, 'LR_SCHEDULES_CHECKED', True)\n")
     git(home, "commit", "-qam", "a test that imports the engine in the judge's process")
     proc = temper(home, "gate", "loop-tiny", "--json", timeout=600)
     assert proc.returncode == 2 and "do not collect" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
