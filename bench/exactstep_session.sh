@@ -14,7 +14,8 @@ mkdir -p "$OUT"
 SEED="${SEED:-98}"
 GATE_S="${GATE_S:-225}"  # each judging's limit
 JOB_S="${JOB_S:-140}"    # each of the three jobs'
-FLOOR_S="${FLOOR_S:-80}" # each per-tensor measurement's
+FLOOR_S="${FLOOR_S:-80}" # each per-tensor measurement's (too short with three at once beside a judging: give the
+# measurement a call of its own, or FLOOR_S=200 and GATES= ; measured 2026-11-27: the three jobs 153 s on one H200)
 read -r -a GATES <<< "${GATES-main}"
 gate_pids=()
 stamp() { echo "=== $(date +%T) $*"; }

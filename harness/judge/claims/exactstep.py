@@ -101,7 +101,11 @@ of (its noise / the judge's noise)^2 per tensor, so it passes while its rounding
 where the gradient is; a cheat adds its per-tensor move (~1) to that, weighted by signal-to-noise, against a
 floor that is now that of the quiet tensors (never above the plain floor). tests/judge/test_exactstep.py holds a
 step whose noise is structured as fp8-parity's (plain floor 0.43, engine 0.51 > 0.5): weighted floor 0.085,
-engine 0.10, half the batch and another batch > 3x the bound. What it cannot do: tell a cheat confined to the
+engine 0.10, half the batch and another batch > 3x the bound. On the GPU (fp8-parity's gate at another drawn
+seed, 2 x H200, bench/results/exactstep_floor_05b_h200x2.json): the honest bf16 step 300 is 0.440 plain (the
+judge's own 0.254) and 0.156 weighted (0.087): bound 0.261, the step at 0.6 of it. The engine's rounding is
+1.7-1.8x the judge's autocast pass by both measures there (1.2x at seed 98), so FLOOR_FACTOR 3 leaves ~1.7x. What
+it cannot do: tell a cheat confined to the
 noisy tensors (a norm gain's gradient dropped) from their rounding at that step; the plain distances are in
 the verdict beside the weighted ones (`StepCheck.grad_rel_plain`, `floor["grad_plain"]`).
 """
