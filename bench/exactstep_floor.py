@@ -4,8 +4,9 @@ Given the job's pretrain argv (its --save-dir holding checkpoints N - 1 and N), 
 N + 1 with the tree's own `engine batches` and prints, per tensor, how far from the judge's fp32 gradient of the exact
 batch lie: the gradient the engine applied (from the Adam moments), the judge's own bf16 (+ FP8) pass, and two cheats
 made from the honest checkpoints: "half" (the judge is told the step had batch N plus batch N + 1, so the engine
-trained on half of it) and "next" (the judge is told batch N + 1). Then the verdicts of verify_exact_steps itself for
-the three. Writes everything as JSON; a short table to stdout.
+trained on half of it) and "next" (the judge is told batch N + 1); with --verdicts also the verdicts of
+verify_exact_steps itself for the three (six more passes: ~2.5x the time). Writes everything as JSON; a short
+table to stdout.
 
     python bench/exactstep_floor.py --label bf16 --out bf16.json -- pretrain --preset minicpm4-0.5b ... --save-dir D
 """
@@ -48,6 +49,7 @@ def main() -> int:
     ap.add_argument("--label", required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--verdicts", action="store_true", help="also run verify_exact_steps on the three")
     ap.add_argument("argv", nargs=argparse.REMAINDER, help="-- the job's pretrain argv")
     args = ap.parse_args()
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
@@ -70,7 +72,7 @@ def main() -> int:
 
     # the verdicts, as the judge gives them
     verdicts = {}
-    for name, batch in (("honest", this), ("half", whole), ("next", nxt)):
+    for name, batch in (("honest", this), ("half", whole), ("next", nxt)) if args.verdicts else ():
         ev = verify_exact_steps([(prev_path, path)], expected_config=expected, printed_steps=[], batches={step: batch},
                                 device=args.device)
         c = ev.checked[0] if ev.checked else None
@@ -119,10 +121,11 @@ def main() -> int:
     print(f"== {args.label}: step {step}, judge's own floor plain {summary['floor_plain']:.3f} weighted "
           f"{summary['floor_weighted']:.3f}, bound {summary['bound']:.3f}")
     for which in ref32:
-        v = verdicts[which]
-        print(f"   {which:7} plain {summary[which]['plain']:.3f} weighted {summary[which]['weighted']:.3f} | verdict: "
-              f"{'ok' if not v['violations'] else 'REJECTED'} grad_rel {v.get('grad_rel', math.nan):.3f} "
-              f"v_rel {v.get('second_moment_rel', math.nan):.3f} {[x[:90] for x in v['violations']]}")
+        v = verdicts.get(which)
+        said = "not asked (--verdicts)" if v is None else (
+            f"{'ok' if not v['violations'] else 'REJECTED'} grad_rel {v.get('grad_rel', math.nan):.3f} v_rel "
+            f"{v.get('second_moment_rel', math.nan):.3f} {[x[:90] for x in v['violations']]}")
+        print(f"   {which:7} plain {summary[which]['plain']:.3f} weighted {summary[which]['weighted']:.3f} | verdict: {said}")
     worst = sorted(rows, key=lambda r: -r["honest_err"])[:8]
     print(f"   {'tensor':34} {'share_g2':>8} {'own':>6} {'engine':>6} {'half':>6} {'next':>6}")
     total = sum(r["honest_ref"] for r in rows)

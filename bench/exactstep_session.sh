@@ -5,6 +5,7 @@
 #          --fp8 tensorwise, and --fp8 tensorwise with the planted wrong scale (tests/milestones/regressions/
 #          fp8-parity.patch applied to a copy of this tree); then bench/exactstep_floor.py on each (per tensor:
 #          the engine, the judge's own pass, half the batch, the next batch; and verify_exact_steps' verdicts).
+# VERDICTS=1 adds verify_exact_steps' own verdicts to each per-tensor measurement (~2.5x its time).
 # GATES="main regression" also judges the planted regression (on GPU 1; a full judging needs ~300 s on an H200).
 #   DATA=/path/to/shared/data WHEELS=/path/to/wheels bash bench/exactstep_session.sh
 set -u
@@ -61,7 +62,8 @@ stamp "per tensor (GPU 1)"
 pids=()
 for name in bf16 fp8 wrong; do
   extra=(); [ "$name" != bf16 ] && extra=(--fp8 tensorwise)
-  (CUDA_VISIBLE_DEVICES=1 timeout "$FLOOR_S" python3 bench/exactstep_floor.py --label "$name" --out "$OUT/floor_$name.json" -- \
+  (CUDA_VISIBLE_DEVICES=1 timeout "$FLOOR_S" python3 bench/exactstep_floor.py --label "$name" --out "$OUT/floor_$name.json" \
+     ${VERDICTS:+--verdicts} -- \
      $(job "$name" "${extra[@]}") > "/tmp/floor-$name.txt" 2>&1) &
   pids+=($!)
 done
