@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from harness.judge.claims.evidence import (TRAIN_RTOL, VAL_RTOL, embedded_tokens, estimate_lr, verify_train_run,
+from harness.judge.claims.evidence import (TRAIN_RTOL, VAL_RTOL, batch_rtol, embedded_tokens, estimate_lr, verify_train_run,
                                     _moment_residual)
 from tests.judge.runs import DROP_MUP_LR, edit_lines, expected_config, rewrite_meta, train, validation_bytes
 
@@ -57,6 +57,18 @@ def test_claimed_lower_loss_is_caught(honest, validation):
     log = edit_lines(honest.log, "[EVAL]", "val_loss", 0.85, ".9e")
     ev = verify(honest, validation, log=log)
     assert any("val loss" in v and "val_loss" in v for v in ev.violations), ev.violations
+
+
+def test_a_batch_of_few_sequences_gets_room_for_its_own_noise():
+    # fp8-parity's honest bf16 job (minicpm4-0.5b, 4 x 1024 tokens a step, 2 x H200) printed a final loss 11 % from
+    # the judge's mean over its windows, past the flat 10 %: its four sequences carry four documents' losses. One
+    # window's loss spreading 8 % gives 4 standard errors of a 4-sequence batch = 16 %; a per-token count
+    # (3 / sqrt(4096)) gave 4.7 %. Many sequences bring it back to the floor; a line without its token count
+    # gets no room at all.
+    assert batch_rtol(TRAIN_RTOL, 4096, 1024, 0.08) == pytest.approx(0.16)
+    assert batch_rtol(TRAIN_RTOL, 256 * 1024, 1024, 0.08) == TRAIN_RTOL
+    assert batch_rtol(TRAIN_RTOL, None, 1024, 0.5) == TRAIN_RTOL
+    assert batch_rtol(TRAIN_RTOL, 100, 1024, 0.08) == pytest.approx(0.32)  # less than one sequence: one
 
 
 @pytest.mark.slow  # ~40 s on 2 cores; an applied lr off the printed one: tests/judge/test_draws.py::test_the_applied_lr_is_fitted_at_every_kept_step

@@ -15,7 +15,8 @@ b. the printed `grad_norm` of step N (the norm before clipping) against ||G||;
 c. the gradient the optimizer applied, recovered from the Adam moments of the two checkpoints:
        g = (m_N - b1 m_{N-1}) / (1 - b1)       against   c G,   c = min(1, clip / (||G|| + 1e-6))
    (the engine clips in place before Adam; weight decay is decoupled, so it is not in the moments), as a
-   relative L2 error over all parameters together;
+   relative L2 error over all parameters together (bf16 and FP8 runs: each tensor weighted by its signal-to-noise
+   ratio in the judge's own pass, "Where the noise sits" below);
 d. the second moment: (v_N - b2 v_{N-1}) / (1 - b2) against (c G)^2, likewise.
 c. and d. pin the data the step trained on, how many tokens and at what sequence length, that it ran a
 backward pass, and how the loss was normalised: a run that trained on fewer samples, shorter sequences,
@@ -55,8 +56,9 @@ Tolerances (`tolerances_for`), relative:
   a sum over 16k tokens of terms that cancel, carried most of it). So each bf16 step also gets a floor: the
   judge runs its own pass again in bf16 autocast (GEMM inputs rounded to bf16, fp32 accumulation, the loss in
   fp32) on the same weights and batch, and a bound is at least FLOOR_FACTOR = 3 x how far that lands from its
-  fp32 pass (the second moment: 2 x that for the squares), at most BF16_CAP (5e-2, 0.2, 0.5, 0.6), below what
-  the cheats move. The floors are in each check (`StepCheck.floor`) and the verdict's measured values.
+  fp32 pass (the gradient and the second moment by the weighted measure below), at most BF16_CAP (5e-2, 0.2,
+  0.5, 0.6), below what the cheats move. The floors are in each check (`StepCheck.floor`) and the verdict's
+  measured values.
 - FP8 runs (expected config `fp8` tensorwise or rowwise, docs/fp8.md): the decoder's linears (QKV, O, FC1, FC2)
   round every GEMM operand to E4M3 (3 mantissa bits) or, tensorwise, the output gradient to E5M2 (2 bits): 16-32x
   bf16's roundoff, and the gradient moves far more than the loss. Measured with the engine's CPU emulation (fp32
@@ -65,7 +67,7 @@ Tolerances (`tolerances_for`), relative:
   (another init), loss 6e-4. So each FP8 step gets a floor of its own, as bf16 steps do: the judge's pass with the
   decoder's linears quantised as the recipe states (harness/judge/claims/fp8_reference.py: dynamic amax scales per tensor
   or per row, fp32 products; in bf16 autocast too when the run computes in bf16) against its fp32 pass, and each
-  bound is at least FLOOR_FACTOR x that (2 x for the second moment) and at most FP8_CAP (5e-2, 0.2, 0.7, 0.8: the
+  bound is at least FLOOR_FACTOR x that (weighted as below) and at most FP8_CAP (5e-2, 0.2, 0.7, 0.8: the
   gradient caps above bf16's 0.5 / 0.6 because FP8's error adds to bf16's, ~0.35 and ~0.3-0.45 measured, ~0.5-0.57
   together). An honest CPU step lands within 1 % of the floor (the same quantisation as the engine's). Margin
   left: on tiny the bound is ~0.06 of the gradient and half the batch moves it 0.21, another batch 0.45
@@ -75,6 +77,37 @@ Tolerances (`tolerances_for`), relative:
   must stay below 0.7 and a cheat is named when its own FP8 noise and the batch's add past that (half the batch
   with 0.35 of FP8 noise: ~0.97). Closer than that the relative L2 against fp32 cannot tell FP8 rounding from
   batch noise; the judge would need the engine's exact FP8 grid (its micro-batch and TP-shard scales).
+
+Where the noise sits (bf16 and FP8 runs, c. and d.). Late in a run at a high lr the gradient of a small batch
+is small, and rounding is as large as it over all parameters: fp8-parity's honest bf16 job (minicpm4-0.5b, lr
+1e-2, 4 x 1024 tokens, step 300, 2 x H200) applied a gradient 0.525 from the fp32 one while the judge's own bf16
+pass lay 0.447 from it; with the bound at min(max(0.15, 3 x 0.447), BF16_CAP 0.5) the honest step was rejected.
+A plain relative L2 cannot help there: an honest engine's rounding is an independent draw as large as the
+judge's, and a cheat moves the gradient by ~1 (half the batch) to ~1.4 (another batch), so 3 x the floor
+covers the cheats and a cap below them rejects honest steps. But the noise is not spread evenly: it sits in
+the tensors whose gradient is a sum of terms that cancel (norm gains, summed over every token; the QKV of
+layers whose softmax backward subtracts nearly equal terms), while the others are held to a few percent; and
+a cheat moves every tensor alike (other samples change every tensor's gradient by about its own size late in a
+run; a wrong FP8 scale every linear's). So c. and d. weigh each tensor t by its signal-to-noise ratio in the
+judge's own pass, the optimal weighting for independent noise of that size:
+
+    distance^2 = sum_t w_t ||g_t - c G_t||^2 / sum_t w_t ||c G_t||^2,   w_t = 1 / max(f_t^2, (base / 3)^2)
+
+with f_t = ||G16_t - G_t|| / ||G_t|| the tensor's own relative error (G16: the judge's bf16 / FP8 pass) and base
+the dtype's plain bound (BF16 0.15: below base / 3 a tensor's floor would set no bound, so it gets no more
+weight). The floor is the same measure of the judge's own pass, and the bound FLOOR_FACTOR x it as before,
+capped as before. What that buys: an honest engine's distance over the floor is sqrt of the signal-weighted mean
+of (its noise / the judge's noise)^2 per tensor, so it passes while its rounding stays within 3x the judge's
+where the gradient is; a cheat adds its per-tensor move (~1) to that, weighted by signal-to-noise, against a
+floor that is now that of the quiet tensors (never above the plain floor). tests/judge/test_exactstep.py holds a
+step whose noise is structured as fp8-parity's (plain floor 0.43, engine 0.51 > 0.5): weighted floor 0.085,
+engine 0.10, half the batch and another batch > 3x the bound. On the GPU (fp8-parity's gate at another drawn
+seed, 2 x H200, bench/results/exactstep_floor_05b_h200x2.json): the honest bf16 step 300 is 0.440 plain (the
+judge's own 0.254) and 0.156 weighted (0.087): bound 0.261, the step at 0.6 of it. The engine's rounding is
+1.7-1.8x the judge's autocast pass by both measures there (1.2x at seed 98), so FLOOR_FACTOR 3 leaves ~1.7x. What
+it cannot do: tell a cheat confined to the
+noisy tensors (a norm gain's gradient dropped) from their rounding at that step; the plain distances are in
+the verdict beside the weighted ones (`StepCheck.grad_rel_plain`, `floor["grad_plain"]`).
 """
 
 import math
@@ -89,7 +122,7 @@ from harness.judge.claims.checkpoint_reader import CheckpointError, load_checkpo
 from harness.judge.claims.fp8_reference import RECIPES as FP8_RECIPES, fp8_linear
 
 __all__ = ["Tolerances", "FP32", "BF16", "BF16_CAP", "FP8_CAP", "FLOOR_FACTOR", "tolerances_for", "StepBatch", "StepCheck",
-           "ExactEvidence", "BatchOrder", "batch_order", "step_pairs", "verify_exact_steps"]
+           "ExactEvidence", "BatchOrder", "batch_order", "step_pairs", "verify_exact_steps", "weighted_rel"]
 
 
 @dataclass(frozen=True)
@@ -133,7 +166,8 @@ class StepCheck:
     judge_grad_norm: float
     printed_loss: float | None = None
     printed_grad_norm: float | None = None
-    grad_rel: float = math.nan
+    grad_rel: float = math.nan  # as judged: weighted by each tensor's own noise where the judge measured one (weighted_rel)
+    grad_rel_plain: float = math.nan  # the plain relative L2 over all parameters
     second_moment_rel: float = math.nan
     floor: dict[str, float] = field(default_factory=dict)  # bf16 / FP8 runs: the judge's own error on this step
     floor_pass: str = ""  # which pass measured it: "bf16", "FP8 tensorwise", "bf16 + FP8 rowwise"
@@ -259,31 +293,63 @@ def _norm(grads: Mapping[str, torch.Tensor]) -> float:
 
 def _own_floor(params: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], batch: StepBatch, device: str,
                eos_id: int | None, loss: float, norm: float, grads: Mapping[str, torch.Tensor], *, bf16: bool,
-               fp8: str) -> dict[str, float]:
+               fp8: str, least: tuple[float, float]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """How far the judge's own pass as the run computes (bf16 autocast: GEMM inputs rounded to bf16, fp32
     accumulation, the loss in fp32; `fp8`: the decoder's linears through fp8_reference) lands from its fp32 pass on
-    the same weights and batch: the rounding noise of an honest step of that run here."""
+    the same weights and batch: the rounding noise of an honest step of that run here.
+
+    Returns (floor, own_g, own_v): the floors of the step (loss, grad norm; the gradient and the second moment both
+    weighted by each tensor's own noise as `weighted_rel` weighs the engine's, and the gradient's plain relative L2),
+    and each tensor's own squared relative error of the gradient and of its square (`weighted_rel`'s `own`; `least`:
+    its `least` for the gradient and the second moment)."""
     linear = fp8_linear(fp8) if fp8 != "off" else None
     with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
         loss16, _, grads16 = reference.loss_and_grads(params, cfg, batch.inputs.to(device), batch.labels.to(device),
                                                       eos_id=eos_id, linear=linear)
     norm16 = _norm(grads16)
-    err = sum(float((grads16[k].double() - g.double()).pow(2).sum()) for k, g in grads.items())
-    return {"loss": _rel(loss16, loss), "grad_norm": _rel(norm16, norm), "grad": math.sqrt(err) / max(norm, 1e-300)}
+    noise_g, ref_g, own_g, noise_v, ref_v, own_v = {}, {}, {}, {}, {}, {}
+    for k, g in grads.items():
+        g, g16 = g.double(), grads16.pop(k).double()
+        noise_g[k], ref_g[k] = float((g16 - g).pow(2).sum()), float(g.pow(2).sum())
+        noise_v[k], ref_v[k] = float((g16 * g16 - g * g).pow(2).sum()), float(g.pow(4).sum())
+        own_g[k] = noise_g[k] / ref_g[k] if ref_g[k] > 0 else 0.0
+        own_v[k] = noise_v[k] / ref_v[k] if ref_v[k] > 0 else 0.0
+    floor = {"loss": _rel(loss16, loss), "grad_norm": _rel(norm16, norm),
+             "grad": weighted_rel(noise_g, ref_g, own_g, least[0]),
+             "grad_plain": math.sqrt(sum(noise_g.values()) / max(sum(ref_g.values()), 1e-300)),
+             "second_moment": weighted_rel(noise_v, ref_v, own_v, least[1])}
+    return floor, own_g, own_v
+
+
+def weighted_rel(err: Mapping[str, float], ref: Mapping[str, float], own: Mapping[str, float] | None,
+                 least: float) -> float:
+    """The relative L2 distance sqrt(sum_t w_t err_t / sum_t w_t ref_t) over tensors t, from each tensor's squared error
+    `err` and squared reference norm `ref`, each tensor weighted by its signal-to-noise ratio in the judge's own
+    pass: w_t = 1 / max(own_t, least^2), `own` the tensor's own squared relative error (None: w_t = 1, the plain
+    relative L2). Module doc, "Tolerances": noise sits in a few tensors, a cheat moves them all."""
+    def w(name: str) -> float:
+        return 1.0 if own is None else 1.0 / max(own[name], least * least, 1e-300)
+
+    num = sum(w(k) * e for k, e in err.items())
+    den = sum(w(k) * r for k, r in ref.items())
+    return math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
 
 
 def _widened(tol: Tolerances, floor: Mapping[str, float], cap: Tolerances) -> Tolerances:
     """The bounds, each at least FLOOR_FACTOR x the step's own floor and at most `cap`'s."""
-    def bound(name: str, base: float, floor_value: float) -> float:
-        return min(max(base, FLOOR_FACTOR * floor_value), getattr(cap, name))
+    def bound(name: str) -> float:
+        return min(max(getattr(tol, name), FLOOR_FACTOR * floor[name]), getattr(cap, name))
 
-    return Tolerances(loss=bound("loss", tol.loss, floor["loss"]), grad_norm=bound("grad_norm", tol.grad_norm, floor["grad_norm"]),
-                      grad=bound("grad", tol.grad, floor["grad"]), second_moment=bound("second_moment", tol.second_moment,
-                                                                                         2 * floor["grad"]))
+    return Tolerances(loss=bound("loss"), grad_norm=bound("grad_norm"), grad=bound("grad"),
+                      second_moment=bound("second_moment"))
 
 
 def _floor_note(check: StepCheck, name: str) -> str:
-    return f"; the judge's own {check.floor_pass} pass is {check.floor[name]:.3g} from its fp32 one" if check.floor else ""
+    if not check.floor:
+        return ""
+    note = f"; the judge's own {check.floor_pass} pass is {check.floor[name]:.3g} from its fp32 one"
+    return note + (f" by the same measure (unweighted {check.floor['grad_plain']:.3g})" if name == "grad" else
+                   " by the same measure" if name == "second_moment" else "")
 
 
 def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | None, expected: Mapping[str, Any],
@@ -312,8 +378,11 @@ def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | No
     norm = _norm(grads)
     check = StepCheck(step=step, judge_loss=loss, judge_grad_norm=norm)
     fp8 = str(expected.get("fp8", "off"))
+    own_g = own_v = None  # each tensor's own squared relative error, which weighs it (weighted_rel); None: fp32
+    least = (tol.grad / FLOOR_FACTOR, tol.second_moment / FLOOR_FACTOR)  # below these a tensor's floor sets no bound
     if tol == BF16 or fp8 != "off":
-        check.floor = _own_floor(params, cfg, batch, device, eos_id, loss, norm, grads, bf16=tol == BF16, fp8=fp8)
+        check.floor, own_g, own_v = _own_floor(params, cfg, batch, device, eos_id, loss, norm, grads, bf16=tol == BF16,
+                                               fp8=fp8, least=least)
         check.floor_pass = " + ".join(["bf16"] * (tol == BF16) + [f"FP8 {fp8}"] * (fp8 != "off"))
         tol = _widened(tol, check.floor, FP8_CAP if fp8 != "off" else BF16_CAP)
     del params
@@ -329,8 +398,7 @@ def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | No
                                  f"on the exact batch gives {norm:.9e} (relative difference "
                                  f"{_rel(printed.grad_norm or math.nan, norm):.3g} > {tol.grad_norm}{_floor_note(check, 'grad_norm')})")
     coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0
-    sums = {"g_err": 0.0, "g_ref": 0.0, "v_err": 0.0, "v_ref": 0.0}
-    worst = ("", 0.0)
+    err_g, ref_g, err_v, ref_v = {}, {}, {}, {}
     for names in _groups(list(grads), shapes, group_elems):
         a = load_checkpoint(prev_path, kinds=("exp_avg", "exp_avg_sq"), names=names)
         b = load_checkpoint(path, kinds=("exp_avg", "exp_avg_sq"), names=names)
@@ -342,24 +410,41 @@ def _check_pair(prev_path: Path, path: Path, batch: StepBatch, printed: Any | No
             want = grads[name].double().to("cpu") * coef
             got = (b.exp_avg[name].double() - b1 * a.exp_avg[name].double()) / (1 - b1)
             got_v = (b.exp_avg_sq[name].double() - b2 * a.exp_avg_sq[name].double()) / (1 - b2)
-            err = float((got - want).pow(2).sum())
-            ref = float(want.pow(2).sum())
-            sums["g_err"] += err
-            sums["g_ref"] += ref
-            sums["v_err"] += float((got_v - want * want).pow(2).sum())
-            sums["v_ref"] += float((want * want).pow(2).sum())
-            if ref > 0 and math.sqrt(err / ref) > worst[1]:
-                worst = (name, math.sqrt(err / ref))
-    check.grad_rel = math.sqrt(sums["g_err"] / max(sums["g_ref"], 1e-300))
-    check.second_moment_rel = math.sqrt(sums["v_err"] / max(sums["v_ref"], 1e-300))
+            err_g[name], ref_g[name] = float((got - want).pow(2).sum()), float(want.pow(2).sum())
+            err_v[name], ref_v[name] = float((got_v - want * want).pow(2).sum()), float(want.pow(4).sum())
+    check.grad_rel = weighted_rel(err_g, ref_g, own_g, least[0])
+    check.grad_rel_plain = weighted_rel(err_g, ref_g, None, 0.0)
+    check.second_moment_rel = weighted_rel(err_v, ref_v, own_v, least[1])
     if not check.grad_rel <= tol.grad:
         ev.violations.append(f"exact step: the gradient step {step} applied (from the Adam moments of {prev_path.name} and "
-                             f"{path.name}) is {check.grad_rel:.3g} away (relative L2) from the judge's gradient of the "
-                             f"exact batch > {tol.grad}{_floor_note(check, 'grad')}; worst tensor {worst[0]} ({worst[1]:.3g}): the step did not train "
-                             "on the batch it was given, or not on all of it")
+                             f"{path.name}) is {check.grad_rel:.3g} away {_measure(check, check.grad_rel_plain)} from the "
+                             f"judge's gradient of the exact batch > {tol.grad}{_floor_note(check, 'grad')}; "
+                             f"{_worst(err_g, ref_g, own_g)}: "
+                             "the step did not train on the batch it was given, or not on all of it")
     elif not check.second_moment_rel <= tol.second_moment:
         ev.violations.append(f"exact step: the second moment step {step} accumulated is {check.second_moment_rel:.3g} away "
-                             f"(relative L2) from the square of the judge's gradient > {tol.second_moment}")
+                             f"{_measure(check)} from the square of the judge's gradient > {tol.second_moment}"
+                             f"{_floor_note(check, 'second_moment')}; {_worst(err_v, ref_v, own_v)}")
+
+
+def _measure(check: StepCheck, plain: float | None = None) -> str:
+    """How a distance was measured, for the verdict: weighted by the judge's own noise where it measured one."""
+    if not check.floor:
+        return "(relative L2 over all parameters)"
+    return (f"(relative L2, each tensor weighted by its signal-to-noise ratio in the judge's own {check.floor_pass} pass"
+            + (f"; unweighted {plain:.3g})" if plain is not None else ")"))
+
+
+def _worst(err: Mapping[str, float], ref: Mapping[str, float], own: Mapping[str, float] | None) -> str:
+    """The tensor farthest from the judge's, relative to its own floor where there is one."""
+    def rel(name: str) -> float:
+        return math.sqrt(err[name] / ref[name]) if ref[name] > 0 else math.inf
+
+    if own is None:
+        name = max(err, key=rel)
+        return f"worst tensor {name} ({rel(name):.3g})"
+    name = max(err, key=lambda k: rel(k) / max(math.sqrt(own[k]), 1e-30))
+    return f"worst tensor past its own floor {name} ({rel(name):.3g}, its own floor {math.sqrt(own[name]):.3g})"
 
 
 def verify_exact_steps(pairs: Sequence[tuple[Path, Path]], *, expected_config: Mapping[str, Any],

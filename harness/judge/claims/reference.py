@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 __all__ = ["REQUIRED_FIELDS", "DOCUMENT_FIELDS", "IGNORE_INDEX", "Scalings", "scalings", "judged_config", "logits", "loss",
-           "loss_sum", "loss_and_grads"]
+           "loss_sum", "row_loss_sums", "loss_and_grads"]
 
 REQUIRED_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                    "ffn_hidden_size", "rms_norm_eps", "rope_theta", "mup")
@@ -174,14 +174,21 @@ def logits(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], inputs
 
 
 @torch.no_grad()
+def row_loss_sums(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: torch.Tensor, *,
+                  eos_id: int | None = None) -> torch.Tensor:
+    """tokens [B, S + 1] -> [B] fp64: each row's summed next-token cross-entropy in nats (S predicted tokens a
+    row). Rows are kept apart so a caller can see how much one sequence's loss scatters from another's."""
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    out = logits(params, config, inputs, eos_id=eos_id)
+    ce = F.cross_entropy(out.reshape(-1, out.shape[-1]), labels.reshape(-1), reduction="none")
+    return ce.double().reshape(labels.shape).sum(dim=1)
+
+
 def loss_sum(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: torch.Tensor, *,
              eos_id: int | None = None) -> tuple[float, int]:
     """tokens [B, S + 1] -> (summed next-token cross-entropy in nats, number of predicted tokens),
     accumulated in fp64 so batches can be combined exactly."""
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    out = logits(params, config, inputs, eos_id=eos_id)
-    ce = F.cross_entropy(out.reshape(-1, out.shape[-1]), labels.reshape(-1), reduction="none")
-    return float(ce.double().sum()), int(labels.numel())
+    return float(row_loss_sums(params, config, tokens, eos_id=eos_id).sum()), int(tokens[:, 1:].numel())
 
 
 def loss(params: Mapping[str, torch.Tensor], config: Mapping[str, Any], tokens: torch.Tensor, *,

@@ -208,8 +208,11 @@ def _verify_exact(outcome: JobOutcome, judging: Judging, expected: dict[str, Any
     measured = {"exact_steps": float(len(exact.checked))}
     if exact.checked:
         measured["exact_grad_rel_max"] = max(c.grad_rel for c in exact.checked)
-        if any(c.floor for c in exact.checked):  # bf16: the judge's own bf16 error, which widened the bounds
+        if any(c.floor for c in exact.checked):  # bf16 / FP8: the judge's own error, which widened the bounds
             measured["exact_floor_grad_max"] = max(c.floor.get("grad", 0.0) for c in exact.checked)
+            # the same, unweighted (claims/exactstep.py weighs each tensor by its own signal-to-noise ratio)
+            measured["exact_grad_rel_plain_max"] = max(c.grad_rel_plain for c in exact.checked)
+            measured["exact_floor_grad_plain_max"] = max(c.floor.get("grad_plain", 0.0) for c in exact.checked)
     return exact.violations, measured
 
 
