@@ -10,7 +10,7 @@ import torch
 from engine.config import FP8_RECIPES
 from engine.errors import ConfigError
 
-__all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "amax_scale", "quantize", "cast", "scaled_mm_nt", "linear_forward", "linear_dgrad",
+__all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "amax_scale", "scaled_cast", "quantize", "cast", "scaled_mm_nt", "linear_forward", "linear_dgrad",
            "linear_wgrad", "reference_linear_fp8", "check_fp8_device"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -27,12 +27,17 @@ def amax_scale(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool)
     return scale
 
 
-def quantize(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(FP8 tensor, fp32 scale). The clamp keeps values the scale maps past the range (only a rounding of the
-    scale can) finite: FP8 E4M3 has no inf, and a cast beyond it would give nan."""
-    scale = amax_scale(t, dtype, dim, pow2)
+def scaled_cast(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t * scale in fp32, clamped to dtype's range and cast. The clamp keeps values the scale maps past the range (only
+    a rounding of the scale can) finite: FP8 E4M3 has no inf, and a cast beyond it would give nan."""
     fmax = torch.finfo(dtype).max
-    return (t.float() * scale).clamp_(-fmax, fmax).to(dtype), scale
+    return (t.float() * scale).clamp_(-fmax, fmax).to(dtype)
+
+
+def quantize(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(FP8 tensor, fp32 scale)."""
+    scale = amax_scale(t, dtype, dim, pow2)
+    return scaled_cast(t, scale, dtype), scale
 
 
 def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
