@@ -59,6 +59,9 @@ class Fp8Recipe(str):
         recipe.cast = cast_fn
         return recipe
 
+    def __reduce__(self) -> tuple:  # copy / deepcopy / pickle keep the cast (str's own would drop it)
+        return (Fp8Recipe, (str(self), self.cast))
+
 
 def scaled_mm_nt(a: torch.Tensor, b: torch.Tensor, recipe: str, out_dtype: torch.dtype,
                  a_dtype: torch.dtype = E4M3) -> torch.Tensor:

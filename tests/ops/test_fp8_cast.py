@@ -40,6 +40,9 @@ def test_fp8_resolves_the_cast_version_and_the_layers_recipe_carries_it():
     assert off.fp8_cast is None and "fp8_cast" not in off.versions  # no --fp8: nothing resolved, nothing in the header
     tp = tp_comm(EngineConfig(fp8="tensorwise"), ParallelState.single(torch.device("cpu")), ops)
     assert isinstance(tp.fp8, Fp8Recipe) and tp.fp8 == "tensorwise" and tp.fp8.cast is compiled.cast
+    import copy
+    again = copy.deepcopy(tp.fp8)
+    assert isinstance(again, Fp8Recipe) and again == "tensorwise" and again.cast is compiled.cast
     with pytest.raises(ConfigError, match="fp8_cast op"):
         tp_comm(EngineConfig(fp8="tensorwise"), ParallelState.single(torch.device("cpu")), off)
 
