@@ -11,7 +11,8 @@
 #   bash bench/ops_session.sh graphs   one GPU: the slice's MFU with CUDA graphs off / on, twice each, beside
 #                                      torch.compile (one job; a second call)
 #   bash bench/ops_session.sh fp8      one GPU, no wheels: the --fp8 GPU tests, then the 4-layer 8B slice bf16 vs --fp8
-#                                      tensorwise vs rowwise (all ops baseline), one job
+#                                      tensorwise vs rowwise, each with the baseline and the compiled operand cast
+#                                      (--op-fp8-cast; all other ops baseline), one job
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
 #   bash bench/ops_session.sh fsdp-test  four GPUs: warm the 8B kernels (TP 1 and 2, mbs 2, seq 4096), then the --fsdp
@@ -51,19 +52,22 @@ FOUR="--preset minicpm4-8b --micro-batch-size 2 --seq-length 4096 --global-batch
 
 case "${1:-check}" in
   fp8)
-    # One GPU, no wheels staged: every op at its plain-torch version (the FP8 GEMMs are torch._scaled_mm either way).
+    # One GPU, no wheels staged: every op at its plain-torch version (the FP8 GEMMs are torch._scaled_mm either way),
+    # the FP8 operand casts at both fp8_cast versions (baseline: eager torch; compiled: torch.compile). Each variant
+    # is its own bench/mfu.py run with its own JSON, so a call cut short keeps the variants it finished; the table
+    # (bench/fp8_cast_table.py) comes last. FP8_S: seconds per variant (the GPU tests get 50).
     nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-    stamp "FP8 GPU tests"
-    timeout 120 python3 -m pytest tests/engine/test_fp8.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
+    stamp "FP8 GPU tests (the GEMMs; the compiled cast == baseline bit for bit)"
+    timeout 50 python3 -m pytest tests/ops/test_fp8_cast.py tests/engine/test_fp8.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
       | tee "$OUT/fp8_gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -12
-    stamp "4-layer 8B slice: bf16 vs --fp8 tensorwise vs --fp8 rowwise (one job)"
-    timeout 400 python3 bench/mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps 5 --warmup 2 \
-      --engine-timeout 130 --variant bf16= --variant fp8-tensorwise="--fp8 tensorwise" \
-      --variant fp8-rowwise="--fp8 rowwise" --out "$OUT/mfu_8b4l_fp8.json" 2>&1 | tail -14
-    python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results']; b = r[0].get('tokens_per_s') or 0
-for x in r: t = x.get('tokens_per_s') or 0; print(f\"{x['name']:16s} tok/s {t:9.0f}  MFU(bf16 peak) {x.get('mfu') or 0:.3f}  \"
-    f\"fp8/bf16 {t / b if b else 0:.3f}  rc {x.get('returncode')}\")" "$OUT/mfu_8b4l_fp8.json"
+    for v in "bf16=" "fp8-tensorwise=--fp8 tensorwise" "fp8-tensorwise-compiled=--fp8 tensorwise --op-fp8-cast compiled" \
+             "fp8-rowwise-compiled=--fp8 rowwise --op-fp8-cast compiled" "fp8-rowwise=--fp8 rowwise"; do
+      stamp "4-layer 8B slice: ${v%%=*}"
+      timeout "${FP8_S:-130}" python3 bench/mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps "${FP8_STEPS:-5}" \
+        --warmup 2 --engine-timeout "$(( ${FP8_S:-130} - 5 ))" --variant "$v" --out "$OUT/fp8_${v%%=*}.json" 2>&1 | tail -2
+    done
+    python3 bench/fp8_cast_table.py --out "$OUT/mfu_8b4l_fp8_cast.json" "$OUT"/fp8_bf16.json "$OUT"/fp8_fp8-*.json
     ;;
   fsdp-test)
     warm minicpm4-8b 1

@@ -190,6 +190,8 @@ class EngineConfig:
     op_gemm_fc1: str = _f("", "fused fc1 + SwiGLU kernel version", "kernels")
     op_gemm_output: str = _f("", "fused LM head + cross-entropy kernel version", "kernels")
     op_rope: str = _f("", "rotary position embedding kernel version", "kernels")
+    op_fp8_cast: str = _f("", "FP8 operand cast version (amax, scale, cast; with --fp8 only): baseline (plain torch) or "
+                          "compiled (torch.compile: fused kernels); see engine/ops/fp8_cast/register.toml", "kernels")
 
     # --- performance
     activation_checkpointing: str = _f("none", "none; full: recompute each decoder layer in backward (saves most "

@@ -22,6 +22,7 @@ _OP_VARIABLES = MappingProxyType({
     "gemm_fc1": "TEMPER_OP_GEMM_FC1",
     "gemm_output": "TEMPER_OP_GEMM_OUTPUT",
     "rope": "TEMPER_OP_ROPE",
+    "fp8_cast": "TEMPER_OP_FP8_CAST",
 })
 OVERRIDABLE_OPS = frozenset(_OP_VARIABLES)
 

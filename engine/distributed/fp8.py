@@ -3,12 +3,14 @@
 Why and how: docs/engine/distributed.md, section `engine/distributed/fp8.py`.
 """
 
+from collections.abc import Callable
+
 import torch
 
 from engine.config import FP8_RECIPES
 from engine.errors import ConfigError
 
-__all__ = ["FP8_RECIPES", "E4M3", "E5M2", "amax_scale", "quantize", "scaled_mm_nt", "linear_forward", "linear_dgrad",
+__all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "amax_scale", "scaled_cast", "quantize", "cast", "scaled_mm_nt", "linear_forward", "linear_dgrad",
            "linear_wgrad", "reference_linear_fp8", "check_fp8_device"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -25,22 +27,51 @@ def amax_scale(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool)
     return scale
 
 
-def quantize(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(FP8 tensor, fp32 scale). The clamp keeps values the scale maps past the range (only a rounding of the
-    scale can) finite: FP8 E4M3 has no inf, and a cast beyond it would give nan."""
-    scale = amax_scale(t, dtype, dim, pow2)
+def scaled_cast(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t * scale in fp32, clamped to dtype's range and cast. The clamp keeps values the scale maps past the range (only
+    a rounding of the scale can) finite: FP8 E4M3 has no inf, and a cast beyond it would give nan."""
     fmax = torch.finfo(dtype).max
-    return (t.float() * scale).clamp_(-fmax, fmax).to(dtype), scale
+    return (t.float() * scale).clamp_(-fmax, fmax).to(dtype)
+
+
+def quantize(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(FP8 tensor, fp32 scale)."""
+    scale = amax_scale(t, dtype, dim, pow2)
+    return scaled_cast(t, scale, dtype), scale
+
+
+def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp8_cast op's contract (engine/ops/fp8_cast/register.toml) in plain torch, its `baseline` version: a GEMM
+    operand `t` (2-D, any strides: a transposed view for dgrad / wgrad) -> (FP8 copy, row-major contiguous; fp32
+    scale) as `quantize` of its contiguous copy."""
+    return quantize(t.contiguous(), dtype, dim, pow2)
+
+
+class Fp8Recipe(str):
+    """An --fp8 recipe ("tensorwise" / "rowwise") that carries the fp8_cast version its GEMMs cast with. It is the
+    recipe string wherever one is compared or passed on (TPComm.fp8, the linears, gemm_fc1's `fp8`); only
+    scaled_mm_nt reads `.cast`. A plain string recipe casts with `cast` above (the baseline)."""
+
+    cast: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+    def __new__(cls, name: str, cast_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> "Fp8Recipe":
+        recipe = super().__new__(cls, name)
+        recipe.cast = cast_fn
+        return recipe
+
+    def __reduce__(self) -> tuple:  # copy / deepcopy / pickle keep the cast (str's own would drop it)
+        return (Fp8Recipe, (str(self), self.cast))
 
 
 def scaled_mm_nt(a: torch.Tensor, b: torch.Tensor, recipe: str, out_dtype: torch.dtype,
                  a_dtype: torch.dtype = E4M3) -> torch.Tensor:
-    """a @ b^T (a [m, k], b [n, k]) with both operands cast to FP8 by `recipe`; `a_dtype`: the first operand's
-    format (E5M2 for a tensorwise output gradient)."""
+    """a @ b^T (a [m, k], b [n, k], any strides) with both operands cast to FP8 by `recipe` (and its cast version);
+    `a_dtype`: the first operand's format (E5M2 for a tensorwise output gradient)."""
     rowwise = recipe == "rowwise"
     dim = -1 if rowwise else None
-    qa, sa = quantize(a, E4M3 if rowwise else a_dtype, dim, pow2=rowwise)
-    qb, sb = quantize(b, E4M3, dim, pow2=rowwise)
+    fp8_cast = recipe.cast if isinstance(recipe, Fp8Recipe) else cast
+    qa, sa = fp8_cast(a, E4M3 if rowwise else a_dtype, dim, rowwise)
+    qb, sb = fp8_cast(b, E4M3, dim, rowwise)
     if rowwise:  # scale_a [m, 1], scale_b [1, n]; torch's rowwise kernel writes bf16 on CUDA
         out = torch.bfloat16 if a.is_cuda else out_dtype
         y = torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal().t(), out_dtype=out)
@@ -54,17 +85,17 @@ def _grad_dtype(recipe: str) -> torch.dtype:
 
 def linear_forward(x2: torch.Tensor, w: torch.Tensor, recipe: str) -> torch.Tensor:
     """x2 [n, in] @ w^T -> [n, out] in x2's dtype."""
-    return scaled_mm_nt(x2.contiguous(), w.contiguous(), recipe, x2.dtype)
+    return scaled_mm_nt(x2, w, recipe, x2.dtype)
 
 
 def linear_dgrad(g2: torch.Tensor, w: torch.Tensor, recipe: str) -> torch.Tensor:
-    """dy [n, out] @ w -> dx [n, in] in dy's dtype."""
-    return scaled_mm_nt(g2.contiguous(), w.t().contiguous(), recipe, g2.dtype, _grad_dtype(recipe))
+    """dy [n, out] @ w -> dx [n, in] in dy's dtype (w^T: the cast writes the transposed copy)."""
+    return scaled_mm_nt(g2, w.t(), recipe, g2.dtype, _grad_dtype(recipe))
 
 
 def linear_wgrad(g2: torch.Tensor, x2: torch.Tensor, recipe: str, out_dtype: torch.dtype) -> torch.Tensor:
     """dy^T [out, n] @ x [n, in] -> dW [out, in] in `out_dtype` (fp32 for a main_grad)."""
-    return scaled_mm_nt(g2.t().contiguous(), x2.t().contiguous(), recipe, out_dtype, _grad_dtype(recipe))
+    return scaled_mm_nt(g2.t(), x2.t(), recipe, out_dtype, _grad_dtype(recipe))
 
 
 def _fake_quant_nt(a: torch.Tensor, b: torch.Tensor, recipe: str, a_dtype: torch.dtype) -> torch.Tensor:

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
+from engine.distributed.fp8 import Fp8Recipe
+from engine.errors import ConfigError
 from engine.distributed import (ParallelState, TPComm, column_input, column_parallel_linear, copy_to_tp,
                                 fused_embedding, fused_linear, main_grad_of, mlp_region, reduce_from_tp, row_output,
                                 row_parallel_linear)
@@ -21,9 +23,17 @@ from engine.ops.rope.tables import rope_tables
 __all__ = ["RMSNormWeight", "Rotary", "Attention", "MLP", "VocabEmbedding", "DecoderLayer", "kv_head_range", "tp_comm"]
 
 
-def tp_comm(cfg: EngineConfig, par: ParallelState) -> TPComm:
+def tp_comm(cfg: EngineConfig, par: ParallelState, ops: OpSet | None = None) -> TPComm:
+    """The layer's TPComm; with --fp8 and the run's ops, its recipe carries the fp8_cast version they resolved
+    (a layer without FP8 GEMMs passes no ops)."""
+    fp8: str = cfg.fp8
+    if fp8 != "off" and ops is not None:
+        if ops.fp8_cast is None:
+            raise ConfigError("--fp8", fp8, "build the layer's ops with engine.ops.resolve_ops(cfg, device)",
+                              "needs the fp8_cast op, and these ops were resolved without it")
+        fp8 = Fp8Recipe(fp8, ops.fp8_cast)
     return TPComm(size=par.tp_size, group=par.tp_group, sequence_parallel=cfg.sequence_parallel and par.tp_size > 1,
-                  overlap=cfg.tp_comm_overlap, fwd_chunks=cfg.tp_fwd_chunks, fp8=cfg.fp8)
+                  overlap=cfg.tp_comm_overlap, fwd_chunks=cfg.tp_fwd_chunks, fp8=fp8)
 
 
 def kv_head_range(num_kv_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -76,7 +86,7 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: EngineConfig, par: ParallelState, ops: OpSet, device, dtype):
         super().__init__()
-        self.par, self.ops, self.tp = par, ops, tp_comm(cfg, par)
+        self.par, self.ops, self.tp = par, ops, tp_comm(cfg, par, ops)
         self.head_dim = cfg.head_dim
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.q_heads = cfg.num_heads // par.tp_size
@@ -152,7 +162,7 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: EngineConfig, par: ParallelState, ops: OpSet, device, dtype):
         super().__init__()
-        self.par, self.ops, self.tp = par, ops, tp_comm(cfg, par)
+        self.par, self.ops, self.tp = par, ops, tp_comm(cfg, par, ops)
         self.ffn, self.hidden = cfg.ffn_hidden_size, cfg.hidden_size
         self.local = cfg.ffn_hidden_size // par.tp_size
         self.fc1 = nn.Parameter(torch.empty(2 * self.local, cfg.hidden_size, device=device, dtype=dtype))

@@ -5,6 +5,7 @@ Op contracts and how to add a version: engine/ops/README.md.
 
 from engine.ops.dispatch import (
     DEVICES,
+    FP8_OPS,
     OP_NAMES,
     OPS_ROOT,
     KernelVersion,
@@ -19,6 +20,7 @@ from engine.ops.dispatch import (
 
 __all__ = [
     "OP_NAMES",
+    "FP8_OPS",
     "DEVICES",
     "OPS_ROOT",
     "KernelVersion",

@@ -20,6 +20,7 @@ from engine.errors import ConfigError, KernelLoadError, KernelRegistryError
 
 __all__ = [
     "OP_NAMES",
+    "FP8_OPS",
     "DEVICES",
     "OPS_ROOT",
     "KernelVersion",
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 OP_NAMES = ("attention", "rmsnorm", "gemm_fc1", "gemm_output", "rope")
+# Ops only --fp8 runs call (resolved only then): the cast of an FP8 GEMM operand (engine/distributed/fp8.py).
+FP8_OPS = ("fp8_cast",)
 DEVICES = ("cpu", "cuda")
 OPS_ROOT = Path(__file__).resolve().parent
 
@@ -80,11 +83,12 @@ class OpSet:
     gemm_output: Callable[..., Any]
     rope: Callable[..., Any]
     versions: dict[str, str]
+    fp8_cast: Callable[..., Any] | None = None  # only with --fp8
 
 
 def _check_op(op: str) -> None:
-    if op not in OP_NAMES:
-        raise ConfigError("op", op, f"use one of: {', '.join(OP_NAMES)}", "is not a known op")
+    if op not in OP_NAMES + FP8_OPS:
+        raise ConfigError("op", op, f"use one of: {', '.join(OP_NAMES + FP8_OPS)}", "is not a known op")
 
 
 def register_path(op: str, ops_root: Path | None = None) -> Path:
@@ -299,4 +303,8 @@ def resolve_ops(cfg: EngineConfig, device: torch.device | str, *, ops_root: Path
         funcs[op] = load_op(op, versions[op], ops_root=ops_root)
     check_documents(cfg, versions["attention"], funcs["attention"], ops_root=ops_root)
     check_fp8(cfg, versions["gemm_fc1"], funcs["gemm_fc1"])
+    if cfg.fp8 != "off":
+        for op in FP8_OPS:
+            versions[op] = resolve_version(op, getattr(cfg, f"op_{op}"), device_type, ops_root=ops_root)
+            funcs[op] = load_op(op, versions[op], ops_root=ops_root)
     return OpSet(versions=versions, **funcs)

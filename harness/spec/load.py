@@ -11,9 +11,9 @@ from pydantic import ValidationError
 
 from harness.spec.gates import JobGate, MetricRule, MetricsGate, ProtectedGate
 from harness.spec.milestone import DRAW_NAME, DrawVar, Milestone, Requires
-from harness.spec.vocab import (FIXED_PLACEHOLDERS, TASK_COMMAND, GATE_KINDS, JUDGE_GLOBS, METRICS, OP_TASKS,
-                                PRINTED_DIFFS, SHAPE_KEYS, STATE_METRICS, SpecError, literal_prefix, placeholders,
-                                glob_match)
+from harness.spec.vocab import (FIXED_PLACEHOLDERS, TASK_COMMAND, GATE_KINDS, JUDGE_GLOBS, JUDGED_PAIR_METRICS, METRICS,
+                                OP_TASKS, PRINTED_DIFFS, SHAPE_KEYS, STATE_METRICS, SpecError, literal_prefix,
+                                placeholders, glob_match)
 
 __all__ = ["load_milestone", "load_milestones", "find_milestone"]
 
@@ -236,9 +236,26 @@ def _rule_checks(m: Milestone, rule: MetricRule, where: str, jobs: dict[str, Job
         problems.append((f"{where}.ref", f"{rule.metric} takes no reference"))
     if rule.ref_job is not None:
         if rule.ref_job not in jobs:
-            problems.append((f"{where}.ref_job", f"no job gate named {rule.ref_job!r} before this gate"))
+            problems.append((f"{where}.ref_job", f"= {rule.ref_job!r}: no job gate of that name before this gate: name "
+                                                 f"one of the earlier jobs ({', '.join(jobs) or 'none'})"))
         elif rule.ref_job == rule.job:
-            problems.append((f"{where}.ref_job", "a job cannot be its own reference"))
+            problems.append((f"{where}.ref_job", f"= {rule.ref_job!r} is the rule's own job, which cannot be its own "
+                                                 f"reference: name another earlier job ({', '.join(j for j in jobs if j != rule.job) or 'none'})"))
+        elif jobs[rule.ref_job].task not in info.tasks:
+            problems.append((f"{where}.ref_job", f"= {rule.ref_job!r} is a {jobs[rule.ref_job].task} job; {rule.metric} "
+                                                 f"compares with a {'/'.join(info.tasks)} job: name one"))
+    if rule.metric in JUDGED_PAIR_METRICS:
+        if rule.ref is not None:
+            problems.append((f"{where}.ref", f"= {rule.ref!r}: {rule.metric} compares two jobs' judged losses of one "
+                                             "judging, not a file: give ref_job (an earlier train job) instead"))
+        if rule.from_step is not None or rule.to_step is not None:
+            problems.append((f"{where}.from_step", f"{rule.metric} compares the final weights' judged losses: leave out "
+                                                   "from_step and to_step"))
+        for name in (rule.job, rule.ref_job):
+            if name in jobs and not jobs[name].verify:
+                problems.append((f"{where}.job", f"{rule.metric} needs job {name!r}'s judged val loss, which the judge "
+                                                 f"measures only when it verifies the job: job {name!r} has verify = "
+                                                 "false; remove it"))
     if rule.metric in STATE_METRICS:
         if rule.ref is not None:
             problems.append((f"{where}.ref", f"{rule.metric} compares two jobs' checkpoints: give ref_job, not a file"))

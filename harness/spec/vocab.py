@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 from harness.globs import glob_match  # the one matcher; re-exported by harness.spec
 
 __all__ = ["SpecError", "JUDGE_GLOBS", "TEST_GLOB", "NEW_TEST_GLOB", "GATE_KINDS", "GUARD_RULES", "OP_TASKS", "SHAPE_KEYS",
-           "OPS", "MetricInfo", "METRICS", "STATE_METRICS", "PRINTED_DIFFS", "compare", "glob_match", "referenced_jobs",
+           "OPS", "MetricInfo", "METRICS", "STATE_METRICS", "JUDGED_PAIR_METRICS", "PRINTED_DIFFS", "compare", "glob_match", "referenced_jobs",
            "render_argv", "Strict", "RelPath", "Glob", "Selector", "check_relpath", "literal_prefix", "placeholders",
            "NAME_PATTERN", "FIXED_PLACEHOLDERS", "TASK_COMMAND"]
 
@@ -123,6 +123,11 @@ METRICS: dict[str, MetricInfo] = {
         "from each layout's TP / DP shards by the judge, of the relative L2 difference ||a - b|| / ||b||; step, Adam "
         "step and data position must be equal (harness/judge/claims/bitwise.py)", ("train",), needs_ref=True),
     "val_loss": MetricInfo("validation loss of the final evaluation", ("train",)),
+    "val_loss_rel_diff": MetricInfo(
+        "(val_loss - ref) / ref, signed: the judge's own validation loss of the job's final weights against the "
+        "reference job's (ref_job, an earlier verified train job of the same judging), both on the windows the judge "
+        "drew for this judging (harness/judge/claims/evidence.py); the windows must be the same text for both",
+        ("train",), needs_ref=True),
     "val_bpb": MetricInfo("validation bits per byte of the final evaluation", ("train",), unit="bits/byte"),
     "speedup": MetricInfo("bench: the base commit's baseline time per call / the candidate version's, medians over "
                           "the rounds, by the judge's clock (harness/judge/opjudge.py)", ("bench",), unit="x"),
@@ -132,6 +137,8 @@ METRICS: dict[str, MetricInfo] = {
 # Metrics read from two jobs' checkpoints, and the printed-number comparisons that must never stand alone: a
 # claim that two runs agree is held against every tensor they saved, not only against what they printed.
 STATE_METRICS = ("state_bitwise_diff", "state_rel_diff")
+# Metrics the judge measures on two jobs' final weights (their verification's evidence), not on printed numbers.
+JUDGED_PAIR_METRICS = ("val_loss_rel_diff",)
 PRINTED_DIFFS = ("loss_rel_diff", "loss_max_abs_diff", "loss_mean_rel_diff", "grad_norm_rel_diff")
 
 

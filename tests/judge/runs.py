@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.judge.logparse import parse_engine_log, parse_eval_lines
 
-__all__ = ["REPO", "BASE_ARGS", "DROP_MUP_LR", "flag_argv", "train", "expected_config", "validation_bytes", "Run"]
+__all__ = ["REPO", "BASE_ARGS", "DROP_MUP_LR", "flag_argv", "train", "expected_config", "validation_bytes", "Run", "pair_spec"]
 
 REPO = Path(__file__).resolve().parents[2]
 # Seconds per run on 2 CPU cores; warmup 2 so the lr changes every step (cosine over 6 steps).
@@ -107,3 +107,20 @@ def rewrite_meta(save_dir: Path, **fields) -> None:
         meta["config"].update(fields)
         meta_file.write_text(json.dumps(meta))
         (meta_file.parent / "manifest.json").unlink(missing_ok=True)
+
+
+def pair_spec(tmp_path: Path, rules: str, verify: str = "", first_task: str = "train") -> Path:
+    """milestones/pair.toml under tmp_path: job gates "a" (`first_task`) and "b" (train, `verify`: a line such as
+    'verify = false'), then a metrics gate with `rules` (TOML inline tables, comma-separated)."""
+    job = ('[[gates]]\nkind = "job"\nname = "{0}"\ntask = "{1}"\ntimeout_s = 60\n{2}argv = [{3}]\n')
+    train_argv = '"pretrain", "--preset", "tiny", "--run-dir", "{job_dir}"'
+    prepare_argv = '"prepare", "--preset", "tiny", "--out", "{job_dir}/shards"'
+    text = ('id = "pair"\ntitle = "t"\ngoal = "g"\neditable = ["engine/**"]\n[[gates]]\nkind = "protected"\n'
+            + job.format("a", first_task, "", train_argv if first_task == "train" else prepare_argv)
+            + job.format("b", "train", verify, train_argv)
+            + f'[[gates]]\nkind = "metrics"\nrules = [{rules}]\n'
+            '[budget]\nmax_turns = 1\nmax_tokens = 1\nmax_wall_s = 1\nmax_attempts = 1\n')
+    (tmp_path / "milestones").mkdir(exist_ok=True)
+    path = tmp_path / "milestones" / "pair.toml"
+    path.write_text(text)
+    return path

@@ -21,6 +21,7 @@ from harness.judge.claims.checkpoint_reader import list_checkpoints, read_stored
 from harness.judge.claims.digits import digit_problems, short
 from harness.judge.logparse import EVAL_FORMAT, LOSS_FORMAT, LogParseError, parse_engine_log, parse_eval_lines
 from harness.spec import SpecError, load_milestone
+from tests.judge.runs import pair_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 PARAM = "layers.1.mlp.fc1"
@@ -207,28 +208,15 @@ def test_fewer_printed_digits_or_a_missing_field_are_malformed(line):
 # --------------------------------------------------------------------------------------------- the spec
 
 
-def _spec(tmp_path: Path, rules: str, verify: str = "") -> Path:
-    job = ('[[gates]]\nkind = "job"\nname = "{0}"\ntask = "train"\ntimeout_s = 60\n{1}'
-           'argv = ["pretrain", "--preset", "tiny", "--run-dir", "{{job_dir}}"]\n')
-    text = ('id = "pair"\ntitle = "t"\ngoal = "g"\neditable = ["engine/**"]\n[[gates]]\nkind = "protected"\n'
-            + job.format("a", "") + job.format("b", verify)
-            + f'[[gates]]\nkind = "metrics"\nrules = [{rules}]\n'
-            '[budget]\nmax_turns = 1\nmax_tokens = 1\nmax_wall_s = 1\nmax_attempts = 1\n')
-    (tmp_path / "milestones").mkdir(exist_ok=True)
-    path = tmp_path / "milestones" / "pair.toml"
-    path.write_text(text)
-    return path
-
-
 def test_a_printed_comparison_alone_is_refused_by_the_spec(tmp_path):
     exact = '{ job = "b", metric = "loss_max_abs_diff", op = "==", value = 0, ref_job = "a" }'
     with pytest.raises(SpecError, match="state_bitwise_diff"):
-        load_milestone(_spec(tmp_path, exact), root=tmp_path)
-    load_milestone(_spec(tmp_path, exact + ', { job = "b", metric = "state_bitwise_diff", op = "==", value = 0, ref_job = "a" }'),
+        load_milestone(pair_spec(tmp_path, exact), root=tmp_path)
+    load_milestone(pair_spec(tmp_path, exact + ', { job = "b", metric = "state_bitwise_diff", op = "==", value = 0, ref_job = "a" }'),
                    root=tmp_path)
     near = '{ job = "b", metric = "loss_rel_diff", op = "<=", value = 1e-5, ref_job = "a" }'
     with pytest.raises(SpecError, match="state_rel_diff"):
-        load_milestone(_spec(tmp_path, near), root=tmp_path)
+        load_milestone(pair_spec(tmp_path, near), root=tmp_path)
     with pytest.raises(SpecError, match="verify = false"):
-        load_milestone(_spec(tmp_path, near + ', { job = "b", metric = "state_rel_diff", op = "<=", value = 1e-4, ref_job = "a" }',
+        load_milestone(pair_spec(tmp_path, near + ', { job = "b", metric = "state_rel_diff", op = "<=", value = 1e-4, ref_job = "a" }',
                              verify="verify = false\n"), root=tmp_path)

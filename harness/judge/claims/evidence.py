@@ -23,7 +23,8 @@ b. Loss. The judge draws `num_samples` windows of seq_length + 1 tokens from the
      the judge's loss of step N - 1's weights on training-split windows (validation windows where it has no
      training text), within `batch_rtol`: the wider `train_rtol` (train vs validation text, bf16 vs fp32) or
      BATCH_SIGMAS standard errors of a batch of that many sequences, from the judge's own windows' spread.
-   A disagreement above the tolerance is a violation naming "val loss" and both numbers.
+   A disagreement above the tolerance is a violation naming "val loss" and both numbers. The windows' digest
+   (judge_val_windows) goes with judge_val_loss, so two jobs' losses are compared only on the same text.
 
 c. Learning rate. From checkpoints N - 1 and N, torch's AdamW step is
        w_N = w_{N-1} - lr * wd * w_{N-1} - lr * m_hat / (sqrt(v_hat) + eps),
@@ -66,7 +67,7 @@ from harness.judge.claims import reference
 from harness.judge.claims.checkpoint_reader import (SHAPE_FIELDS, CheckpointError, JudgeCheckpoint, full_shapes, list_checkpoints,
                                       load_checkpoint, read_meta, size_mismatches)
 
-__all__ = ["Evidence", "TokenStream", "embedded_tokens", "shard_tokens", "verify_train_run", "estimate_lr",
+__all__ = ["Evidence", "TokenStream", "embedded_tokens", "shard_tokens", "verify_train_run", "windows_digest", "estimate_lr",
            "scheduled_lr", "lr_multiplier", "HIDDEN_MATRICES", "VERIFIED_OPTIMIZER",
            "VAL_RTOL", "TRAIN_RTOL", "TRAJECTORY_RTOL", "BATCH_SIGMAS", "batch_rtol", "LR_RTOL", "MOMENT_RTOL", "BYTE_EOS", "BYTE_VOCAB"]
 
@@ -116,6 +117,7 @@ class Evidence:
     judge_val_loss: float | None = None  # final weights, held-out windows drawn with `seed`
     judge_val_loss_prev: float | None = None  # weights of step N - 1
     judge_tokens: int = 0
+    judge_val_windows: int | None = None  # windows_digest of the held-out windows (two jobs' losses compare on equal ones)
     claimed_train_loss: float | None = None  # [LOSS] global_loss of the final step
     claimed_val_loss: float | None = None  # [EVAL] val_loss of the final step
     lr_claimed: float | None = None
@@ -200,6 +202,12 @@ def _draw_windows(stream: TokenStream, seq_length: int, num_samples: int, seed: 
     gen.manual_seed(int(seed) & ((1 << 63) - 1))
     starts = torch.randint(0, n + 1, (num_samples,), generator=gen)
     return torch.stack([stream.tokens[s:s + seq_length + 1] for s in starts.tolist()])
+
+
+def windows_digest(windows: torch.Tensor) -> int:
+    """52 bits of the SHA-256 of the drawn windows' token ids: exact as a float, so it travels with the other measured
+    numbers; equal digests mean two jobs' judged losses were taken on the same text (metrics' val_loss_rel_diff)."""
+    return int(hashlib.sha256(windows.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()[:13], 16)
 
 
 @dataclass(frozen=True)
@@ -398,6 +406,7 @@ def verify_train_run(save_dir: Path | str, *, expected_config: Mapping[str, Any]
         ev.violations.append(f"config: the validation tokenizer has {validation.vocab_size} ids, the model {cfg['vocab_size']}")
         return ev
     windows = _draw_windows(validation, seq, num_samples, seed)
+    ev.judge_val_windows = windows_digest(windows)
     judged_val = _judge_loss(final.masters, cfg, windows, batch_size, device, validation.eos_id)
     ev.judge_val_loss, ev.judge_tokens = judged_val.mean, judged_val.tokens
     judged_prev = None

@@ -20,7 +20,7 @@ from harness.judge.claims.batches import FILE, MISSING_COMMAND, BatchesError, ba
 from harness.judge.claims.checkpoint_reader import list_checkpoints
 from harness.judge.claims.contract import check_lr_contract
 from harness.judge.claims.digits import digit_problems
-from harness.judge.claims.evidence import embedded_tokens, shard_tokens, verify_train_run
+from harness.judge.claims.evidence import Evidence, embedded_tokens, shard_tokens, verify_train_run
 from harness.judge.claims.exactstep import batch_order, step_pairs, verify_exact_steps
 from harness.judge.claims.keeper import CheckpointKeeper
 from harness.judge.claims.saveplan import SavePlan, plan_replay
@@ -30,7 +30,7 @@ from harness.judge.manifests import python_env
 from harness.spec import JobGate, referenced_jobs
 from harness.workspace import Workspace
 
-__all__ = ["Rerun", "verify_train", "kept_pairs"]
+__all__ = ["Rerun", "verify_train", "judged_numbers", "kept_pairs"]
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,7 @@ def verify_train(outcome: JobOutcome, judging: Judging, rerun: Rerun) -> tuple[l
                                 # The applied lr is fitted from steps N-1 and N, which the judge asked for.
                                 require_lr_check=plan.pairs_expected, check_schedule=not outcome.gate.lr_contract)
     ctx.progress("job", f"{outcome.job_id}: claims read back in {time.monotonic() - started:.1f} s")
-    measured = {k: float(v) for k, v in (("judge_val_loss", evidence.judge_val_loss),
-                                         ("lr_estimate", evidence.lr_estimate)) if v is not None}
+    measured = judged_numbers(evidence)
     if plan.scope == "none" or any(v.startswith(("config:", "model shape", "checkpoint:")) for v in evidence.violations):
         return list(evidence.violations), measured  # another model, or no weights to hold a step against
     eos_id = (training or validation).eos_id  # where --document-mask starts a document, by the judge's tokenization
@@ -97,6 +96,14 @@ def verify_train(outcome: JobOutcome, judging: Judging, rerun: Rerun) -> tuple[l
         problems, replayed = _replay(outcome, judging, rerun, expected, steps, eos_id)
         exact.update(replayed)
     return [*problems, *evidence.violations, *contract], {**measured, **exact, **held}
+
+
+def judged_numbers(evidence: Evidence) -> dict[str, float]:
+    """The numbers of a job's evidence that the metrics gate reads: the judged val loss and its windows' digest (what
+    `val_loss`, `val_loss_rel_diff` compare) and the fitted lr."""
+    return {k: float(v) for k, v in (("judge_val_loss", evidence.judge_val_loss),
+                                     ("judge_val_windows", evidence.judge_val_windows),
+                                     ("lr_estimate", evidence.lr_estimate)) if v is not None}
 
 
 def kept_pairs(plan: SavePlan, keeper: CheckpointKeeper | None) -> list[tuple[Path, Path]]:

@@ -12,6 +12,8 @@ write. The job's own folder (`{job_dir}`: `config.json`, `metrics.jsonl`, checkp
   commit's preset + the model flags of the argv), never from config.json; the printed `mfu=` is
   ignored except to report the difference;
 - the measured numbers of those lines must carry the digits of the documented format (harness/judge/claims/digits.py);
+- `val_loss_rel_diff` compares two verified jobs' judged val losses (the judge's forward pass over the windows it
+  drew for this judging, the same text for both: their digests must match), signed, never printed numbers;
 - `state_bitwise_diff` / `state_rel_diff` compare two jobs' checkpoints, read by the judge (harness/judge/claims/bitwise.py):
   a claim that two runs agree never rests on their printed numbers alone (the spec requires the twin rule);
 - config.json's model fields must be the model the milestone's job asked for: the preset named by
@@ -215,6 +217,8 @@ def _value(rule: MetricRule, ctx: _Ctx) -> float:
         if not evals:
             raise RuleFailure(f"job {rule.job} printed no [EVAL] line in the window")
         return getattr(evals[-1], metric)
+    if metric == "val_loss_rel_diff":
+        return _judged_rel_diff(rule, ctx)
     if metric == "speedup":
         if not outcome.evidence or "speedup" not in outcome.evidence:
             raise RuleFailure(f"job {rule.job} has no speedup: the judge could not time both roles")
@@ -249,6 +253,27 @@ def _value(rule: MetricRule, ctx: _Ctx) -> float:
         return _diff(_rows(steps), ref, key, rule, relative=metric != "loss_max_abs_diff",
                      mean=metric == "loss_mean_rel_diff")
     raise RuleFailure(f"metric {metric} is not computed by this judge")
+
+
+def _judged_rel_diff(rule: MetricRule, ctx: _Ctx) -> float:
+    """(job - ref) / ref of the two jobs' judged val losses (their verification's evidence), signed; only on the same
+    drawn windows (equal digests): losses on different text say nothing about the runs."""
+    ref_name = rule.ref_job or ""
+    found = {}
+    for name in (rule.job, ref_name):
+        evidence = ctx.jobs[name].evidence or {}
+        if "judge_val_loss" not in evidence or "judge_val_windows" not in evidence:
+            raise RuleFailure(f"job {name} has no judged val loss: the judge measures it when it verifies a train job's "
+                              "final weights, and this job's verification did not (see its job gate)")
+        found[name] = evidence
+    ours, ref = found[rule.job]["judge_val_loss"], found[ref_name]["judge_val_loss"]
+    if found[rule.job]["judge_val_windows"] != found[ref_name]["judge_val_windows"]:
+        raise RuleFailure(f"jobs {rule.job} and {ref_name} were judged on different validation windows (their data or "
+                          "seq_length differ), so their losses do not compare")
+    ctx.notes[f"{rule.job}.{rule.metric}"] = f"judged val loss {ours:.6g} vs {ref:.6g} of job {ref_name}"
+    if math.isnan(ours) or math.isnan(ref):
+        return math.nan
+    return (ours - ref) / ref if ref else math.inf
 
 
 def _state(rule: MetricRule, ctx: _Ctx) -> float:

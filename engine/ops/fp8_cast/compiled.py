@@ -1,0 +1,70 @@
+"""fp8_cast compiled: the baseline cast (engine/distributed/fp8.py `cast`) with its elementwise part compiled by
+torch.compile.
+
+Why: in eager torch a cast is, after the amax, four passes over the operand (fp32 copy, multiply, clamp, cast) plus
+a bf16 transpose copy for dgrad / wgrad; inductor fuses them into one kernel that reads the operand once and writes
+the FP8 copy row-major, transposing on the way. The amax and the scale stay the baseline's own eager code
+(`amax_scale`: one reduction kernel and a few on the scalars or rows): Triton's fp32 division is approximate
+(div.full.f32) and eager torch's `max / amax` is a reciprocal and a multiply, so a compiled scale would differ by an
+ulp; the compiled part (fp32 multiply, clamp, round-to-nearest-even cast) is exactly rounded in both, so the
+result equals the baseline bit for bit.
+
+One compiled function per FP8 format, with dynamic shapes and without duck shaping (an operand whose two sizes
+happen to be equal would otherwise compile a graph of its own), under a recompile limit of 64 instead of dynamo's 8
+(contiguous and transposed operands, tensor and row scales: a few graphs per format). Past the limit, and on any
+compile failure (no Triton, no C++ compiler), the cast raises (fullgraph: dynamo's hard failure; KernelLoadError at
+the first cast): never the eager cast in its place.
+"""
+
+import torch
+import torch._dynamo.config  # guard: allow public-surface -- dynamo's recompile limit and duck shaping have no public setting
+import torch.fx.experimental._config  # guard: allow public-surface -- dynamo's recompile limit and duck shaping have no public setting
+
+from engine.distributed.fp8 import E4M3, E5M2, amax_scale, scaled_cast
+from engine.errors import KernelLoadError
+
+__all__ = ["cast"]
+
+RECOMPILE_LIMIT = 64
+ENTRY = "engine.ops.fp8_cast.compiled:cast"
+
+
+def _write_e4m3(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return scaled_cast(t, scale, E4M3).contiguous()
+
+
+def _write_e5m2(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return scaled_cast(t, scale, E5M2).contiguous()
+
+
+_COMPILED = {E4M3: torch.compile(_write_e4m3, dynamic=True, fullgraph=True),
+             E5M2: torch.compile(_write_e5m2, dynamic=True, fullgraph=True)}
+_WORKS: set[tuple] = set()  # (format, device type) pairs that compiled once
+
+
+def _write(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    dynamo = torch._dynamo.config  # guard: allow public-surface -- see the imports
+    shapes = torch.fx.experimental._config  # guard: allow public-surface -- see the imports
+    with dynamo.patch(recompile_limit=RECOMPILE_LIMIT, force_parameter_static_shapes=False), \
+            shapes.patch(use_duck_shape=False):
+        return _COMPILED[dtype](t.detach(), scale)  # a weight as a plain tensor: one graph for every shape
+
+
+def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp8_cast contract (register.toml): the baseline's scale, the compiled scaled cast."""
+    if dtype not in _COMPILED:
+        raise KernelLoadError("fp8_cast", "compiled", ENTRY, f"no compiled cast to {dtype} (it has E4M3 and E5M2)",
+                              "use --op-fp8-cast baseline")
+    scale = amax_scale(t, dtype, dim, pow2)
+    if (dtype, t.device.type) in _WORKS:
+        return _write(t, scale, dtype), scale
+    try:
+        q = _write(t, scale, dtype)
+    except Exception as err:  # re-raised with op and version: never the eager cast in its place
+        raise KernelLoadError("fp8_cast", "compiled", ENTRY,
+                              f"torch.compile could not build the cast on {t.device.type}: {type(err).__name__}: "
+                              f"{str(err)[:500]}",
+                              "install what inductor needs there (Triton on CUDA, a C++ compiler on CPU) or use "
+                              "--op-fp8-cast baseline") from err
+    _WORKS.add((dtype, t.device.type))
+    return q, scale

@@ -1,0 +1,121 @@
+"""The fp8_cast op (--fp8's operand cast, engine/ops/fp8_cast/register.toml): versions behind the dispatcher, the
+recipe carrying the chosen one, and `compiled` (torch.compile of the baseline) equal to `baseline` bit for bit.
+
+Why bit for bit: the compiled version computes the amax and the scale with the baseline's own eager code and
+compiles only the elementwise part (fp32 multiply, clamp, round-to-nearest-even cast), which is exactly rounded in
+both (engine/ops/fp8_cast/compiled.py says why the scale is not compiled). Compiling costs ~5 s a graph on CPU, so
+those cases are `slow`."""
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.distributed.fp8 import E4M3, E5M2, Fp8Recipe, cast, linear_dgrad, linear_forward, linear_wgrad
+from engine.errors import ConfigError, KernelLoadError
+from engine.ops import resolve_ops
+
+FORMATS = [(E4M3, None, False), (E5M2, None, False), (E4M3, -1, True)]  # tensorwise x / W, tensorwise dy, rowwise
+
+
+def operand(rows: int, cols: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    """Normal values with the cases a cast must get right: a zero row (scale 1), a zero element, a value far above
+    the rest (it sets the amax; the others round onto a coarser grid)."""
+    gen = torch.Generator(device="cpu").manual_seed(rows * 7 + cols)
+    t = (torch.randn(rows, cols, generator=gen) * 3).to(device=device, dtype=dtype)
+    t[1] = 0
+    t[2, 3] = 0
+    t[4, 5] = 4e3
+    return t
+
+
+def test_fp8_resolves_the_cast_version_and_the_layers_recipe_carries_it():
+    from engine.model.layers import tp_comm
+    from engine.distributed import ParallelState
+    from engine.ops.fp8_cast import baseline, compiled
+
+    ops = resolve_ops(EngineConfig(fp8="tensorwise", op_fp8_cast="compiled"), "cpu")
+    assert ops.versions["fp8_cast"] == "compiled" and ops.fp8_cast is compiled.cast
+    assert resolve_ops(EngineConfig(fp8="rowwise"), "cpu").fp8_cast is baseline.cast is cast  # the default
+    off = resolve_ops(EngineConfig(), "cpu")
+    assert off.fp8_cast is None and "fp8_cast" not in off.versions  # no --fp8: nothing resolved, nothing in the header
+    tp = tp_comm(EngineConfig(fp8="tensorwise"), ParallelState.single(torch.device("cpu")), ops)
+    assert isinstance(tp.fp8, Fp8Recipe) and tp.fp8 == "tensorwise" and tp.fp8.cast is compiled.cast
+    import copy
+    again = copy.deepcopy(tp.fp8)
+    assert isinstance(again, Fp8Recipe) and again == "tensorwise" and again.cast is compiled.cast
+    with pytest.raises(ConfigError, match="fp8_cast op"):
+        tp_comm(EngineConfig(fp8="tensorwise"), ParallelState.single(torch.device("cpu")), off)
+
+
+def test_an_unknown_cast_version_is_refused_naming_the_known_ones():
+    with pytest.raises(ConfigError, match=r"'fused'.*not a version of op 'fp8_cast'.*baseline, compiled"):
+        resolve_ops(EngineConfig(fp8="tensorwise", op_fp8_cast="fused"), "cpu")
+
+
+def test_a_format_the_compiled_cast_has_no_kernel_for_is_refused():
+    from engine.ops.fp8_cast.compiled import cast as compiled_cast
+    with pytest.raises(KernelLoadError, match="no compiled cast to torch.float8_e4m3fnuz.*--op-fp8-cast baseline"):
+        compiled_cast(torch.ones(16, 16), torch.float8_e4m3fnuz, None, False)  # no recipe casts to it
+
+
+@pytest.mark.slow  # torch.compile: ~5 s a graph on 2 CPU cores
+@pytest.mark.parametrize("fmt", FORMATS, ids=["e4m3", "e5m2", "rows-e4m3-pow2"])
+def test_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cpu(fmt):
+    from engine.ops.fp8_cast.compiled import cast as compiled_cast
+    t = operand(48, 80, torch.bfloat16)
+    for view in (t, t.t()):  # a forward operand, and a dgrad / wgrad one (transposed view, written row-major)
+        q, s = compiled_cast(view, *fmt)
+        qb, sb = cast(view, *fmt)
+        assert q.is_contiguous() and q.dtype == fmt[0] and q.shape == view.shape
+        assert torch.equal(q.view(torch.uint8), qb.view(torch.uint8)) and torch.equal(s, sb)
+
+
+@pytest.mark.slow
+def test_an_fp8_linear_with_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cpu():
+    """The three GEMMs of a linear (torch's CPU _scaled_mm emulation), both recipes: the casts are equal bit for bit,
+    so the products are."""
+    from engine.ops.fp8_cast.compiled import cast as compiled_cast
+    x, w, g = operand(64, 48, torch.float32), operand(32, 48, torch.float32), operand(64, 32, torch.float32)
+    for name in ("tensorwise", "rowwise"):
+        fast = Fp8Recipe(name, compiled_cast)
+        assert torch.equal(linear_forward(x, w, fast), linear_forward(x, w, name))
+        assert torch.equal(linear_dgrad(g, w, fast), linear_dgrad(g, w, name))
+        assert torch.equal(linear_wgrad(g, x, fast, torch.float32), linear_wgrad(g, x, name, torch.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cuda():
+    """At the 8B slice's shapes (8192 tokens, hidden 4096, the FC1 weight [32768, 4096] among them): Triton kernels."""
+    from engine.ops.fp8_cast.compiled import cast as compiled_cast
+    for rows, cols in ((8192, 4096), (32768, 4096), (8192, 16384)):
+        t = operand(rows, cols, torch.bfloat16, "cuda")
+        for fmt in FORMATS:
+            for view in (t, t.t()):
+                q, s = compiled_cast(view, *fmt)
+                qb, sb = cast(view, *fmt)
+                assert q.is_contiguous() and torch.equal(q.view(torch.uint8), qb.view(torch.uint8)), (rows, cols, fmt)
+                assert torch.equal(s, sb), (rows, cols, fmt)
+
+
+@pytest.mark.slow  # two tiny CPU runs, one compiling its casts (~1 min on 2 cores)
+def test_a_run_prints_the_same_losses_with_either_cast_version(tmp_path):
+    """`--op-fp8-cast compiled` end to end (the layers' recipe carries it into every linear, forward and backward):
+    the [LOSS] lines of a tiny rowwise run equal the baseline cast's, digit for digit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def losses(version: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-m", "engine", "pretrain", "--preset", "tiny", "--device", "cpu",
+                              "--seq-length", "64", "--micro-batch-size", "4", "--num-steps", "3", "--warmup-steps", "1",
+                              "--eval-samples", "0", "--no-save-final", "--fp8", "rowwise", "--op-fp8-cast", version,
+                              "--run-dir", str(tmp_path / version)],
+                             cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert f"fp8_cast={version}" in out.stdout
+        return [" ".join(w for w in line.split() if not w.startswith(("time_s=", "mfu="))) for line in out.stdout.splitlines()
+                if line.startswith("[LOSS]")]
+
+    compiled, baseline = losses("compiled"), losses("baseline")
+    assert len(compiled) == 3 and compiled == baseline
