@@ -287,12 +287,16 @@ class Loop:
     # ------------------------------------------------------------------ attempts
 
     def _dry_run(self) -> str:
-        self.progress("gate", "dry run requested by the agent (run_gates)")
+        """The agent's run_gates: the public gates (no held-out tests, the public draw), never an attempt. Dry runs are
+        unlimited, so they must not let the agent probe what it is judged on (harness/judge/runner.py)."""
+        self.progress("gate", "dry run of the public gates requested by the agent (run_gates)")
         try:
-            verdict = self.gates.judge(self.ws.diff(base=self.judge_base), attempt=0, live_tree=self.ws.worktree)
+            verdict = self.gates.judge(self.ws.diff(base=self.judge_base), attempt=0, live_tree=self.ws.worktree, public=True)
         except GateError as err:
             raise ToolError(f"the worktree's diff cannot be judged: {err}") from None
-        return "Dry run (nothing recorded as an attempt):\n" + verdict_text(verdict)
+        return ("Dry run of the public gates (nothing recorded as an attempt; held-out tests run only when you submit, "
+                "and a submission is judged on a secret draw of the configurations, not this public one):\n"
+                + verdict_text(verdict))
 
     def _judge(self, message: str) -> str | None:
         n = self.record.totals.attempts + 1

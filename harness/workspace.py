@@ -20,7 +20,7 @@ from pathlib import Path
 from harness.atomic import write_atomic
 from harness.settings import child_env
 
-__all__ = ["HELD_OUT_PATTERNS", "Workspace", "WorkspaceError", "TRAILER_KEYS", "repo_head", "resolve_commit"]
+__all__ = ["HELD_OUT_GLOB", "HELD_OUT_PATTERNS", "Workspace", "WorkspaceError", "TRAILER_KEYS", "repo_head", "resolve_commit"]
 
 TRAILER_KEYS = ("Milestone", "Run", "Attempt", "Verdict", "MFU")
 _QUIET = (
@@ -107,7 +107,8 @@ def _branch_exists(repo_dir: Path, branch: str) -> bool:
 # Milestones' held-out material (acceptance tests, references) never appears in an agent's worktree:
 # the judge copies it into the checkout it judges. A sparse checkout of this worktree alone leaves
 # those paths out (skip-worktree: not "deleted" in the agent's diff); the user's checkout is untouched.
-HELD_OUT_PATTERNS = ("/*", "!/milestones/*/hidden/")
+HELD_OUT_GLOB = "milestones/*/hidden"
+HELD_OUT_PATTERNS = ("/*", f"!/{HELD_OUT_GLOB}/")
 
 
 def _hide_held_out(worktree: Path) -> None:

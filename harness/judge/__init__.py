@@ -2,7 +2,8 @@
 
     verdict = GateRunner(milestone=m, repo=repo, base=judge_base, record=record).judge(diff, attempt=1)
 
-`temper gate`, the agent loop and the agent's `run_gates` tool all come here. The judge lives outside
+`temper gate`, the agent loop and the agent's `run_gates` tool all come here (run_gates as a public judging:
+`judge(diff, attempt=0, public=True)`, without held-out material, on the public draw). The judge lives outside
 every path a milestone lets an agent edit and never imports the engine or the tests: it reads what
 candidate processes print through pipes it owns, and re-derives what they claim with its own code.
 
@@ -13,7 +14,7 @@ The pipeline, top down (guards.toml [dag.harness] holds each layer to importing 
   claims/fp8_reference.py: the judge's own FP8 linears, the floor of an --fp8 run's exact steps);
 - admit.py, judging.py: the admitted tree the gates judge; one judging's state and its sandboxed processes;
 - the pieces: policy.py (what a patch may touch), manifests.py (checkout and base hashes), bytecode.py (the
-  checkout compiled by the judge), draws.py (the secret draw), baseconfig.py (the base engine's config),
+  checkout compiled by the judge), draws.py (the secret draw, and the dry runs' public one), baseconfig.py (the base engine's config),
   barrier.py, pytest_report.py, canary.py, candidate.py (acceptance tests that never import candidate code),
   logparse.py, live.py (the engine's log lines, progress), opcases.py, opjudge.py, tensorfile.py (op milestones),
   hardware.py (what machine the judge itself sees).

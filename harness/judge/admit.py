@@ -3,8 +3,9 @@
 A throw-away checkout of the judge's base commit in a neutral random temp folder; `git apply --check`, then git's
 own parser reads what the patch touches (harness/judge/policy.py), then it is applied; the diff policy sees the
 patch and what applying it did on disk, against the base alone; only a patch the policy admits gets the
-milestone's hidden material copied over it and, sandboxed, its bytecode compiled by the judge. The manifest taken
-last is what the checkout must still be after every gate.
+milestone's hidden material copied over it (a public judging, the agent's dry run, gets none: the checkout then holds
+what the agent's worktree holds) and, sandboxed, its bytecode compiled by the judge. The manifest taken last is what
+the checkout must still be after every gate.
 """
 
 import contextlib
@@ -20,9 +21,9 @@ from harness.judge.judging import GateError
 from harness.judge.manifests import tree_manifest
 from harness.judge.policy import PatchView, PolicyResult, changed_files, check_policy, read_patch
 from harness.spec import Milestone
-from harness.workspace import Workspace, WorkspaceError
+from harness.workspace import HELD_OUT_GLOB, Workspace, WorkspaceError
 
-__all__ = ["AdmittedTree", "admit", "hidden_files", "overlay_hidden"]
+__all__ = ["AdmittedTree", "admit", "hidden_files", "overlay_hidden", "place_held_out"]
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,10 @@ class AdmittedTree:
 
 @contextlib.contextmanager
 def admit(milestone: Milestone, *, repo: Path, base: str, home: Path, diff: str,
-          compile_bytecode: bool) -> Iterator[AdmittedTree]:
+          compile_bytecode: bool, public: bool = False) -> Iterator[AdmittedTree]:
     """Base + `diff`, admitted or refused by the diff policy; the checkout is removed when the block ends. GateError
-    when the patch does not apply or the judge cannot compile the checkout."""
+    when the patch does not apply or the judge cannot compile the checkout. `public`: no held-out material (a dry
+    run); the policy still refuses a patch that writes where it would go."""
     with Workspace.scratch(repo, base) as scratch:
         tree = scratch.worktree
         holder = tree.parent
@@ -65,7 +67,7 @@ def admit(milestone: Milestone, *, repo: Path, base: str, home: Path, diff: str,
                               held_out=frozenset(hidden_files(milestone, home)))
         pycache: tuple[Path, ...] = ()
         if not policy.violations:  # (a refused patch runs nothing, and may have planted links on those paths)
-            overlay_hidden(milestone, home, tree)
+            place_held_out(milestone, home, tree, public=public)
             if compile_bytecode:
                 try:
                     pycache = precompile(tree)
@@ -83,6 +85,17 @@ def hidden_files(milestone: Milestone, home: Path) -> dict[str, Path]:
         raise GateError(f"the milestone's hidden folder {source} does not exist")
     return {f.relative_to(source).as_posix(): f for f in sorted(source.rglob("*"))
             if f.is_file() and "__pycache__" not in f.parts}
+
+
+def place_held_out(milestone: Milestone, home: Path, tree: Path, *, public: bool) -> None:
+    """A judging's checkout gets the milestone's hidden material over it; a public one (the agent's dry run) none: the
+    hidden folders a checkout of the repository holds are removed, as the agent's worktree leaves them out."""
+    if not public:
+        overlay_hidden(milestone, home, tree)
+        return
+    for folder in {*tree.glob(HELD_OUT_GLOB), *([tree / milestone.hidden] if milestone.hidden else [])}:
+        if folder.is_dir() and not folder.is_symlink() and folder.resolve().is_relative_to(tree.resolve() / "milestones"):
+            shutil.rmtree(folder)
 
 
 def overlay_hidden(milestone: Milestone, home: Path, tree: Path) -> None:

@@ -13,6 +13,9 @@ the verdict records both: `temper gate ID --judge-seed N` judges again with secr
 held-out windows and secret steps), `temper gate ID --draw FILE|JSON` with the values of a recorded draw (a
 verdict.json, its "draw" object, or {name: value}) over a fresh secret. Either replays a rejection.
 
+The agent's dry runs (`run_gates`) draw from PUBLIC_SEED instead: one fixed configuration per milestone, the same
+at every dry run, and outside the secrets' range (1 .. 2**31 - 2), so no dry run shows a draw a judging makes.
+
 The corpus (`corpus = "epoch-crossing"`, read as {corpus}) is cut by the judge, never by candidate code:
 a contiguous slice of the BASE commit's bundled training text (byte tokenizer) at a drawn offset, sized
 per job from the job's own batch so that its first epoch ends after a drawn fraction (0.25..0.75) of its
@@ -27,7 +30,8 @@ import array
 import hashlib
 import json
 import random
-from dataclasses import dataclass, field
+import secrets
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -36,11 +40,12 @@ import torch
 from harness.spec import DrawVar, JobGate
 
 __all__ = ["Draw", "DrawError", "draw_values", "load_override", "corpus_tokens", "write_corpus", "SMALL_SEEDS",
-           "LARGE_SEEDS", "DRAW_FILE_ENV"]
+           "LARGE_SEEDS", "DRAW_FILE_ENV", "PUBLIC_SEED", "public_draw", "secret_seed"]
 
 SMALL_SEEDS = (0, 100)  # the seeds people type
 LARGE_SEEDS = (2**32, 2**63 - 1)  # past 32 bits, up to what a signed 64-bit generator seed holds
 DRAW_FILE_ENV = "TEMPER_JUDGE_DRAW"  # hidden tests: the path of the draw's JSON
+PUBLIC_SEED = 0  # the dry runs' draw: public, fixed, never a secret (secret_seed is >= 1)
 _EPOCH_AT = (0.25, 0.75)  # where in a job's run its first epoch ends
 
 
@@ -55,6 +60,7 @@ class Draw:
     secret: int
     values: dict[str, Any] = field(default_factory=dict)
     overridden: tuple[str, ...] = ()  # names given by --draw rather than drawn
+    public: bool = False  # drawn from PUBLIC_SEED for a dry run, not from a judging's secret
 
     def placeholders(self) -> dict[str, str]:
         """{name} and {name.key} for job argv ({corpus} is per job: the job gate fills it)."""
@@ -75,11 +81,18 @@ class Draw:
         return gate.model_copy(update={"nproc": int(self.placeholders()[gate.nproc.strip("{}")])})
 
     def as_json(self) -> dict[str, Any]:
-        return {"secret": self.secret, "values": self.values, "overridden": list(self.overridden)}
+        return {"secret": self.secret, "values": self.values, "overridden": list(self.overridden), "public": self.public}
 
     def describe(self) -> str:
         shown = ", ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in self.values.items())
+        if self.public:
+            return f"the public draw (seed {self.secret}; a judging draws anew from a secret): {shown}"
         return f"judge seed {self.secret}: {shown}" + (f" (given: {', '.join(self.overridden)})" if self.overridden else "")
+
+
+def secret_seed() -> int:
+    """A judging's secret: 1 .. 2**31 - 2 (never PUBLIC_SEED)."""
+    return secrets.randbelow(2**31 - 2) + 1
 
 
 def _seed(rng: random.Random, kind: str) -> int:
@@ -118,6 +131,11 @@ def draw_values(table: Mapping[str, DrawVar | str], secret: int, override: Mappi
             raise DrawError(f"--draw {name}={json.dumps(value)}: the milestone draws values like "
                             f"{json.dumps(values[name])} there")
     return Draw(secret=secret, values={**values, **given}, overridden=tuple(given))
+
+
+def public_draw(table: Mapping[str, DrawVar | str]) -> Draw:
+    """The dry runs' draw over `table`: PUBLIC_SEED's, the same every time."""
+    return replace(draw_values(table, PUBLIC_SEED), public=True)
 
 
 def load_override(text: str) -> dict[str, Any]:

@@ -92,6 +92,7 @@ class Judging:
     seed: int
     device: str
     draw: Draw
+    public: bool = False  # a dry run: the public draw, no held-out material (harness/judge/runner.py)
     jobs: dict[str, JobOutcome] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
     new_tests_ran: bool = False

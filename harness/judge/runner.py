@@ -5,6 +5,11 @@ milestone's hidden material copied in and the candidate's diff applied. So the l
 the agent's `run_gates` tool go through exactly the same code, and nothing the agent left outside its diff
 (ignored files, bytecode, a doctored index) can reach a test or a job.
 
+The agent's `run_gates` is a PUBLIC judging (`public=True`, never an attempt): the same pipeline without the held-out
+material (harness/judge/gates/pytest.py runs a gate's public tests and skips one whose tests are all held out) and on
+the public draw (harness/judge/draws.py PUBLIC_SEED), so that dry runs, which are unlimited, tell the agent nothing
+about the held-out tests or the secret draws it is judged on.
+
 One judging, as `GateRunner.judge` reads:
 1. draw: a secret seed, and from it the configurations the jobs and hidden tests run (harness/judge/draws.py);
    the verdict records the draw, and `temper gate --judge-seed / --draw` replays it;
@@ -21,7 +26,6 @@ run is a user's run"), with `settings.child_env()`: no API keys.
 
 import json
 import re
-import secrets
 import subprocess
 import tempfile
 import time
@@ -32,7 +36,7 @@ from typing import Any
 
 from harness.jobs import overlay_changes, probe
 from harness.judge.admit import admit
-from harness.judge.draws import DrawError, draw_values
+from harness.judge.draws import DrawError, draw_values, public_draw, secret_seed
 from harness.judge.gates import RUNS
 from harness.judge.gates.pytest import collect_ids
 from harness.judge.hardware import check_data, check_requires
@@ -76,11 +80,14 @@ class GateRunner:
         self._dry_runs = max((int(p.name) for p in dry.iterdir() if p.name.isdigit()), default=0) if dry.is_dir() else 0
         self._sandbox_problem: str | None = None  # "" once the sandbox probe passed
 
-    def judge(self, diff: str, *, attempt: int, live_tree: Path | None = None) -> Verdict:
-        """All gates on base + `diff`. attempt 0 is a dry run (recorded as jobs only, never as an attempt).
+    def judge(self, diff: str, *, attempt: int, live_tree: Path | None = None, public: bool = False) -> Verdict:
+        """All gates on base + `diff`. attempt 0 is a dry run (recorded as jobs only, never as an attempt); `public`
+        (a dry run only: the agent's run_gates) leaves the held-out material out and draws from PUBLIC_SEED.
 
         Raises NeedsHardware when this machine lacks what the milestone requires (hardware, shared data), GateError when the
         candidate cannot be judged at all (the patch does not apply, no sandbox can start)."""
+        if public and attempt:
+            raise ValueError("a public judging (the agent's dry run) is never an attempt")
         ctx = self.ctx
         device = check_requires(self.milestone.requires)
         check_data(self.milestone, data_dir(ctx.home))
@@ -91,26 +98,29 @@ class GateRunner:
         else:
             label, log_dir = f"a{attempt}", self.record.attempt_dir(attempt) / "gates"
         log_dir.mkdir(parents=True, exist_ok=True)
-        seed = self.judge_seed if self.judge_seed is not None else secrets.randbelow(2**31 - 2) + 1
         try:
-            draw = draw_values(self.milestone.draw, seed, self.draw_override)
+            draw = public_draw(self.milestone.draw) if public else draw_values(
+                self.milestone.draw, secret_seed() if self.judge_seed is None else self.judge_seed, self.draw_override)
         except DrawError as err:
             raise GateError(str(err)) from None
+        seed = draw.secret
         self.progress("gate", f"drawn: {draw.describe()}")
         self.record.note("draw", **draw.as_json())
         with admit(self.milestone, repo=ctx.repo, base=ctx.base, home=ctx.home, diff=diff,
-                   compile_bytecode=not sandbox_flags) as admitted:
+                   compile_bytecode=not sandbox_flags, public=public) as admitted:
             env = candidate_env(admitted.tree, admitted.holder, seed, draw, sandboxed=not sandbox_flags)
             judging = Judging(ctx=ctx, attempt=attempt, label=label, tree=admitted.tree, holder=admitted.holder,
                               live_tree=live_tree, diff=diff, log_dir=log_dir, env_overrides=env, policy=admitted.policy,
                               expected=admitted.expected, seed=seed, device=device, draw=draw, flags=list(sandbox_flags),
-                              pycache=admitted.pycache)
+                              pycache=admitted.pycache, public=public)
             judging.scratch.append(Path(tempfile.mkdtemp(dir=admitted.holder.parent)))
             with removed_after(judging.scratch), judge_caches(judging.scratch[-1]):  # (the list is read at the end)
                 results = self._run_all(judging)
         failed = next((g for g in results if not g.passed and not g.skipped), None)
+        held = [g.name for g in results if g.skipped]  # (without a failure: held out of a public judging)
         reason = (f"gate {failed.name} failed: {failed.summary}" if failed else
-                  f"every gate passed ({', '.join(g.name for g in results)})")
+                  f"every gate passed ({', '.join(g.name for g in results if not g.skipped)})"
+                  + (f"; not run: {', '.join(held)} (held-out tests run only when you submit)" if held else ""))
         return Verdict(attempt=attempt, accepted=failed is None, gates=tuple(results), reason=reason,
                        flags=tuple(dict.fromkeys(judging.flags)), seed=seed, draw=draw.as_json())
 
@@ -169,7 +179,8 @@ class GateRunner:
                 self.record.gate_result(judging.attempt, result)
             shown = () if result.passed else result.violations[:_SHOWN_VIOLATIONS]  # what failed, not only how many
             more = len(result.violations) - len(shown)
-            self.progress("gate", f"{gate.name} {'pass' if result.passed else 'FAIL'}: {result.summary} ({result.duration_s:.1f} s)"
+            mark = "skip" if result.skipped else "pass" if result.passed else "FAIL"
+            self.progress("gate", f"{gate.name} {mark}: {result.summary} ({result.duration_s:.1f} s)"
                           + "".join(f"\n  {v}" for v in shown) + (f"\n  ... and {more} more (the verdict lists them)" if more else ""))
             results.append(result)
             if not result.passed:
@@ -194,7 +205,9 @@ class GateRunner:
 
 def verdict_text(verdict: Verdict) -> str:
     """A plain summary of a verdict (the `run_gates` tool's answer and `temper gate`'s output)."""
-    lines = [("ACCEPTED" if verdict.accepted else "REJECTED") + f": {verdict.reason}"]
+    public = bool(verdict.draw and verdict.draw.get("public"))  # a dry run's: a result, not a verdict
+    lines = [(("PASSED" if verdict.accepted else "FAILED") if public else
+              ("ACCEPTED" if verdict.accepted else "REJECTED")) + f": {verdict.reason}"]
     for gate in verdict.gates:
         mark = "skip" if gate.skipped else "pass" if gate.passed else "FAIL"
         lines.append(f"  [{mark}] {gate.name} ({gate.kind}): {gate.summary}")
@@ -207,7 +220,10 @@ def verdict_text(verdict: Verdict) -> str:
                 lines.append("      log tail:")
                 lines += ["        " + line for line in gate.log_tail.splitlines()[-25:]]
     lines += [f"  flag: {f}" for f in verdict.flags]
-    if verdict.draw:
-        values = json.dumps(verdict.draw.get("values", {}), sort_keys=True, separators=(",", ":"))
+    values = json.dumps((verdict.draw or {}).get("values", {}), sort_keys=True, separators=(",", ":"))
+    if public:
+        lines.append(f"  the public draw (seed {verdict.seed}, the same at every dry run; what you submit is judged on a "
+                     f"secret draw that differs): {values}")
+    elif verdict.draw:
         lines.append(f"  drawn (judge seed {verdict.seed}; replay: --judge-seed {verdict.seed}, or --draw '{values}'): {values}")
     return "\n".join(lines)

@@ -1,5 +1,5 @@
-"""The agent's tools, mini-swe-agent's shape: a shell in its worktree, a dry run of the milestone's gates,
-a gate job's log, and submit. The shell edits files; the worktree's diff is the patch the judge gets.
+"""The agent's tools, mini-swe-agent's shape: a shell in its worktree, a dry run of the milestone's public gates
+(no held-out tests, the public draw), a gate job's log, and submit. The shell edits files; the worktree's diff is the patch the judge gets.
 
     ctx = ToolContext(root=worktree, run_gates=loop.dry_run, read_job_log=gates.read_log)
     result = execute(call, ctx)          # a ToolResult; never raises for the model's mistakes

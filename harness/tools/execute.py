@@ -52,8 +52,10 @@ _SPECS = [
           ("command",), command={"type": "string", "description": "The bash command line."},
           timeout_s={"type": "number", "description": "Seconds before the command is killed (default: the harness's).",
                      "exclusiveMinimum": 0}),
-    _spec("run_gates", "Dry-run the milestone's gates on the worktree as it is now and get a summary of what fails and "
-                       "why. Nothing is recorded as an attempt; use it before submit."),
+    _spec("run_gates", "Dry-run the milestone's public gates on the worktree as it is now and get a summary of what "
+                       "fails and why. Nothing is recorded as an attempt; use it before submit. It runs the same "
+                       "gates as the judge except the held-out tests (they run only when you submit), on one fixed "
+                       "public draw of the jobs' configurations (a submission is judged on a secret draw that differs)."),
     _spec("read_log", "Read the log of a job the gates launched (job ids appear in run_gates output).", ("job_id",),
           job_id={"type": "string", "description": "The job id."},
           tail={"type": "integer", "description": "How many last lines to return.", "default": 200, "minimum": 1},

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge import GateError, GateRunner, judge_metrics
+from harness.judge import GateError, GateRunner, judge_metrics, verdict_text
+from harness.judge.admit import admit
+from harness.judge.draws import PUBLIC_SEED
 from harness.judge.judging import JobOutcome
 from harness.jobs import JobResult
 from harness.records import RunRecord
@@ -124,10 +126,117 @@ def test_runner_catches_new_suppressions_and_a_broken_collection(runner: GateRun
     assert set(pytest_gate.failing_tests) == {"tests/test_names.py::test_inverse_sqrt_is_a_schedule",
                                               "tests/test_names.py::test_the_old_schedules_stay"}
 
-    # Dry runs (the agent's run_gates tool) judge the same way and record no attempt.
-    verdict = runner.judge(unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW)).read_text(), attempt=0)
+    # Dry runs (the agent's run_gates tool: public, and loop-tiny holds nothing back) judge the same way and record no attempt.
+    verdict = runner.judge(unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW)).read_text(),
+                           attempt=0, public=True)
     assert verdict.accepted
     assert {e["attempt"] for e in events(runner.record.dir) if e["type"] == "gate_result"} == {1, 2, 3}
+
+
+# loop-tiny with held-out material: a gate of held-out tests only, and one mixing a held-out file with public ones.
+HELD_MILESTONE = """
+id = "loop-held"
+title = "Held-out tests"
+goal = "x"
+editable = ["engine/**"]
+protected = ["engine/model_spec.toml"]
+hidden = "milestones/loop-held/hidden"
+[[gates]]
+kind = "protected"
+[[gates]]
+kind = "pytest"
+name = "held"
+selectors = ["tests/held"]
+min_collected = 1
+timeout_s = 120
+[[gates]]
+kind = "pytest"
+name = "mixed"
+selectors = ["tests/test_tree.py", "tests/held/test_held.py"]
+min_collected = 2
+timeout_s = 120
+[draw]
+seed = "large"
+[budget]
+max_turns = 1
+max_tokens = 1
+max_wall_s = 60
+max_attempts = 1
+"""
+# A public test that fails wherever held-out material is in the checkout it runs in.
+TREE_PROBE = """\
+from pathlib import Path
+
+
+def test_the_checkout_holds_no_held_out_material():
+    root = Path(__file__).resolve().parents[1]
+    assert not (root / "tests/held").exists() and not (root / "milestones/loop-held/hidden").exists()
+"""
+
+
+@pytest.fixture
+def held_runner(home: Path, tmp_path: Path) -> GateRunner:
+    """A runner of loop-held, its hidden folder committed as the repository's are (the judge's checkout holds it)."""
+    (home / "milestones/loop-held.toml").write_text(HELD_MILESTONE)
+    held = home / "milestones/loop-held/hidden/tests/held/test_held.py"
+    held.parent.mkdir(parents=True)
+    held.write_text('def test_held_out():\n    assert False, "HELD-OUT RAN"\n')
+    (home / "tests/test_tree.py").write_text(TREE_PROBE)
+    git(home, "add", "-A")
+    git(home, "commit", "-q", "-m", "a milestone with held-out tests")
+    milestone = load_milestone(home / "milestones/loop-held.toml", root=home)
+    record = RunRecord.create(milestone_id=milestone.id, spec_hash=milestone.spec_hash, agent={"spec": "none"},
+                              base_commit="0" * 40, branch="", worktree="", runs_root=tmp_path / "runs")
+    return GateRunner(milestone=milestone, repo=home, base=git(home, "rev-parse", "HEAD").strip(), record=record)
+
+
+def test_a_dry_run_judges_the_public_gates_on_the_public_draw(held_runner: GateRunner, home: Path, tmp_path: Path) -> None:
+    """The agent's run_gates (a public judging) never sees held-out material nor a secret draw: its checkout and the
+    base's collection hold no held-out file (a judging's checkout holds the overlaid one), a gate of held-out tests is
+    skipped and says so, a mixed gate runs its public tests (min_collected, which counts the held-out ones, waived),
+    and every dry run draws the same public configuration, never a judging's."""
+    runner, milestone = held_runner, held_runner.milestone
+    for public, held in ((True, False), (False, True)):
+        with admit(milestone, repo=home, base=runner.ctx.base, home=home, diff="", compile_bytecode=False,
+                   public=public) as admitted:
+            assert (admitted.tree / "tests/held/test_held.py").is_file() == held
+            assert not (admitted.tree / "milestones/loop-held/hidden").exists() if public else \
+                (admitted.tree / "milestones/loop-held/hidden/tests/held/test_held.py").is_file()
+    with pytest.raises(ValueError, match="never an attempt"):
+        runner.judge("", attempt=1, public=True)
+
+    dry = runner.judge("", attempt=0, public=True)
+    held_gate, mixed = dry.gates[1], dry.gates[2]
+    assert held_gate.skipped and held_gate.summary == ("not run: its tests are held out (tests/held); held-out tests run "
+                                                       "only when you submit")
+    # (its test fails wherever a held-out file is in the checkout it runs in)
+    assert mixed.passed and not mixed.skipped and mixed.metrics == {"collected": 1.0, "passed": 1.0, "failed": 0.0}
+    assert "held out, not run: tests/held/test_held.py" in mixed.summary
+    assert runner.base_ids["mixed (public)"] == {"tests/test_tree.py::test_the_checkout_holds_no_held_out_material"}
+    assert dry.accepted and dry.seed == PUBLIC_SEED and dry.draw["public"]
+    text = verdict_text(dry)
+    assert text.startswith("PASSED: every gate passed (protected, mixed); not run: held (held-out tests run only when you submit)")
+    assert f"the public draw (seed {PUBLIC_SEED}, the same at every dry run; what you submit is judged on a secret draw that differs)" in text
+
+    # Another dry run and a judged attempt, both stopped at once by a protected file: the same public draw, then a
+    # secret one (its seed from 2**32 .. 2**63 - 1: the public one's with probability < 1e-18).
+    protected = unified_diff(home, tmp_path, lambda t: (t / "engine/model_spec.toml").write_text("x\n")).read_text()
+    again = runner.judge(protected, attempt=0, public=True)
+    assert again.failed_gate is again.gates[0] and again.draw == dry.draw
+    assert not any(e["type"] == "gate_result" for e in events(runner.record.dir))  # dry runs record no attempt
+    judged = runner.judge(protected, attempt=1)
+    assert not judged.draw["public"] and judged.seed != PUBLIC_SEED and judged.draw["values"] != dry.draw["values"]
+    assert "drawn (judge seed" in verdict_text(judged) and "public draw" not in verdict_text(judged)
+
+
+@pytest.mark.slow  # ~35 s on 2 loaded cores (a pytest gate's collection and run); the default run checks the overlay
+# in the judged checkout (test_a_dry_run_judges_the_public_gates_on_the_public_draw) and runs the hidden tests of
+# demo-tiny (tests/adversarial)
+def test_a_submission_runs_the_held_out_tests(held_runner: GateRunner) -> None:
+    judged = held_runner.judge("", attempt=1)
+    assert held_runner.base_ids["held"] == {"tests/held/test_held.py::test_held_out"}
+    assert judged.failed_gate is judged.gates[1] and judged.gates[1].violations == (
+        "tests/held/test_held.py::test_held_out: AssertionError: HELD-OUT RAN",)
 
 
 def one_job_milestone(home: Path, mid: str, title: str, *, timeout_s: int, argv: str, verify: bool = True) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.judge.draws import PUBLIC_SEED
 from harness.records import list_runs, read_events
 from harness.report import render_report
 from harness.workspace import Workspace
@@ -124,13 +125,14 @@ def test_budget_exhaustion_ends_the_run_with_a_clear_status(home: Path, tmp_path
 
 def test_protected_edits_through_the_shell_are_rejected_even_when_hidden_from_git(home: Path, tmp_path: Path) -> None:
     """The shell cannot be confined, so the protected gate hashes the files itself: a test edited and then hidden from git (assume-unchanged), and a conftest.py
-    added under an exclude rule, both fail the attempt."""
+    added under an exclude rule, both fail the attempt, and the agent's dry run before it (run_gates: the public
+    gates, on the public draw)."""
     sneaky = ("echo 'def test_extra(): pass' >> tests/test_names.py && git update-index --assume-unchanged tests/test_names.py"
               " && printf 'collect_ignore = []\\n' > tests/conftest.py"
               " && echo tests/conftest.py >> \"$(git rev-parse --git-common-dir)/info/exclude\"")
     trajectory = write_trajectory(tmp_path / "t.jsonl", [
         turn("Patch and adjust the tests.", ("c1", "run", GOOD_EDIT), ("c2", "run", {"command": sneaky})),
-        turn("Submit.", ("c3", "submit", {"message": "done"})),
+        turn("Check, then submit.", ("g1", "run_gates", {}), ("c3", "submit", {"message": "done"})),
     ])
     proc = temper(home, "run", "loop-tiny", "--agent", f"replay:{trajectory}", "--max-attempts", "1")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -143,6 +145,12 @@ def test_protected_edits_through_the_shell_are_rejected_even_when_hidden_from_gi
     assert any(v.startswith("added: tests/conftest.py") and "hidden from git" in v for v in protected["violations"])
     # git itself sees nothing: the hiding worked, the hashing did not care.
     assert "tests/" not in (run_dir / "attempts/1/diff.patch").read_text()
+    dry = next(e["result"]["content"] for e in events(run_dir) if e["type"] == "tool_result" and e["result"]["call_id"] == "g1")
+    assert dry.startswith("Dry run of the public gates (nothing recorded as an attempt; held-out tests run only when you "
+                          "submit, and a submission is judged on a secret draw of the configurations, not this public one):\n"
+                          "FAILED: gate protected failed"), dry
+    assert f"the public draw (seed {PUBLIC_SEED}, the same at every dry run" in dry
+    assert not verdict["draw"]["public"] and verdict["seed"] != PUBLIC_SEED
     assert_readable(run_dir)
 
 
@@ -177,7 +185,8 @@ def test_a_killed_run_resumes_from_its_records(home: Path, tmp_path: Path) -> No
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
     assert [e["type"] for e in events(run_dir)][-1] == "tool_call"
     results = {e["result"]["call_id"]: e["result"] for e in events(run_dir) if e["type"] == "tool_result"}
-    assert results["g1"]["content"].startswith("Dry run (nothing recorded as an attempt):\nACCEPTED")
+    assert results["g1"]["content"].startswith("Dry run of the public gates (nothing recorded as an attempt; ")
+    assert "\nPASSED: every gate passed (protected, guards, pytest)\n" in results["g1"]["content"]
     assert "2 passed" in results["g2"]["content"] and not results["g2"]["is_error"]
     assert not any(e["type"] == "attempt" for e in events(run_dir))
     assert_readable(run_dir)

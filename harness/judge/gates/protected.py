@@ -9,6 +9,7 @@ from harness.judge.judging import Judging
 from harness.judge.manifests import base_manifest, disk_manifest, manifest_changes
 from harness.spec import ProtectedGate, glob_match
 from harness.verdict import GateResult
+from harness.workspace import HELD_OUT_GLOB
 
 __all__ = ["MODEL", "run"]
 
@@ -22,7 +23,7 @@ def run(gate: ProtectedGate, judging: Judging) -> GateResult:
         is_protected = ctx.milestone.is_protected
         # Held-out material is left out of the agent's worktree on purpose (Workspace: sparse checkout).
         base = {p: h for p, h in base_manifest(ctx.repo, ctx.base, is_protected).items()
-                if not glob_match("milestones/*/hidden/**", p)}
+                if not glob_match(f"{HELD_OUT_GLOB}/**", p)}
         live = {p: h for p, h in disk_manifest(judging.live_tree, is_protected).items() if p not in judging.policy.new_tests}
         violations += [f"{v} (in your worktree, hidden from git: ignored, excluded or marked unchanged)"
                        for v in manifest_changes(base, live)]

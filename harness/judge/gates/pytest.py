@@ -5,6 +5,9 @@ and confcutdir fixed, no cache provider. The acceptance tests run behind the imp
 outcomes come signed on the judge's pipe (harness/judge/pytest_report.py) and the judge's canaries must come out as
 written (harness/judge/canary.py). Every test ID the base collects must run; the candidate's new test files run
 in a pytest process of their own and never count toward min_collected.
+
+A public judging (the agent's dry run) runs the gate's public tests only: selectors that name held-out material are
+left out (and min_collected, which counts them, with them), and a gate whose tests are all held out is skipped.
 """
 
 import importlib.util
@@ -22,7 +25,7 @@ from harness.jobs import JobSpec, launch
 from harness.judge.barrier import BARRIER_OPTION as BARRIER, write_barrier
 from harness.judge.baseconfig import base_file
 from harness.judge.canary import canary_problems, write_canaries
-from harness.judge.admit import overlay_hidden
+from harness.judge.admit import hidden_files, place_held_out
 from harness.judge.judging import JUDGE_ROOT, Context, GateError, Judging, candidate_env, neutral, read_text, tail
 from harness.judge.live import TestFileProgress, count_text
 from harness.judge.manifests import tree_manifest
@@ -40,6 +43,14 @@ _COLLECTED_ID = re.compile(r"^(\S+\.py::\S.*)$")
 
 
 def run(gate: PytestGate, judging: Judging) -> GateResult:
+    held: list[str] = []
+    if judging.public:
+        public, held = _public_selectors(gate, judging)
+        if not public:
+            return GateResult(name=gate.name, kind=gate.kind, passed=True, skipped=True,
+                              summary=f"not run: its tests are held out ({', '.join(held)}); held-out tests run only "
+                                      "when you submit")
+        gate = gate.model_copy(update={"selectors": public})
     base_ids = collect_base_ids(gate, judging)
     files = len({node.partition("::")[0] for node in base_ids}) or None
     result, cases, problems = _pytest_run(gate.name, list(gate.selectors), list(gate.args), judging,
@@ -66,14 +77,16 @@ def run(gate: PytestGate, judging: Judging) -> GateResult:
                           violations=tuple(f"not run: {node}" for node in missing),
                           summary=f"test ids missing: {len(missing)} test(s) the base collects did not run "
                                   f"(first: {missing[0]})")
-    if len(cases) < gate.min_collected:
+    if len(cases) < gate.min_collected and not held:
         return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=log_tail, metrics=metrics,
                           summary=f"only {len(cases)} tests collected; the milestone needs at least {gate.min_collected}")
     if passed == 0:
         return GateResult(name=gate.name, kind=gate.kind, passed=False, log_tail=log_tail, metrics=metrics,
                           summary=f"none of the {len(cases)} tests ran (all skipped)")
     skipped = len(cases) - passed
-    summary = f"{passed} passed" + (f", {skipped} skipped" if skipped else "") + f" (needs >= {gate.min_collected})"
+    summary = f"{passed} passed" + (f", {skipped} skipped" if skipped else "") + (
+        f"; held out, not run: {', '.join(held)} (held-out tests run only when you submit; the gate's >= "
+        f"{gate.min_collected} counts them)" if held else f" (needs >= {gate.min_collected})")
     if judging.policy.new_tests and not judging.new_tests_ran:
         judging.new_tests_ran = True
         new = _new_tests(gate, judging)
@@ -84,24 +97,40 @@ def run(gate: PytestGate, judging: Judging) -> GateResult:
 
 
 def collect_base_ids(gate: PytestGate, judging: Judging) -> frozenset[str]:
-    """Test IDs `gate` collects on the base (+ hidden material), in a checkout of its own that no candidate touches:
-    every one must run in the judged checkout. Collected when the gate first runs (a patch refused by an earlier gate
-    costs no collection), once per runner."""
+    """Test IDs `gate` collects on the base (+ hidden material, unless the judging is public), in a checkout of its
+    own that no candidate touches: every one must run in the judged checkout. Collected when the gate first runs (a
+    patch refused by an earlier gate costs no collection), once per runner and kind of judging."""
     ctx = judging.ctx
-    if gate.name in ctx.base_ids:
-        return ctx.base_ids[gate.name]
+    key = f"{gate.name} (public)" if judging.public else gate.name
+    if key in ctx.base_ids:
+        return ctx.base_ids[key]
     log = judging.log_dir / f"{gate.name}-base-collect.log"
     with Workspace.scratch(ctx.repo, ctx.base) as scratch:
         tree = scratch.worktree
-        overlay_hidden(ctx.milestone, ctx.home, tree)
+        place_held_out(ctx.milestone, ctx.home, tree, public=judging.public)
         ctx.progress("gate", f"collecting the base's tests for {gate.name} ...")
         proc, ids = collect_ids(ctx, tree, tree.parent, gate)
     write_atomic(log, scrub_text(proc.stdout + proc.stderr))
     if proc.returncode not in (0, 5):
         raise GateError(f"the base's tests for gate {gate.name} do not collect (pytest exit {proc.returncode}); see {log}")
-    ctx.base_ids[gate.name] = ids
-    ctx.record.note("base test ids", gate=gate.name, count=len(ids))
+    ctx.base_ids[key] = ids
+    ctx.record.note("base test ids", gate=gate.name, count=len(ids), public=judging.public)
     return ids
+
+
+def _public_selectors(gate: PytestGate, judging: Judging) -> tuple[list[str], list[str]]:
+    """(public, held out) of `gate`'s selectors: held out, a selector naming a file of the milestone's hidden material or
+    a folder only that material brings (no file of the base lies in it); a folder of the base keeps its public tests."""
+    hidden = hidden_files(judging.milestone, judging.ctx.home)
+    base = [rel for rel in judging.expected if rel not in judging.policy.changed]
+    public: list[str] = []
+    held: list[str] = []
+    for selector in gate.selectors:
+        path = selector.partition("::")[0].rstrip("/")
+        inside = path + "/"
+        brought = path in hidden or (any(h.startswith(inside) for h in hidden) and not any(r.startswith(inside) for r in base))
+        (held if brought else public).append(selector)
+    return public, held
 
 
 def collect_ids(ctx: Context, tree: Path, holder: Path, gate: PytestGate, *, barrier: bool = True,
