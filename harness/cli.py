@@ -1,13 +1,16 @@
 """The `temper` command. Each subcommand imports its module lazily so `temper guards check` stays fast
 and `temper demo` needs no LLM SDK.
 
-Exit codes: 0 success / accepted, 1 rejected or failed, 2 bad usage or bad spec (130: interrupted).
+Exit codes: 0 success / accepted, 1 rejected or failed, 2 bad usage or bad spec (130: interrupted, 143: terminated).
 """
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from guards.cli import ParserStop, ReturningParser  # the same non-exiting argparse as `python -m guards`
@@ -16,6 +19,31 @@ __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool whose reader closed the pipe
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a timeout, the user's kill), raised like Ctrl-C's KeyboardInterrupt: every `finally` and `with` the
+    command is in runs as for Ctrl-C (scratch worktrees of the user's repository, the judge's temp folders, the
+    processes it started), where Python's default for SIGTERM would end the process with none of them."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises Terminated while the command runs; the previous handler is restored afterwards. Only the main
+    thread can set a handler (main() called from another thread keeps Python's default)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 _EPILOG = """examples:
   temper doctor --requires gpu                       what this machine can run: python, torch, GPU, kernels, SLURM, keys
@@ -292,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     from harness.session import UsageError
 
     try:
-        status = _COMMANDS[args.command](args)
-        sys.stdout.flush()  # here, so a closed pipe (`temper doctor --json | head`) is caught below
+        with _sigterm_raises():
+            status = _COMMANDS[args.command](args)
+            sys.stdout.flush()  # here, so a closed pipe (`temper doctor --json | head`) is caught below
         return status
     except BrokenPipeError:
         # The reader went away (head, a pager): stop quietly, as a tool killed by SIGPIPE would; point stdout at
@@ -306,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"temper {args.command}: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except Terminated:
+        print(f"temper {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"temper {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
