@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except ParserStop as stop:
         return stop.status
-    from harness.judge.hardware import NeedsHardware
     from harness.session import UsageError
+    from harness.spec import NeedsHardware  # not from the judge, which imports torch: seconds `temper runs` does not need
 
     try:
         with _sigterm_raises():
