@@ -156,7 +156,7 @@ def _print_outcome(outcome) -> int:  # noqa: ANN001
 
 
 def _run(args: argparse.Namespace) -> int:
-    from harness.loop import LoopOptions
+    from harness.protocol import LoopOptions
     from harness.session import UsageError, start_run
 
     budget = {"max_turns": args.max_turns, "max_tokens": args.max_tokens, "max_cost_usd": args.max_cost_usd,
