@@ -183,11 +183,11 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from harness.judge import verdict_text
     from harness.gate import gate_candidate
 
     verdict, run_dir = gate_candidate(args.milestone, patch=args.patch, base=args.base, progress=_progress(args.quiet or args.json),
                                       unsandboxed=args.unsandboxed, judge_seed=args.judge_seed, draw=args.draw)
+    from harness.judge import verdict_text
     if args.json:
         print(json.dumps({**verdict.to_json(), "run_dir": str(run_dir)}, indent=2))
     else:
