@@ -1,13 +1,16 @@
 """The `temper` command. Each subcommand imports its module lazily so `temper guards check` stays fast
 and `temper demo` needs no LLM SDK.
 
-Exit codes: 0 success / accepted, 1 rejected or failed, 2 bad usage or bad spec (130: interrupted).
+Exit codes: 0 success / accepted, 1 rejected or failed, 2 bad usage or bad spec (130: interrupted, 143: terminated).
 """
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from guards.cli import ParserStop, ReturningParser  # the same non-exiting argparse as `python -m guards`
@@ -16,6 +19,31 @@ __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool whose reader closed the pipe
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a timeout, the user's kill), raised like Ctrl-C's KeyboardInterrupt: every `finally` and `with` the
+    command is in runs as for Ctrl-C (scratch worktrees of the user's repository, the judge's temp folders, the
+    processes it started), where Python's default for SIGTERM would end the process with none of them."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises Terminated while the command runs; the previous handler is restored afterwards. Only the main
+    thread can set a handler (main() called from another thread keeps Python's default)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 _EPILOG = """examples:
   temper doctor --requires gpu                       what this machine can run: python, torch, GPU, kernels, SLURM, keys
@@ -128,7 +156,7 @@ def _print_outcome(outcome) -> int:  # noqa: ANN001
 
 
 def _run(args: argparse.Namespace) -> int:
-    from harness.loop import LoopOptions
+    from harness.protocol import LoopOptions
     from harness.session import UsageError, start_run
 
     budget = {"max_turns": args.max_turns, "max_tokens": args.max_tokens, "max_cost_usd": args.max_cost_usd,
@@ -155,11 +183,11 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from harness.judge import verdict_text
     from harness.gate import gate_candidate
 
     verdict, run_dir = gate_candidate(args.milestone, patch=args.patch, base=args.base, progress=_progress(args.quiet or args.json),
                                       unsandboxed=args.unsandboxed, judge_seed=args.judge_seed, draw=args.draw)
+    from harness.judge import verdict_text
     if args.json:
         print(json.dumps({**verdict.to_json(), "run_dir": str(run_dir)}, indent=2))
     else:
@@ -288,12 +316,13 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except ParserStop as stop:
         return stop.status
-    from harness.judge.hardware import NeedsHardware
     from harness.session import UsageError
+    from harness.spec import NeedsHardware  # not from the judge, which imports torch: seconds `temper runs` does not need
 
     try:
-        status = _COMMANDS[args.command](args)
-        sys.stdout.flush()  # here, so a closed pipe (`temper doctor --json | head`) is caught below
+        with _sigterm_raises():
+            status = _COMMANDS[args.command](args)
+            sys.stdout.flush()  # here, so a closed pipe (`temper doctor --json | head`) is caught below
         return status
     except BrokenPipeError:
         # The reader went away (head, a pager): stop quietly, as a tool killed by SIGPIPE would; point stdout at
@@ -306,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"temper {args.command}: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except Terminated:
+        print(f"temper {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"temper {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

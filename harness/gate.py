@@ -21,15 +21,17 @@ def gate_candidate(milestone_name: str, *, patch: Path | None = None, base: str 
 
     Recorded as a run (`<id>-gate`, attempt 1) so its job logs and report live where every run's do.
     """
-    from harness.judge import GateError, GateRunner, NeedsHardware, check_data, check_requires
-    from harness.report import write_report
+    from harness.judge import NeedsHardware, check_data, check_requires
     from harness.settings import data_dir, runs_dir, temper_home
 
     home = Path(home or temper_home())
     progress = progress or Progress()
     milestone = load_spec(milestone_name, home)
-    check_requires(milestone.requires)  # NeedsHardware before anything is created
+    check_requires(milestone.requires)  # NeedsHardware before anything is created (or the judge's pipeline imported)
     check_data(milestone, data_dir(home))
+    from harness.judge import GateError, GateRunner
+    from harness.report import write_report
+
     override = None
     if draw is not None:
         from harness.judge.draws import DrawError, load_override

@@ -16,7 +16,7 @@ from harness.agents import ChatAgent, SubprocessAgent
 from harness.judge import GateError, GateRunner, verdict_text
 from harness.progress import Progress
 from harness.prompts import gate_failure_prompt, milestone_prompt, system_prompt
-from harness.protocol import (AgentError, AgentTurn, FormatError, LimitsExceeded, Message, Submitted, ToolCall,
+from harness.protocol import (LoopOptions, AgentError, AgentTurn, FormatError, LimitsExceeded, Message, Submitted, ToolCall,
                               ToolResult, Usage)
 from harness.records import RunRecord
 from harness.settings import child_env
@@ -25,21 +25,13 @@ from harness.tools import ToolContext, ToolError, execute, tool_specs
 from harness.verdict import GateResult, Verdict
 from harness.workspace import Workspace
 
-__all__ = ["Loop", "LoopOptions", "check_limits", "count_submissions"]
+__all__ = ["Loop", "check_limits", "count_submissions"]
 
 CUT_OFF_CALL = ("Not run: your reply hit the output limit (max_tokens = {limit}) and this tool call may be cut off. "
                 "Send it again, smaller: split big patches or files into several calls.")
 CUT_OFF_TEXT = ("Your reply was cut off at the output limit (max_tokens = {limit}). Continue with shorter replies, "
                 "and make changes with tool calls.")
 AFTER_SUBMIT = "Not run: you called submit earlier in this turn; the harness is judging that submission."
-
-
-@dataclass(frozen=True)
-class LoopOptions:
-    """Knobs of the loop itself (the milestone's budget bounds the run)."""
-
-    max_output_tokens: int = 16_384  # per model call
-    shell_timeout_s: float = 300.0  # default of the agent's `run` tool
 
 
 def check_limits(milestone: Milestone, record: RunRecord, wall_s: float) -> None:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = ["ToolSpec", "ToolCall", "ToolResult", "Usage", "AgentTurn", "Message", "StopReason", "Submitted",
-           "LimitsExceeded", "FormatError", "AgentError"]
+           "LimitsExceeded", "FormatError", "AgentError", "LoopOptions"]
 
 # end_turn: the model finished without tool calls; tool_use: it asked for tools; max_tokens: output
 # was cut off; refusal: the model declined; pause_turn: the server paused a long turn (continue it).
@@ -125,3 +125,11 @@ class LimitsExceeded(Exception):
 
 class FormatError(Exception):
     """Control flow: the model's output could not be used (e.g. a truncated tool call)."""
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """Knobs of the loop itself (the milestone's budget bounds the run)."""
+
+    max_output_tokens: int = 16_384  # per model call
+    shell_timeout_s: float = 300.0  # default of the agent's `run` tool

@@ -183,7 +183,7 @@ def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None,
     `agent_options` are keyword arguments of the backend (e.g. executable= for a CLI agent); they are
     recorded (minus anything named like a key or token) so `resume_run` rebuilds the same agent.
     """
-    from harness.loop import LoopOptions
+    from harness.protocol import LoopOptions
     from harness.prompts import system_prompt
     from harness.settings import runs_dir, temper_home
     from harness.tools import tool_specs
@@ -235,7 +235,7 @@ def start_run(milestone_name: str, agent_spec: str, *, home: Path | None = None,
 
 def resume_run(run: str, *, runs_root: Path | None = None, merge: bool = False, progress: Progress | None = None) -> RunOutcome:
     """Continue a run that stopped (killed, interrupted, crashed) from its records."""
-    from harness.loop import LoopOptions
+    from harness.protocol import LoopOptions
 
     progress = progress or Progress()
     try:

@@ -4,8 +4,14 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
-import torch
+# One torch thread per process, set before torch is imported here or in any process a test starts (engine runs,
+# torchrun ranks, the judge and its jobs inherit it): the README's run puts one xdist worker on each core, and a
+# thread per core in every process spins OpenMP threads against each other (training tests take ~2x the CPU time).
+# A value the caller set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"

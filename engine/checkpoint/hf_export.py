@@ -16,7 +16,6 @@ from dataclasses import fields
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from engine.atomic_files import check_replaceable, replace_dir, sibling_dir
 from engine.checkpoint.store import read_meta, select_checkpoint
@@ -49,6 +48,8 @@ def _local_shapes(cfg: EngineConfig, tp_rank: int, tp_size: int) -> dict[str, to
 
 def load_full_weights(checkpoint: Path) -> tuple[EngineConfig, dict[str, torch.Tensor]]:
     """The fp32 master weights of a checkpoint, gathered over TP ranks into full engine tensors."""
+    import torch.distributed.checkpoint as dcp  # here, not at import: it pulls in DTensor and sympy (engine/checkpoint/store.py)
+
     meta = read_meta(checkpoint)
     cfg = config_from_saved(meta["config"])
     tp = int(meta["layout"]["tp"])

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from engine.atomic_files import replace_dir, write_text_atomic
 from engine.checkpoint.checksums import check_listing, files_to_hash, hash_files, manifest_text, read_manifest, verify_blocks, MANIFEST
@@ -25,6 +24,9 @@ from engine.optim.schedule import schedule_fields
 __all__ = ["save_checkpoint", "load_checkpoint", "remove_stale_temporaries", "select_checkpoint", "refuse_earlier_run", "newest_checkpoint", "checkpoints_in_write_order",
            "verify_checkpoint", "read_meta", "check_compatible", "check_schedule", "meta_for", "MODEL_FIELDS",
            "STATE_FIELDS"]
+
+# torch.distributed.checkpoint is imported where it is used: it pulls in DTensor and sympy, ~1.2 s of CPU that
+# every engine process without a checkpoint to save or load (a refusal, `engine batches`, a short run) would pay.
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 # Fields that must match between a checkpoint and the run resuming from it: the shapes, and the muP scalings,
@@ -78,6 +80,8 @@ def save_checkpoint(save_dir: Path, step: int, state: dict[str, Any], meta: dict
             shutil.rmtree(tmp)
         tmp.mkdir()
     _barrier(group)
+    import torch.distributed.checkpoint as dcp  # (see the comment at the top)
+
     with warnings.catch_warnings():  # DCP warns that a single process saves without a process group
         warnings.simplefilter("ignore", UserWarning)
         dcp.save(state, checkpoint_id=str(tmp), process_group=group, no_dist=_no_dist())
@@ -328,6 +332,8 @@ def meta_for(cfg: EngineConfig, step: int, layout: dict[str, int],
 
 def load_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Load in place into `state` (same structure as saved). A damaged checkpoint is a ConfigError."""
+    import torch.distributed.checkpoint as dcp  # (see the comment at the top)
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)

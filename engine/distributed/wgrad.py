@@ -5,6 +5,7 @@ Why and how: docs/engine/distributed.md, section `engine/distributed/wgrad.py`.
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from engine.distributed.fp8 import linear_dgrad, linear_forward, linear_wgrad
 
@@ -81,14 +82,19 @@ def add_rows_by_id(grad: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) 
     grad.index_put_((ids[torch.searchsorted(run_sorted, r)],), sums, accumulate=True)
 
 
+# Which parameters have a fused fp32 gradient, and where: held here, not stamped on the parameter. Keyed by the
+# parameter's identity and weakly, so a model that is dropped takes its entries with it.
+_MAIN_GRADS: "WeakIdKeyDictionary[torch.Tensor, MainGrad]" = WeakIdKeyDictionary()
+
+
 def attach_main_grad(param: torch.nn.Parameter, main: MainGrad) -> None:
     """Give `param` the MainGrad its fused backward passes add into (FlatBuffers, when fusion is on)."""
-    param.temper_main_grad = main
+    _MAIN_GRADS[param] = main
 
 
 def main_grad_of(param: torch.Tensor) -> MainGrad | None:
     """The parameter's MainGrad when gradient-accumulation fusion is on, else None."""
-    return getattr(param, "temper_main_grad", None)
+    return _MAIN_GRADS.get(param)
 
 
 def placeholder(w: torch.Tensor) -> torch.Tensor:

@@ -5,13 +5,11 @@ Why and how: docs/engine/sharding.md, section `engine/sharding/fsdp.py`.
 
 import math
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from engine.config import EngineConfig
 from engine.distributed import ParallelState
@@ -19,11 +17,18 @@ from engine.optim.optimizer import adam_step_tensor, clip_coefficient, global_no
 from engine.model.tp_grads import TPGrads
 from engine.sharding.zero_state import KINDS, sharded_piece, state_prefix
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 __all__ = ["device_mesh", "shard_model", "ShardedAdamW", "fsdp_optimizer_state", "load_fsdp_optimizer_state"]
 
 
-def device_mesh(par: ParallelState) -> DeviceMesh:
+def device_mesh(par: ParallelState) -> "DeviceMesh":
     """The (dp, tp) mesh over ParallelState's existing process groups: rank r at [r // tp, r % tp]."""
+    # torch.distributed's FSDP and mesh modules are imported when --fsdp uses them: they pull in DTensor and sympy,
+    # ~1.2 s of CPU at every engine start otherwise.
+    from torch.distributed.device_mesh import DeviceMesh
+
     ranks = torch.arange(par.world_size).view(par.dp_size, par.tp_size)
     return DeviceMesh.from_group([par.dp_group, par.tp_group], par.device.type, mesh=ranks,
                                  mesh_dim_names=("dp", "tp"))
@@ -31,6 +36,8 @@ def device_mesh(par: ParallelState) -> DeviceMesh:
 
 def shard_model(model: nn.Module, par: ParallelState, compute_dtype: torch.dtype) -> None:
     """fully_shard each decoder layer, then the root, over the dp sub-mesh. The model holds fp32 parameters."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # (see device_mesh)
+
     mesh = device_mesh(par)["dp"]
     policy = MixedPrecisionPolicy(param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
                                   reduce_dtype=torch.float32)

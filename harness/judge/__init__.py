@@ -20,10 +20,20 @@ The pipeline, top down (guards.toml [dag.harness] holds each layer to importing 
   hardware.py (what machine the judge itself sees).
 """
 
-from harness.judge.gates.metrics import judge_metrics, model_mismatches
-from harness.judge.hardware import NeedsHardware, check_data, check_requires
-from harness.judge.judging import JobOutcome
-from harness.judge.runner import GateError, GateRunner, verdict_text
+import importlib
 
 __all__ = ["GateRunner", "GateError", "NeedsHardware", "check_requires", "check_data", "verdict_text", "JobOutcome", "judge_metrics",
            "model_mismatches"]
+
+# Each name is imported from its module when first asked for (PEP 562), not when the package is: the pipeline imports
+# torch and pytest, seconds that `temper doctor`, `temper milestones` and a refused `temper run`, which need only
+# hardware.py, would otherwise pay.
+_HOMES = {"GateRunner": "runner", "GateError": "runner", "verdict_text": "runner", "NeedsHardware": "hardware",
+          "check_requires": "hardware", "check_data": "hardware", "JobOutcome": "judging", "judge_metrics": "gates.metrics",
+          "model_mismatches": "gates.metrics"}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'harness.judge' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"harness.judge.{_HOMES[name]}"), name)

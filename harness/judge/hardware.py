@@ -13,15 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.spec import JobGate, Milestone, Requires
+from harness.spec import JobGate, Milestone, NeedsHardware, Requires
 
 __all__ = ["Machine", "NeedsHardware", "probe_machine", "check_requires", "check_data", "gpu_processes",
            "wait_watching_gpus"]
-
-
-class NeedsHardware(RuntimeError):
-    """The milestone cannot be judged on this machine (hardware, or the shared data its jobs read); the message
-    says what it needs. Nothing is judged."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ The package: vocab.py (globs, gate kinds, metrics, placeholders), gates.py (one 
 
 from harness.spec.gates import Gate, GuardsGate, JobGate, MetricRule, MetricsGate, OpBench, ProtectedGate, PytestGate
 from harness.spec.load import find_milestone, load_milestone, load_milestones
-from harness.spec.milestone import DRAW_KINDS, Budget, ContextFile, DrawVar, Milestone, Requires
+from harness.spec.milestone import DRAW_KINDS, Budget, ContextFile, DrawVar, Milestone, NeedsHardware, Requires
 from harness.spec.vocab import (GATE_KINDS, GUARD_RULES, JUDGE_GLOBS, JUDGED_PAIR_METRICS, METRICS, NEW_TEST_GLOB, OP_TASKS, OPS, PRINTED_DIFFS,
                                 SHAPE_KEYS, STATE_METRICS, TEST_GLOB, MetricInfo, SpecError, compare, glob_match,
                                 referenced_jobs, render_argv)
@@ -27,6 +27,7 @@ from harness.spec.vocab import (GATE_KINDS, GUARD_RULES, JUDGE_GLOBS, JUDGED_PAI
 __all__ = [
     "SpecError",
     "Milestone",
+    "NeedsHardware",
     "ContextFile",
     "Budget",
     "ProtectedGate",

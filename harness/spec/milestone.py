@@ -9,7 +9,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from harness.spec.gates import Gate, JobGate, MetricsGate
 from harness.spec.vocab import JUDGE_GLOBS, NEW_TEST_GLOB, TEST_GLOB, Glob, Strict, check_relpath, glob_match
 
-__all__ = ["ContextFile", "Budget", "DRAW_KINDS", "DRAW_NAME", "DrawVar", "Requires", "Milestone"]
+__all__ = ["ContextFile", "Budget", "DRAW_KINDS", "DRAW_NAME", "DrawVar", "Requires", "NeedsHardware", "Milestone"]
 
 
 class ContextFile(Strict):
@@ -89,6 +89,12 @@ class DrawVar(Strict):
         assert self.choices is not None
         return [c[key] if isinstance(c, dict) else c for c in self.choices]
 
+
+
+class NeedsHardware(RuntimeError):
+    """The milestone cannot be judged on this machine (its `requires`, or the shared data its jobs read); the message
+    says what it needs. Nothing is judged. Raised by harness/judge/hardware.py; here, beside Requires, so that the
+    CLI can name it without importing the judge."""
 
 
 class Requires(Strict):

@@ -1,11 +1,12 @@
 """Helpers for engine tests: run the CLI as a real subprocess and parse its wire lines."""
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["run_engine", "loss_lines", "eval_lines", "deterministic_fields", "TINY_FAST"]
+__all__ = ["run_engine", "run_engine_batch", "loss_lines", "eval_lines", "deterministic_fields", "TINY_FAST"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,6 +23,18 @@ def run_engine(*args: str, timeout: float = 300, check: bool = True) -> subproce
     if check and proc.returncode != 0:
         raise AssertionError(f"engine exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
     return proc
+
+
+def run_engine_batch(argvs: list[list[str]], timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """`python -m engine ARGV` for each argv, all in one process (tests/engine/engine_batch.py): for refusals, which
+    stop before any work, so that torch is imported once. One CompletedProcess per argv, in order."""
+    proc = subprocess.run([sys.executable, "-m", "tests.engine.engine_batch"], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, input="".join(json.dumps(a) + "\n" for a in argvs))
+    assert proc.returncode == 0, f"the batch exited {proc.returncode}: {proc.stderr[-3000:]}"
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(results) == len(argvs), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [subprocess.CompletedProcess([sys.executable, "-m", "engine", *a], r["rc"], r["stdout"], r["stderr"])
+            for a, r in zip(argvs, results)]
 
 
 def loss_lines(stdout: str) -> list[str]:

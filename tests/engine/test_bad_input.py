@@ -5,61 +5,69 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.helpers import TINY_FAST, run_engine
+from tests.engine.helpers import TINY_FAST, run_engine, run_engine_batch
 
 
 def assert_rejected(tmp_path: Path, *args: str, fragment: str) -> None:
     run_dir = tmp_path / "run"
     proc = run_engine("pretrain", *TINY_FAST, "--run-dir", str(run_dir), *args, check=False)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    check_rejected(proc, run_dir, fragment)
+
+
+def check_rejected(proc, run_dir: Path, fragment: str, case: str = "") -> None:  # noqa: ANN001 -- a CompletedProcess
+    assert proc.returncode == 2, (case, proc.stdout + proc.stderr)
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert fragment in lines[0], lines[0]
-    assert not run_dir.exists(), "a rejected run must write nothing"
+    assert len(lines) == 1, (case, proc.stderr)
+    assert fragment in lines[0], (case, lines[0])
+    assert not run_dir.exists(), f"{case}: a rejected run must write nothing"
 
 
-def test_unknown_preset(tmp_path):
-    assert_rejected(tmp_path, "--preset", "gpt5", fragment="preset='gpt5'")
-
-
-def test_inconsistent_batch_sizes(tmp_path):
-    assert_rejected(tmp_path, "--micro-batch-size", "2", "--grad-accum-steps", "8", "--global-batch-size", "64",
-                    fragment="global batch 64 != mbs 2 x GAS 8 x DP 1")
-
-
-def test_tp_larger_than_one_process_says_to_launch_with_torchrun(tmp_path):
-    assert_rejected(tmp_path, "--tp", "3", fragment="--tp=3 does not divide the number of processes (1): launch with "
-                                                    "torchrun --nproc-per-node 3")
-
-
-def test_more_eval_samples_than_validation_data(tmp_path):
-    # the embedded validation split holds 912 samples of 64 tokens
-    assert_rejected(tmp_path, "--eval-samples", "5000", fragment="--eval-samples=5000 needs more validation samples than "
-                                                                 "the 912 of --seq-length 64 there are: use at most 912")
-
-
-def test_missing_text_field(tmp_path):
-    data = tmp_path / "docs.jsonl"
-    data.write_text("\n".join(json.dumps({"body": f"document number {i} " * 50}) for i in range(20)) + "\n")
-    assert_rejected(tmp_path, "--hf-dataset", str(data), "--eval-samples", "0", fragment="--hf-text-field")
-
-
-def test_empty_dataset(tmp_path):
-    data = tmp_path / "empty.jsonl"
-    data.write_text("")
-    assert_rejected(tmp_path, "--hf-dataset", str(data), "--eval-samples", "0", fragment="--hf-dataset")
-
-
-def test_tokenizer_vocab_exceeds_model(tmp_path, shared_data):
-    assert_rejected(tmp_path, "--tokenizer-path", str(shared_data / "tokenizers" / "minicpm4"), fragment="--vocab-size")
-
-
-def test_corrupt_checkpoint(tmp_path):
+def test_each_bad_flag_is_one_line_exit_2_and_nothing_written(tmp_path):
+    """Refusals of flags, data, checkpoints and output folders. Each is `python -m engine pretrain ...` as the CLI runs
+    it (engine.cli.main, its stdout and stderr at the file-descriptor level), all in one process
+    (tests/engine/engine_batch.py): torch is imported once, not once per refusal."""
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("\n".join(json.dumps({"body": f"document number {i} " * 50}) for i in range(20)) + "\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
     ckpt = tmp_path / "ckpt" / "step_00000004"
     ckpt.mkdir(parents=True)
     (ckpt / "meta.json").write_text("{not json")
     (ckpt / ".metadata").write_bytes(b"garbage")
-    assert_rejected(tmp_path, "--resume", str(ckpt), fragment="--resume")
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("keep me")
+    cases = {
+        "unknown preset": (["--preset", "gpt5"], "preset='gpt5'"),
+        "inconsistent batch sizes": (["--micro-batch-size", "2", "--grad-accum-steps", "8", "--global-batch-size", "64"],
+                                     "global batch 64 != mbs 2 x GAS 8 x DP 1"),
+        "tp larger than one process": (["--tp", "3"], "--tp=3 does not divide the number of processes (1): launch with "
+                                                      "torchrun --nproc-per-node 3"),
+        # the embedded validation split holds 912 samples of 64 tokens
+        "more eval samples than validation data": (["--eval-samples", "5000"],
+                                                   "--eval-samples=5000 needs more validation samples than the 912 of "
+                                                   "--seq-length 64 there are: use at most 912"),
+        "missing text field": (["--hf-dataset", str(docs), "--eval-samples", "0"], "--hf-text-field"),
+        "empty dataset": (["--hf-dataset", str(empty), "--eval-samples", "0"], "--hf-dataset"),
+        "corrupt checkpoint": (["--resume", str(ckpt)], "--resume"),
+        "cuda graphs without cuda": (["--cuda-graphs", "--device", "cpu"],
+                                     "--cuda-graphs=True captures CUDA graphs, and this run's device is cpu: run on a CUDA GPU"),
+        "override schedule without resume": (["--override-schedule"], "--override-schedule=True"),
+        # found before any work (it used to surface as a FileExistsError traceback at the first checkpoint)
+        "output folder that is a file": (["--save-dir", str(blocker)],
+                                         f"--save-dir={str(blocker)!r} is not a folder: choose a folder path"),
+        "output folder inside a file": (["--save-dir", str(blocker / "ckpt")],
+                                        f"is not a folder ({blocker} is a file): choose a folder path"),
+    }
+    run_dirs = {case: tmp_path / f"run-{i}" for i, case in enumerate(cases)}
+    procs = run_engine_batch([["pretrain", *TINY_FAST, "--run-dir", str(run_dirs[case]), *args]
+                              for case, (args, _) in cases.items()])
+    for (case, (_, fragment)), proc in zip(cases.items(), procs):
+        check_rejected(proc, run_dirs[case], fragment, case)
+    assert blocker.read_text() == "keep me"
+
+
+def test_tokenizer_vocab_exceeds_model(tmp_path, shared_data):
+    assert_rejected(tmp_path, "--tokenizer-path", str(shared_data / "tokenizers" / "minicpm4"), fragment="--vocab-size")
 
 
 def test_truncated_checkpoint_shards(tmp_path):
@@ -69,15 +77,6 @@ def test_truncated_checkpoint_shards(tmp_path):
     for shard in ckpt.glob("*.distcp"):
         shard.write_bytes(shard.read_bytes()[:100])
     assert_rejected(tmp_path, "--resume", str(ckpt), fragment="--resume")
-
-
-def test_cuda_graphs_without_cuda(tmp_path):
-    assert_rejected(tmp_path, "--cuda-graphs", "--device", "cpu",
-                    fragment="--cuda-graphs=True captures CUDA graphs, and this run's device is cpu: run on a CUDA GPU")
-
-
-def test_override_schedule_without_resume(tmp_path):
-    assert_rejected(tmp_path, "--override-schedule", fragment="--override-schedule=True")
 
 
 def test_fresh_run_into_a_save_dir_with_checkpoints(tmp_path):
@@ -95,13 +94,3 @@ def test_fresh_run_into_a_save_dir_with_checkpoints(tmp_path):
     assert {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
     resumed = run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--run-dir", str(run_dir), "--resume", "auto")
     assert "[RUN] resumed from" in resumed.stdout
-
-
-def test_output_folder_that_is_a_file(tmp_path):
-    """Found before any work (it used to surface as a FileExistsError traceback at the first checkpoint)."""
-    blocker = tmp_path / "notes.txt"
-    blocker.write_text("keep me")
-    assert_rejected(tmp_path, "--save-dir", str(blocker), fragment=f"--save-dir={str(blocker)!r} is not a folder: choose a folder path")
-    assert_rejected(tmp_path, "--save-dir", str(blocker / "ckpt"),
-                    fragment=f"is not a folder ({blocker} is a file): choose a folder path")
-    assert blocker.read_text() == "keep me"

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from engine.config import build_config, resolve
 from engine.distributed import MainGrad, ParallelState, attach_main_grad, fused_embedding, fused_linear
-from engine.distributed.wgrad import add_rows_by_id
+from engine.distributed import wgrad
+from engine.distributed.wgrad import add_rows_by_id, main_grad_of
 from engine.model import build_model
 from engine.ops import resolve_ops
 from engine.optim import FlatBuffers
@@ -126,6 +127,20 @@ def test_without_a_main_grad_the_plain_ops_run() -> None:
     w = w.requires_grad_()
     fused_linear(x, w).backward(dys[0])
     assert w.grad is not None and rel(w.grad, _fp64_wgrad(x, dys[:1])) < 1e-6
+
+
+def test_the_main_grad_is_held_by_wgrad_not_stamped_on_the_parameter() -> None:
+    """One module writes the parameter -> MainGrad mapping and reads it back (issue 33 section 2): the parameter gets
+    no attribute, an equal parameter is another key, and a dropped parameter leaves the mapping."""
+    w = torch.nn.Parameter(torch.zeros(4, 4))
+    before = set(vars(w))
+    main = MainGrad(torch.zeros(4, 4))
+    attach_main_grad(w, main)
+    assert main_grad_of(w) is main and set(vars(w)) == before
+    assert main_grad_of(torch.nn.Parameter(torch.zeros(4, 4))) is None
+    held = len(wgrad._MAIN_GRADS)
+    del w
+    assert len(wgrad._MAIN_GRADS) == held - 1
 
 
 def _fc1_grads(version: str, device: torch.device, dtype: torch.dtype, fused: bool):

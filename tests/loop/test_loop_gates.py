@@ -9,7 +9,10 @@ differences are computed by hand from the numbers in the files.
 import json
 import math
 import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,7 @@ from harness.judge.judging import JobOutcome
 from harness.jobs import JobResult
 from harness.records import RunRecord
 from harness.spec import JobGate, MetricsGate, load_milestone
-from tests.loop.loop_helpers import events, git, temper, tree_fingerprint
+from tests.loop.loop_helpers import REPO, events, git, temper, temper_env, tree_fingerprint
 
 __all__: list[str] = []
 
@@ -87,6 +90,35 @@ def test_temper_gate_judges_patches_and_the_checkout_without_touching_it(home: P
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("ACCEPTED: every gate passed (protected, guards, pytest)\n"), proc.stdout
     assert tree_fingerprint(home) == before
+
+
+def test_a_gate_ended_by_sigterm_removes_its_scratch_worktree(home: Path, tmp_path: Path) -> None:
+    """SIGTERM (a timeout, the user's kill) while `temper gate` holds a scratch worktree of the user's repository: the
+    same cleanup as Ctrl-C runs, so no worktree stays registered in the repository and no temp folder is left."""
+    good = unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "gate", "loop-tiny", "--patch", str(good)], cwd=REPO,
+                            env=temper_env(home, TMPDIR=str(tmp)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:  # until a scratch worktree (a second one, under our TMPDIR) is registered and on disk
+            held = [line[len("worktree "):] for line in git(home, "worktree", "list", "--porcelain").splitlines()
+                    if line.startswith("worktree ") and line[len("worktree "):].startswith(str(tmp))]
+            if any(Path(p).is_dir() for p in held):
+                break
+            assert proc.poll() is None, f"the gate ended before it held a scratch worktree: {proc.communicate()}"
+            assert time.monotonic() < deadline, "no scratch worktree within 240 s"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert git(home, "worktree", "list", "--porcelain").count("worktree ") == 1, git(home, "worktree", "list")
+    assert sorted(p.name for p in tmp.iterdir()) == [], "the gate left temp folders behind"
+    assert proc.returncode == 143 and "temper gate: terminated (SIGTERM)" in err, (proc.returncode, out, err)
 
 
 @pytest.fixture

@@ -49,7 +49,9 @@ SCENARIOS = [
 GAS2 = {"micro_batch_size": 2, "grad_accum_steps": 2}
 
 
-@pytest.fixture(scope="module")
+# The runs below are session-scoped, not module-scoped: under `--dist worksteal` a worker that steals a test of another
+# file in between would tear a module fixture down and run the same ~25 s of training again (seen: three times).
+@pytest.fixture(scope="session")
 def single(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks: the same GEMM blocking
@@ -65,7 +67,7 @@ def single(tmp_path_factory):
         torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def world2(tmp_path_factory, single):
     resume = ("dp2_from_dp1", {"micro_batch_size": 2, "ddp_bucket_mb": 0.3, "resume": single["ckpt_gas2"]}, 4)
     return spawn(2, SCENARIOS + [resume], tmp_path_factory.mktemp("world2"))
@@ -172,7 +174,7 @@ def test_dp2_resumes_a_single_process_checkpoint(world2, single):
     assert_trajectories(world2["dp2_from_dp1"]["steps"], single["ref_gas2"]["steps"][4:8], 1e-6, "dp2 from a dp1 checkpoint")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def adamw_ref(tmp_path_factory):
     return adamw_reference({}, 20, str(tmp_path_factory.mktemp("adamw_ref")))
 

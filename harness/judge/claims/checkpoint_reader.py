@@ -29,21 +29,14 @@ dtypes and Size, PosixPath) and the `trainer` bytes with torch.load(weights_only
 are read by DCP with weights_only=True already.
 """
 
-import io
 import json
 import math
-import pickle
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
 from harness.judge.claims.manifest import manifest_problems
 
@@ -88,79 +81,32 @@ class JudgeCheckpoint:
         return self.meta["config"]
 
 
-# --- safe reading ---------------------------------------------------------------------------------
-
-_ALLOWED_GLOBALS = {
-    ("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "Path"),
-    ("collections", "OrderedDict"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a checkpoint's .metadata")
-
-
-class _SafeReader(FileSystemReader):
-    def read_metadata(self, *args: Any, **kwargs: Any):
-        from torch.distributed.checkpoint.metadata import StorageMeta
-        with open(Path(self.path) / ".metadata", "rb") as fh:
-            metadata = _MetadataUnpickler(fh).load()
-        for info in getattr(metadata, "storage_data", {}).values():
-            rel = str(getattr(info, "relative_path", ""))
-            if not rel or "/" in rel or "\\" in rel or rel in (".", ".."):
-                raise pickle.UnpicklingError(f"storage file {rel!r} is not a plain file name in the folder")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class _SafePlanner(DefaultLoadPlanner):
-    """Flat state dicts only (keys as stored, e.g. "optim.master/lm_head", "trainer.step")."""
-
-    def __init__(self) -> None:
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        self.original_state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
+# --- safe reading (harness/judge/claims/dcp_safe.py, imported at the first read) ---------------------
 
 
 def _read_metadata(path: Path):
+    from harness.judge.claims import dcp_safe
+
     try:
-        return _SafeReader(str(path)).read_metadata()
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, TypeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({type(err).__name__}: {err})") from err
+        return dcp_safe.read_metadata(path)
+    except dcp_safe.Unreadable as err:
+        raise CheckpointError(f"checkpoint {path}: {err}") from err.__cause__
 
 
 def _dcp_load(path: Path, state: dict[str, Any]) -> None:
+    from harness.judge.claims import dcp_safe
+
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafePlanner(), no_dist=True)
-    except (dcp.CheckpointException, RuntimeError, ValueError, KeyError, OSError, EOFError,
-            pickle.UnpicklingError, AssertionError) as err:
-        cause = err
-        failures = getattr(err, "failures", None)  # CheckpointException: rank -> the exception it wraps
-        if isinstance(failures, dict) and failures:
-            cause = next(iter(failures.values()))
-            if isinstance(cause, tuple) and cause:  # (exception, traceback) on this torch
-                cause = cause[0]
-            cause = getattr(cause, "exc_value", cause)  # traceback wrappers keep the original here
-        text = str(cause).strip().splitlines()
-        first = text[0][:300] if text else ""
-        raise CheckpointError(f"checkpoint {path}: DCP read failed ({type(cause).__name__}: {first})") from err
+        dcp_safe.dcp_load(path, state)
+    except dcp_safe.Unreadable as err:
+        raise CheckpointError(f"checkpoint {path}: {err}") from err.__cause__
+
+
+def _storage_classes() -> tuple[type, type]:
+    """(TensorStorageMetadata, BytesStorageMetadata): what a `.metadata` entry is."""
+    from harness.judge.claims.dcp_safe import BytesStorageMetadata, TensorStorageMetadata
+
+    return TensorStorageMetadata, BytesStorageMetadata
 
 
 # --- shapes (restated from engine/model/layers.py) -------------------------------------------------
@@ -263,6 +209,7 @@ def size_mismatches(path: Path | str, config: dict[str, Any], tp: int, kind: str
     what `config` implies under TP size `tp`; missing and unexpected parameters too. One line each."""
     path = Path(path)
     md = _read_metadata(path).state_dict_metadata
+    TensorStorageMetadata, _ = _storage_classes()
     out = []
     want: dict[str, int] = {}
     for r in range(tp):
@@ -315,6 +262,7 @@ def stored_entries(path: Path | str) -> dict[str, tuple[str, torch.dtype | None,
     if damaged:
         raise CheckpointError(f"checkpoint {path}: {damaged[0]}" + (f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""))
     out: dict[str, tuple[str, torch.dtype | None, tuple[int, ...]]] = {}
+    TensorStorageMetadata, BytesStorageMetadata = _storage_classes()
     for key, entry in _read_metadata(path).state_dict_metadata.items():
         if isinstance(entry, TensorStorageMetadata):
             out[key] = ("tensor", entry.properties.dtype, tuple(entry.size))
@@ -351,6 +299,7 @@ def load_checkpoint(path: Path | str, *, kinds: Iterable[str] = KINDS, names: It
     if bad:
         raise ValueError(f"unknown kinds {bad}; choose from {KINDS}")
     md = _read_metadata(path).state_dict_metadata
+    TensorStorageMetadata, BytesStorageMetadata = _storage_classes()
     tp_prefixes = {m.group(1) for k in md if (m := re.match(r"^optim\.(tp\d+/)?master/", k))}
     expected_prefixes = {None} if tp == 1 else {f"tp{r}/" for r in range(tp)}
     if tp_prefixes != expected_prefixes:
