@@ -192,6 +192,10 @@ class Workspace:
             # way `git worktree remove` can, so cleanup never masks the body's own exception.
             shutil.rmtree(holder, ignore_errors=True)
             _git(repo_dir, "worktree", "prune")
+            # A `git worktree add` cut short (SIGTERM or Ctrl-C while it ran: subprocess.run kills it) leaves its
+            # entry locked ("initializing"), which prune skips; a double --force removes a locked, missing one.
+            if str(worktree) in _git(repo_dir, "worktree", "list", "--porcelain"):
+                _git(repo_dir, "worktree", "remove", "--force", "--force", str(worktree))
 
     @staticmethod
     def discard(repo: Path, *, run_id: str, root: Path) -> list[str]:

@@ -167,6 +167,19 @@ def test_scratch_cleans_up_even_when_the_body_raises(user_repo: Path) -> None:
     assert git(user_repo, "worktree", "list", "--porcelain").count("worktree ") == 1
 
 
+def test_scratch_removes_a_worktree_whose_add_was_cut_short(user_repo: Path) -> None:
+    # A signal while `git worktree add` runs kills git (subprocess.run does) and leaves the entry locked
+    # ("initializing"), which `git worktree prune` skips: the CI run of the SIGTERM test in tests/loop/test_loop_gates.py
+    # left one so. The lock git leaves is planted here, deterministically.
+    with pytest.raises(KeyboardInterrupt):
+        with Workspace.scratch(user_repo, "HEAD") as scratch:
+            path = scratch.worktree
+            git(user_repo, "worktree", "lock", "--reason", "initializing", str(path))
+            raise KeyboardInterrupt
+    assert not path.parent.exists()
+    assert git(user_repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
 def test_open_resumes_and_recreates_a_deleted_worktree(user_repo: Path, tmp_path: Path) -> None:
     root = tmp_path / "runs"
     ws = Workspace.create(user_repo, base="HEAD", run_id="r1", root=root)
