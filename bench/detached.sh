@@ -4,7 +4,7 @@
 #   bash bench/detached.sh start NAME CMD [ARGS...]   run CMD in the background; its stdout+stderr go to NAME.log
 #   bash bench/detached.sh wait SECONDS               wait until every started job ended or SECONDS passed, then
 #                                                     copy what the jobs wrote to $OUT and print one line a job
-# A job's own output folder is $DETACHED/NAME.out (exported to it as JOB_OUT); everything under $DETACHED comes back.
+# A job's own output folder is $DETACHED/NAME.out (exported to it as JOB_OUT); what $DETACHED holds comes back.
 set -u
 DETACHED="${DETACHED:-/tmp/detached}"
 mkdir -p "$DETACHED"
@@ -28,7 +28,8 @@ case "${1:-}" in
       [ "$running" -eq 0 ] && break
       sleep 5
     done
-    [ -n "${OUT:-}" ] && cp -r "$DETACHED"/. "$OUT"/
+    # Files under 4 MB only: logs, verdicts, tables (a judged job's checkpoints stay on the machine).
+    [ -n "${OUT:-}" ] && (cd "$DETACHED" && find . -type f -size -4M -print0 | xargs -0 -r cp --parents -t "$OUT")
     for log in "$DETACHED"/*.log; do
       [ -e "$log" ] || continue
       name="$(basename "$log" .log)"
