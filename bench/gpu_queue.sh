@@ -4,10 +4,10 @@
 #   bash bench/gpu_queue.sh bench/queues/judge-gpu.txt            # every GPU nvidia-smi lists
 #   GPUS="1 2 3" bash bench/gpu_queue.sh QUEUE                     # these GPUs only
 # A queue file holds one bash command a line (blank lines and '#' comments skipped), longest first. Command i's output
-# goes to $OUT/queue/i.log; $OUT/queue/table.txt (printed last) has one row a command: gpu, exit code, seconds.
+# goes to DIR/queue/i.log (DIR: $JOB_OUT, else $OUT); DIR/queue/table.txt (printed last) has one row a command: gpu, exit code, seconds.
 set -u
 queue_file="${1:?usage: bash bench/gpu_queue.sh QUEUE_FILE}"
-OUT="${OUT:-${JOB_OUT:-$PWD/gpu-queue}}"
+OUT="${JOB_OUT:-${OUT:-$PWD/gpu-queue}}"  # under bench/detached.sh: its job folder (the device empties $OUT each call)
 dir="$OUT/queue"
 mkdir -p "$dir"
 read -r -a gpus <<< "${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | tr '\n' ' ')}"
