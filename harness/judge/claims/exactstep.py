@@ -56,9 +56,12 @@ Tolerances (`tolerances_for`), relative:
   a sum over 16k tokens of terms that cancel, carried most of it). So each bf16 step also gets a floor: the
   judge runs its own pass again in bf16 autocast (GEMM inputs rounded to bf16, fp32 accumulation, the loss in
   fp32) on the same weights and batch, and a bound is at least FLOOR_FACTOR = 3 x how far that lands from its
-  fp32 pass (the gradient and the second moment by the weighted measure below), at most BF16_CAP (5e-2, 0.2,
-  0.5, 0.6), below what the cheats move. The floors are in each check (`StepCheck.floor`) and the verdict's
-  measured values.
+  fp32 pass (the gradient and the second moment by the weighted measure below), at most BF16_CAP (loss 5e-2,
+  gradient 0.5, second moment 0.6), below what the cheats move. The printed grad norm's bound has no cap: late in
+  a run its rounding noise can pass any cap that would still catch a cheat (fp8-parity, minicpm4-0.5b, step 300 on
+  an H200: the judge's own bf16 norm 0.213 from its fp32 one, the honest engine's 0.207, rejected by the old cap
+  of 0.2); a step whose norm is that noisy is judged by its gradient (weighted, below), which is what it applied.
+  The floors are in each check (`StepCheck.floor`) and the verdict's measured values.
 - FP8 runs (expected config `fp8` tensorwise or rowwise, docs/fp8.md): the decoder's linears (QKV, O, FC1, FC2)
   round every GEMM operand to E4M3 (3 mantissa bits) or, tensorwise, the output gradient to E5M2 (2 bits): 16-32x
   bf16's roundoff, and the gradient moves far more than the loss. Measured with the engine's CPU emulation (fp32
@@ -67,7 +70,7 @@ Tolerances (`tolerances_for`), relative:
   (another init), loss 6e-4. So each FP8 step gets a floor of its own, as bf16 steps do: the judge's pass with the
   decoder's linears quantised as the recipe states (harness/judge/claims/fp8_reference.py: dynamic amax scales per tensor
   or per row, fp32 products; in bf16 autocast too when the run computes in bf16) against its fp32 pass, and each
-  bound is at least FLOOR_FACTOR x that (weighted as below) and at most FP8_CAP (5e-2, 0.2, 0.7, 0.8: the
+  bound is at least FLOOR_FACTOR x that (weighted as below) and at most FP8_CAP (5e-2, no cap, 0.7, 0.8: the
   gradient caps above bf16's 0.5 / 0.6 because FP8's error adds to bf16's, ~0.35 and ~0.3-0.45 measured, ~0.5-0.57
   together). An honest CPU step lands within 1 % of the floor (the same quantisation as the engine's). Margin
   left: on tiny the bound is ~0.06 of the gradient and half the batch moves it 0.21, another batch 0.45
@@ -137,10 +140,11 @@ FP32 = Tolerances(loss=1e-4, grad_norm=1e-4, grad=1e-3, second_moment=1e-3)
 BF16 = Tolerances(loss=2e-2, grad_norm=5e-2, grad=0.15, second_moment=0.2)
 # bf16 runs: a bound grows to FLOOR_FACTOR x the judge's own bf16 error on the step (module doc), never past these,
 # which stay below what the cheats move (another batch ~0.3-1 of the gradient, half the samples percents of the loss).
-BF16_CAP = Tolerances(loss=5e-2, grad_norm=0.2, grad=0.5, second_moment=0.6)
+# The printed grad norm has no cap: where rounding moves it past a cap it cannot tell a cheat anyway (module doc).
+BF16_CAP = Tolerances(loss=5e-2, grad_norm=math.inf, grad=0.5, second_moment=0.6)
 FLOOR_FACTOR = 3.0
 # FP8 runs (config fp8 != off): the same widening from the judge's own FP8 pass (module doc), capped here.
-FP8_CAP = Tolerances(loss=5e-2, grad_norm=0.2, grad=0.7, second_moment=0.8)
+FP8_CAP = Tolerances(loss=5e-2, grad_norm=math.inf, grad=0.7, second_moment=0.8)
 
 
 def tolerances_for(config: Mapping[str, Any], device: str) -> Tolerances:
