@@ -23,7 +23,7 @@ from harness.judge.manifests import python_env
 from harness.judge.policy import PolicyResult
 from harness.progress import Progress
 from harness.records import RunRecord
-from harness.settings import torch_caches_while
+from harness.settings import data_dir, torch_caches_while
 from harness.spec import JobGate, Milestone
 
 __all__ = ["GateError", "Context", "Judging", "JobOutcome", "JUDGE_ROOT", "LOG_TAIL_LINES", "tail", "read_text",
@@ -110,7 +110,7 @@ class Judging:
     def sandbox(self, *, writable: tuple[Path, ...], launcher: str = "local", readonly: tuple[Path, ...] = (),
                 hidden: tuple[Path, ...] = (), cwd: Path | None = None) -> dict[str, Any]:
         """JobSpec fields that put a candidate process in the sandbox: everything read-only, the judge's temp
-        folder too (it lives under /tmp, which is private inside), only `writable` writable, the judge's records
+        folder too (it lives under /tmp, which is private inside) and the shared data folder, only `writable` writable, the judge's records
         and the home's milestones (hidden material, references) out of sight, no network. The judged checkout,
         when it is the process's `cwd` (the default), is seen writable as a user's is: an overlay whose changes
         the judge reads after the gate (any rejects, as a changed file does), its judge-compiled `__pycache__`
@@ -125,7 +125,9 @@ class Judging:
             changes = Path(tempfile.mkdtemp(dir=self.scratch[0]))  # out of the sandbox's sight (beside the holder)
             self.overlays.append(changes)
             overlaid, readonly = ((self.tree, changes),), (*readonly, *self.pycache)
-        return {"sandbox": Sandbox(writable=writable, readonly=(self.holder, *readonly), hidden=hidden, overlaid=overlaid,
+        # The shared data folder (`{data}`) is read as a user's run reads it, also where it lies below /tmp (private inside).
+        data = tuple(p for p in (data_dir(self.ctx.home),) if p.is_dir() and p != Path("/"))
+        return {"sandbox": Sandbox(writable=writable, readonly=(self.holder, *data, *readonly), hidden=hidden, overlaid=overlaid,
                                    home=True, gpus=self.device == "cuda")}
 
     def caches(self, folder: Path) -> dict[str, str]:

@@ -139,3 +139,36 @@ def test_a_judged_run_shows_what_a_users_run_shows(checkout: Path, tmp_path: Pat
         assert "pid_below_100" in differ, f"{name}: the judged probe ran outside the sandbox: {differ}"
         unexplained = {k: v for k, v in differ.items() if k not in known}
         assert not unexplained, f"{name}: a judged run differs from a user's run in: " + json.dumps(unexplained, indent=1)
+
+
+# ~3 s (a judging's setup); the class it guards: a job reads the data a user's run reads
+def test_a_judged_job_reads_the_shared_data_where_a_users_run_does(checkout: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """TEMPER_DATA below /tmp (the sandbox's /tmp is private): the judged job still reads it, read-only. On 4 x H200
+    (2026-11-27) fp8-parity's prepare job was refused "--tokenizer-path=/tmp/data/... does not exist" and the judge
+    reported a failed change for a folder the hardware check had just found."""
+    data = tmp_path / "data"  # pytest's tmp_path lies below /tmp
+    (data / "tokenizers").mkdir(parents=True)
+    (data / "tokenizers" / "probe.txt").write_text("shared data")
+    monkeypatch.setenv("TEMPER_DATA", str(data))
+    milestone = load_milestone(checkout / "milestones/loop-tiny.toml", root=checkout)
+    record = RunRecord.create(milestone_id=milestone.id, spec_hash=milestone.spec_hash, agent={"spec": "none"},
+                              base_commit="0" * 40, branch="", worktree="", runs_root=tmp_path / "runs")
+    runner = GateRunner(milestone=milestone, repo=checkout, base=git(checkout, "rev-parse", "HEAD").strip(), record=record)
+    seen: dict[str, str] = {}
+    script = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); print('read:', p.read_text());"
+              "\ntry:\n    p.write_text('changed')\nexcept OSError as e:\n    print('write refused:', e.errno)")
+
+    def run_all(self: GateRunner, judging) -> list:  # noqa: ANN001 -- harness.judge.judging.Judging
+        gate = JobGate(kind="job", name="probe", task="train", timeout_s=300, argv=["pretrain"])
+        spec = engine_spec(gate, judging, name="probe", argv=["pretrain"], job_dir=neutral(judging.holder),
+                           log_path=tmp_path / "probe.log", timeout_s=300)
+        assert spec.sandbox is not None, "the probe must run sandboxed"
+        spec = replace(spec, argv=[sys.executable, "-c", script, str(data / "tokenizers" / "probe.txt")])
+        seen["job"] = launch(spec).wait(poll_s=0.2).read_log()
+        return []
+
+    monkeypatch.setattr(GateRunner, "_run_all", run_all)
+    runner.judge("", attempt=0)
+    assert "read: shared data" in seen["job"], seen["job"]
+    assert "write refused" in seen["job"] and (data / "tokenizers" / "probe.txt").read_text() == "shared data"
