@@ -32,11 +32,9 @@ c. Learning rate. From checkpoints N - 1 and N, torch's AdamW step is
    linear in (lr, lr * wd). Both are fitted by least squares over every element of a tensor (fp64),
    so the weight decay, which a run might misstate, does not bias lr. Every fitted tensor is held
    to the printed lr times its muP multiplier (`lr_multiplier`, restated here from the EXPECTED
-   config's mup / hidden_size / dim_model_base, never from the engine): with muP the hidden
-   matrices (attn.qkv, attn.o, mlp.fc1, mlp.fc2) train at lr / (hidden_size / dim_model_base); the
-   embedding, the norm gains and the LM head (the readout, whose forward is already divided by that
-   width ratio: muP-Adam, Tensor Programs V) at lr. So an engine that silently drops or changes the
-   multipliers is caught on the hidden matrices, and one that scales a vector-like tensor on it.
+   config's mup / hidden_size / dim_model_base, never from the engine): with muP the hidden matrices
+   train at lr / (hidden_size / dim_model_base), the embedding, norm gains and LM head (whose forward is
+   already divided by that ratio: muP-Adam, Tensor Programs V) at lr; dropped or changed multipliers are caught.
    embed.weight's estimate is the headline (`lr_estimate`). t is the printed final step, which must equal
    the checkpoint's step and Adam step (a changed t would bend the bias corrections). Betas and eps
    come from the expected config when it has them (else meta.json). The moments themselves are
@@ -48,10 +46,8 @@ c. Learning rate. From checkpoints N - 1 and N, torch's AdamW step is
    truthfully is caught too (a milestone that states its own lr_contract is held to that instead:
    harness/judge/claims/contract.py, check_schedule=False here).
 
-What this does not catch (documented, out of scope here): a job that rewrites checkpoint N - 1's
-masters consistently (the step between N - 1 and N then looks smaller; judge_val_loss still holds
-the final weights to account), and a job that trains on the validation split (the val loss is
-then honest-looking but low).
+Not caught here (documented): a job that rewrites checkpoint N - 1's masters consistently (judge_val_loss still
+holds the final weights to account), and one that trains on the validation split.
 """
 
 import hashlib
