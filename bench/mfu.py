@@ -99,7 +99,7 @@ def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     cfg = engine_config(flags, args.nproc or None)
     nproc = args.nproc or cfg.tp
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [*launcher(nproc), "-m", "engine", "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
+        cmd = [*launcher(nproc), "-m", args.engine_module, "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
                "--eval-samples", "0", "--no-save-final", "--warmup-steps", "0", "--run-dir", tmp, *flags]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
         poller = GpuPoller()
@@ -320,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-connections", type=int, default=1, help="CUDA_DEVICE_MAX_CONNECTIONS for multi-process runs (0: unset)")
     p.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds before a peer's job is stopped")
     p.add_argument("--engine-timeout", type=float, default=3600.0, help="seconds before an engine run is stopped")
+    p.add_argument("--engine-module", default="engine",
+                   help="run engine variants as `python -m MODULE pretrain` (tests.engine.fp8_recast: tensorwise FP8 "
+                        "casting every backward operand again, the reference the kept FP8 copies are timed against)")
     p.add_argument("--profile-peers", action="store_true",
                    help="profile one more step of each peer (bench/profile_step.py's summary, kept in the JSON, "
                         "families printed after the table)")

@@ -55,10 +55,11 @@ case "${1:-check}" in
     # One GPU, no wheels staged: every op at its plain-torch version (the FP8 GEMMs are torch._scaled_mm either way).
     # bf16, then --fp8 tensorwise (the linears keep the forward's FP8 copies of x and W and cast dy once) and rowwise
     # (casts every backward operand again), both with the compiled operand cast (--op-fp8-cast compiled, named: the
-    # CUDA default). FP8_EAGER=1 adds tensorwise with the eager cast (--op-fp8-cast baseline). Each variant is its
-    # own bench/mfu.py run with its own JSON, so a call cut short keeps the variants it finished; the table
-    # (bench/fp8_cast_table.py: MFU against the bf16 and the FP8 peak) comes last. FP8_S: seconds per variant
-    # (default 130: 3 x 130 + the GPU tests' 90 fit the 10-minute call).
+    # CUDA default), then tensorwise on the recasting path (tests/engine/fp8_recast.py: the A/B of the kept copies).
+    # FP8_EAGER=1 adds tensorwise with the eager cast (--op-fp8-cast baseline). Each variant is its own bench/mfu.py
+    # run with its own JSON, so a call cut short keeps the variants it finished; the table (bench/fp8_cast_table.py:
+    # MFU against the bf16 and the FP8 peak) comes last. FP8_S: seconds per variant (default 120: 4 x 120 + the GPU
+    # tests' 90 fit the 10-minute call).
     nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
     stamp "FP8 GPU tests (the GEMMs; the compiled cast == baseline and the kept FP8 copies == recasting, bit for bit)"
@@ -69,9 +70,15 @@ case "${1:-check}" in
     [ "${FP8_EAGER:-0}" = 1 ] && variants+=("fp8-tensorwise-baseline=--fp8 tensorwise --op-fp8-cast baseline")
     for v in "${variants[@]}"; do
       stamp "4-layer 8B slice: ${v%%=*}"
-      timeout "${FP8_S:-130}" python3 bench/mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps "${FP8_STEPS:-5}" \
-        --warmup 2 --engine-timeout "$(( ${FP8_S:-130} - 5 ))" --variant "$v" --out "$OUT/fp8_${v%%=*}.json" 2>&1 | tail -2
+      timeout "${FP8_S:-120}" python3 bench/mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps "${FP8_STEPS:-5}" \
+        --warmup 2 --engine-timeout "$(( ${FP8_S:-120} - 5 ))" --variant "$v" --out "$OUT/fp8_${v%%=*}.json" 2>&1 | tail -2
     done
+    # the A/B of the kept FP8 copies: tensorwise as before them (every backward operand cast again from bf16)
+    stamp "4-layer 8B slice: fp8-tensorwise-recast (tests/engine/fp8_recast.py)"
+    timeout "${FP8_S:-120}" python3 bench/mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps "${FP8_STEPS:-5}" \
+      --warmup 2 --engine-timeout "$(( ${FP8_S:-120} - 5 ))" --engine-module tests.engine.fp8_recast \
+      --variant "fp8-tensorwise-recast=--fp8 tensorwise --op-fp8-cast compiled" --out "$OUT/fp8_fp8-tensorwise-recast.json" \
+      2>&1 | tail -2
     python3 bench/fp8_cast_table.py --out "$OUT/mfu_8b4l_fp8_cast.json" "$OUT"/fp8_bf16.json "$OUT"/fp8_fp8-*.json
     ;;
   fsdp-test)
