@@ -24,7 +24,8 @@ next): `torch-compile` (two variants: `bf16` weights without fp32 master, and `a
 bf16 autocast; bench/peers/compiled.py), `torchtitan` (bench/peers/titan.py), `megatron-core`
 (bench/peers/megatron.py). Each is configured from the same engine flags (shapes, mbs, seq, GAS,
 vocabulary) and its MFU uses the engine's FLOP count (engine/flops.py: 6 x matmul params incl. the LM
-head + 6 x L x h x s per token, against --peak-tflops per GPU or the GPU's datasheet peak). A peer
+head + 6 x L x h x s per token, against --peak-tflops per GPU or the GPU's datasheet bf16 peak; a --fp8 row also
+shows MFU8, against the dense FP8 peak, twice bf16's: `mfu_fp8_peak` in the JSON, null for other rows). A peer
 that cannot import or run is reported with the reason; the others still run. So is a run that hangs: a peer
 past --peer-timeout (an engine run past --engine-timeout) is stopped with all its processes, torchrun's
 workers included (harness/jobs/process.py), and the job goes on to the next row.
@@ -53,7 +54,7 @@ from bench.common import GpuPoller, launcher, torchrun  # noqa: E402
 from harness.jobs.process import Lines, Process  # noqa: E402  (the one process runner)
 from bench.peers.common import engine_config  # noqa: E402
 from engine.atomic_files import write_text_atomic  # noqa: E402
-from engine.flops import flops_per_token, mfu, peak_flops  # noqa: E402
+from engine.flops import flops_per_token, mfu, peak_flops, peak_fp8_flops  # noqa: E402
 
 __all__ = ["main", "run_engine", "run_peer", "energy_mj_per_token"]
 
@@ -98,7 +99,7 @@ def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     cfg = engine_config(flags, args.nproc or None)
     nproc = args.nproc or cfg.tp
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [*launcher(nproc), "-m", "engine", "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
+        cmd = [*launcher(nproc), "-m", args.engine_module, "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
                "--eval-samples", "0", "--no-save-final", "--warmup-steps", "0", "--run-dir", tmp, *flags]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
         poller = GpuPoller()
@@ -132,6 +133,9 @@ def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     result.update({"tokens_per_step": tokens, "flops_per_token": flops_per_token(cfg), "median_step_s": med,
                    "step_s_spread": [min(times), max(times)], "tokens_per_s": tokens / med,
                    "mfu": mfu(cfg, tokens, med, nproc, peak), "final_loss": result["steps"][-1]["loss"],
+                   # --fp8: also against the FP8 dense peak (engine/flops.py); `mfu` stays bf16's, comparable
+                   "mfu_fp8_peak": (mfu(cfg, tokens, med, nproc, peak_fp8_flops(_with_peak(cfg, args), result["device"]))
+                                    if cfg.fp8 != "off" else None),
                    "peak_mem_gib_per_gpu": smi["used_gib"] or [result["peak_alloc_gib_rank0"]]})
     return result
 
@@ -186,6 +190,11 @@ def _fmt_alloc(r: dict) -> str:
     return f"{alloc:.1f}" if alloc else "-"
 
 
+def _fmt_mfu_fp8(r: dict) -> str:
+    """MFU against the FP8 dense peak, for a --fp8 row only ('-' otherwise)."""
+    return f"{r['mfu_fp8_peak']:.3f}" if r.get("mfu_fp8_peak") is not None else "-"
+
+
 def _fmt_mhz(r: dict) -> str:
     return "/".join(f"{m:.0f}" for m in r.get("sm_mhz") or []) or "-"
 
@@ -205,9 +214,9 @@ def _fmt_energy(r: dict) -> str:
 def print_table(results: list[dict]) -> None:
     base = next((r for r in results if r.get("kind") == "engine" and "error" not in r), None)
     device = base["device"] if base else next((r.get("device") for r in results if r.get("device")), "?")
-    print(f"\ndevice {device}; MFU: engine/flops.py count; ratio = {base['name'] if base else 'engine'} tokens/s / row's "
+    print(f"\ndevice {device}; MFU: engine/flops.py count against the bf16 peak (MFU8: the FP8 peak, --fp8 rows); ratio = {base['name'] if base else 'engine'} tokens/s / row's "
           f"(= the MFU ratio: one FLOP count; > 1: the engine is faster); mem: nvidia-smi used per GPU (GiB; peers without nvidia-smi: allocated)")
-    print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'ratio':>7}{'mem GiB':>14}{'alloc':>6}{'MHz':>6}{'mJ/tok':>7}"
+    print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'MFU8':>7}{'ratio':>7}{'mem GiB':>14}{'alloc':>6}{'MHz':>6}{'mJ/tok':>7}"
           f"{'loss':>9}{'loss diff':>10}  ops / versions")
     for r in results:
         if "error" in r:
@@ -219,7 +228,7 @@ def print_table(results: list[dict]) -> None:
         diff = f"{d:.1e}" if d is not None else "-"
         what = r.get("ops") or " ".join(f"{k}={v}" for k, v in r.get("versions", {}).items())
         print(f"{r['name']:<24}{r['nproc']:>5}{r['median_step_s']:>9.4f}{f'{lo:.4f}-{hi:.4f}':>17}"
-              f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{ratio:>7}{_fmt_mem(r):>14}{_fmt_alloc(r):>6}{_fmt_mhz(r):>6}"
+              f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{_fmt_mfu_fp8(r):>7}{ratio:>7}{_fmt_mem(r):>14}{_fmt_alloc(r):>6}{_fmt_mhz(r):>6}"
               f"{_fmt_energy(r):>7}{r['final_loss']:>9.4f}{diff:>10}  {what}")
     profiled = [r for r in results if r.get("profile")]
     if profiled:
@@ -311,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-connections", type=int, default=1, help="CUDA_DEVICE_MAX_CONNECTIONS for multi-process runs (0: unset)")
     p.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds before a peer's job is stopped")
     p.add_argument("--engine-timeout", type=float, default=3600.0, help="seconds before an engine run is stopped")
+    p.add_argument("--engine-module", default="engine",
+                   help="run engine variants as `python -m MODULE pretrain` (tests.engine.fp8_recast: tensorwise FP8 "
+                        "casting every backward operand again, the reference the kept FP8 copies are timed against)")
     p.add_argument("--profile-peers", action="store_true",
                    help="profile one more step of each peer (bench/profile_step.py's summary, kept in the JSON, "
                         "families printed after the table)")

@@ -11,8 +11,8 @@
 #   bash bench/ops_session.sh graphs   one GPU: the slice's MFU with CUDA graphs off / on, twice each, beside
 #                                      torch.compile (one job; a second call)
 #   bash bench/ops_session.sh fp8      one GPU, no wheels: the --fp8 GPU tests, then the 4-layer 8B slice bf16 vs --fp8
-#                                      tensorwise vs rowwise, each with the baseline and the compiled operand cast
-#                                      (--op-fp8-cast; all other ops baseline), one job
+#                                      tensorwise (kept FP8 copies) vs rowwise, both with --op-fp8-cast compiled
+#                                      (FP8_EAGER=1: also tensorwise with the eager cast; all other ops baseline), one job
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
 #   bash bench/ops_session.sh fsdp-test  four GPUs: warm the 8B kernels (TP 1 and 2, mbs 2, seq 4096), then the --fsdp
@@ -52,21 +52,33 @@ FOUR="--preset minicpm4-8b --micro-batch-size 2 --seq-length 4096 --global-batch
 
 case "${1:-check}" in
   fp8)
-    # One GPU, no wheels staged: every op at its plain-torch version (the FP8 GEMMs are torch._scaled_mm either way),
-    # the FP8 operand casts at both fp8_cast versions (baseline: eager torch; compiled: torch.compile). Each variant
-    # is its own bench/mfu.py run with its own JSON, so a call cut short keeps the variants it finished; the table
-    # (bench/fp8_cast_table.py) comes last. FP8_S: seconds per variant (the GPU tests get 50).
+    # One GPU, no wheels staged: every op at its plain-torch version (the FP8 GEMMs are torch._scaled_mm either way).
+    # bf16, then --fp8 tensorwise (the linears keep the forward's FP8 copies of x and W and cast dy once) and rowwise
+    # (casts every backward operand again), both with the compiled operand cast (--op-fp8-cast compiled, named: the
+    # CUDA default), then tensorwise on the recasting path (tests/engine/fp8_recast.py: the A/B of the kept copies).
+    # FP8_EAGER=1 adds tensorwise with the eager cast (--op-fp8-cast baseline). Each variant is its own bench/mfu.py
+    # run with its own JSON, so a call cut short keeps the variants it finished; the table (bench/fp8_cast_table.py:
+    # MFU against the bf16 and the FP8 peak) comes last. FP8_S: seconds per variant (default 120: 4 x 120 + the GPU
+    # tests' 90 fit the 10-minute call).
     nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-    stamp "FP8 GPU tests (the GEMMs; the compiled cast == baseline bit for bit)"
-    timeout 50 python3 -m pytest tests/ops/test_fp8_cast.py tests/engine/test_fp8.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
-      | tee "$OUT/fp8_gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -12
-    for v in "bf16=" "fp8-tensorwise=--fp8 tensorwise" "fp8-tensorwise-compiled=--fp8 tensorwise --op-fp8-cast compiled" \
-             "fp8-rowwise-compiled=--fp8 rowwise --op-fp8-cast compiled" "fp8-rowwise=--fp8 rowwise"; do
+    stamp "FP8 GPU tests (the GEMMs; the compiled cast == baseline and the kept FP8 copies == recasting, bit for bit)"
+    timeout 90 python3 -m pytest tests/ops/test_fp8_cast.py tests/engine/test_fp8.py tests/engine/test_fp8_saved.py -m gpu \
+      -q -rA -p no:cacheprovider 2>&1 | tee "$OUT/fp8_gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -16
+    variants=("bf16=" "fp8-tensorwise-compiled=--fp8 tensorwise --op-fp8-cast compiled"
+              "fp8-rowwise-compiled=--fp8 rowwise --op-fp8-cast compiled")
+    [ "${FP8_EAGER:-0}" = 1 ] && variants+=("fp8-tensorwise-baseline=--fp8 tensorwise --op-fp8-cast baseline")
+    for v in "${variants[@]}"; do
       stamp "4-layer 8B slice: ${v%%=*}"
-      timeout "${FP8_S:-130}" python3 bench/mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps "${FP8_STEPS:-5}" \
-        --warmup 2 --engine-timeout "$(( ${FP8_S:-130} - 5 ))" --variant "$v" --out "$OUT/fp8_${v%%=*}.json" 2>&1 | tail -2
+      timeout "${FP8_S:-120}" python3 bench/mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps "${FP8_STEPS:-5}" \
+        --warmup 2 --engine-timeout "$(( ${FP8_S:-120} - 5 ))" --variant "$v" --out "$OUT/fp8_${v%%=*}.json" 2>&1 | tail -2
     done
+    # the A/B of the kept FP8 copies: tensorwise as before them (every backward operand cast again from bf16)
+    stamp "4-layer 8B slice: fp8-tensorwise-recast (tests/engine/fp8_recast.py)"
+    timeout "${FP8_S:-120}" python3 bench/mfu.py --common "$SLICE $BASELINE_OPS --op-rope baseline" --steps "${FP8_STEPS:-5}" \
+      --warmup 2 --engine-timeout "$(( ${FP8_S:-120} - 5 ))" --engine-module tests.engine.fp8_recast \
+      --variant "fp8-tensorwise-recast=--fp8 tensorwise --op-fp8-cast compiled" --out "$OUT/fp8_fp8-tensorwise-recast.json" \
+      2>&1 | tail -2
     python3 bench/fp8_cast_table.py --out "$OUT/mfu_8b4l_fp8_cast.json" "$OUT"/fp8_bf16.json "$OUT"/fp8_fp8-*.json
     ;;
   fsdp-test)

@@ -27,7 +27,7 @@ from engine.distributed.fp8 import check_fp8_device
 from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
-from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
+from engine.flops import flops_per_token, matmul_params, mfu, peak_flops, peak_fp8_flops
 from engine.step_log import MetricsWriter, skip_line
 from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
 from engine.model.tp_grads import global_param_count
@@ -136,6 +136,7 @@ class Trainer:
         self.token_bytes = torch.tensor(self.data.tokenizer.token_byte_lengths(), dtype=torch.float64)
         self.ops = resolve_ops(cfg, par.device)
         self.peak = peak_flops(cfg, device_name(par.device))
+        self.peak_fp8 = peak_fp8_flops(cfg, device_name(par.device))  # 0 without --fp8
 
         # 3. model and optimizer; a damaged checkpoint is rejected here, still before any write
         # --fsdp: fp32 parameters (FSDP2's sharded masters), all-gathered in the compute dtype (engine/sharding/fsdp.py)
@@ -400,6 +401,8 @@ class Trainer:
                 mem = torch.cuda.max_memory_allocated(self.par.device) / 2**30 if self.par.device.type == "cuda" else 0.0
                 shown = self.step % cfg.log_every == 0 or self.step == cfg.num_steps or self._budget_spent()
                 extra: dict[str, Any] = {"elapsed_s": self.elapsed_s}
+                if cfg.fp8 != "off":  # beside `mfu` (bf16's peak, comparable with every run); the wire line is fixed
+                    extra["mfu_fp8_peak"] = mfu(cfg, cfg.tokens_per_step, dt, self.par.world_size, self.peak_fp8)
                 if isinstance(self.loader, MixLoader):
                     extra["source_tokens"] = self.loader.tokens_by_source()
                 self.metrics.log_step(step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=cfg.tokens_per_step,

@@ -4,14 +4,16 @@ Why and how: docs/engine/distributed.md, section `engine/distributed/fp8.py`.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from engine.config import FP8_RECIPES
 from engine.errors import ConfigError
 
-__all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "amax_scale", "scaled_cast", "quantize", "cast", "scaled_mm_nt", "linear_forward", "linear_dgrad",
-           "linear_wgrad", "reference_linear_fp8", "check_fp8_device"]
+__all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "amax_scale", "scaled_cast", "quantize", "cast",
+           "keeps_fp8", "fp8_copy", "grad_operand", "rows", "save_operands", "saved_operands", "scaled_mm_nt",
+           "linear_forward", "linear_dgrad", "linear_wgrad", "reference_linear_fp8", "check_fp8_device"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -63,17 +65,88 @@ class Fp8Recipe(str):
         return (Fp8Recipe, (str(self), self.cast))
 
 
-def scaled_mm_nt(a: torch.Tensor, b: torch.Tensor, recipe: str, out_dtype: torch.dtype,
-                 a_dtype: torch.dtype = E4M3) -> torch.Tensor:
-    """a @ b^T (a [m, k], b [n, k], any strides) with both operands cast to FP8 by `recipe` (and its cast version);
-    `a_dtype`: the first operand's format (E5M2 for a tensorwise output gradient)."""
+@dataclass(frozen=True)
+class Fp8Operand:
+    """A GEMM operand already cast to FP8 with one scale (tensorwise): `q` (2-D, any strides) and its fp32 `scale`.
+    `.t()` is the FP8 copy of the operand's transpose, bit for bit what casting t^T gives: the amax, so the scale,
+    is the same, and the cast is elementwise. A GEMM takes it as is (row-major: an FP8 transpose copy, 1 byte an
+    element, where the view is transposed) instead of casting."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def t(self) -> "Fp8Operand":
+        return Fp8Operand(self.q.t(), self.scale)
+
+
+def keeps_fp8(recipe: str) -> bool:
+    """Whether a linear keeps its forward's FP8 copies of x and W for backward (dgrad: W^T, wgrad: x^T, transposed
+    FP8 copies) and casts dy once for both backward GEMMs. Tensorwise only: one scale per tensor transposes with
+    it (Fp8Operand). Rowwise scales each operand along K, so a per-row scale of x (forward) is not the per-row
+    scale of x^T (wgrad), nor dy's per-token scale (dgrad) the per-output-feature one wgrad needs: rowwise casts
+    every backward operand again from the saved bf16 tensors."""
+    return recipe == "tensorwise"
+
+
+def _cast_fn(recipe: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    return recipe.cast if isinstance(recipe, Fp8Recipe) else cast
+
+
+def fp8_copy(t: torch.Tensor, recipe: str, dtype: torch.dtype = E4M3) -> Fp8Operand:
+    """t's tensorwise FP8 copy (keeps_fp8 recipes), cast by the recipe's fp8_cast version."""
+    return Fp8Operand(*_cast_fn(recipe)(t, dtype, None, False))
+
+
+def grad_operand(g2: torch.Tensor, recipe: str) -> "torch.Tensor | Fp8Operand":
+    """dy [n, out] as both backward GEMMs take it: cast once (E5M2) where the recipe keeps FP8 copies, else dy."""
+    return fp8_copy(g2, recipe, _grad_dtype(recipe)) if keeps_fp8(recipe) else g2
+
+
+def rows(t: "torch.Tensor | Fp8Operand") -> "torch.Tensor | Fp8Operand":
+    """t as [tokens, features]: a tensor's leading dimensions flattened; an Fp8Operand is 2-D already."""
+    return t if isinstance(t, Fp8Operand) else t.reshape(-1, t.shape[-1])
+
+
+def save_operands(ctx, *operands) -> None:
+    """ctx.save_for_backward of tensors and Fp8Operands (as their FP8 tensor and scale): all through
+    save_for_backward, so activation checkpointing's saved-tensor hooks see the FP8 copies too."""
+    ctx.fp8_operands = tuple(isinstance(o, Fp8Operand) for o in operands)
+    ctx.save_for_backward(*[t for o in operands for t in ((o.q, o.scale) if isinstance(o, Fp8Operand) else (o,))])
+
+
+def saved_operands(ctx) -> list:
+    """What save_operands saved, in its order."""
+    saved = iter(ctx.saved_tensors)
+    return [Fp8Operand(next(saved), next(saved)) if fp8 else next(saved) for fp8 in ctx.fp8_operands]
+
+
+def _operand(t: "torch.Tensor | Fp8Operand", dtype: torch.dtype, dim: int | None, pow2: bool,
+             fp8_cast: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(FP8 row-major, scale) of a GEMM operand: cast here, or an Fp8Operand's own (in the format asked for)."""
+    if not isinstance(t, Fp8Operand):
+        return fp8_cast(t, dtype, dim, pow2)
+    if dim is not None or t.q.dtype != dtype:
+        raise ValueError(f"an Fp8Operand ({t.q.dtype}, one scale) was passed where the GEMM casts to {dtype} with "
+                         f"scales along dim {dim}: only tensorwise operands are kept in FP8 (keeps_fp8)")
+    return t.q.contiguous(), t.scale
+
+
+def scaled_mm_nt(a: "torch.Tensor | Fp8Operand", b: "torch.Tensor | Fp8Operand", recipe: str,
+                 out_dtype: torch.dtype, a_dtype: torch.dtype = E4M3) -> torch.Tensor:
+    """a @ b^T (a [m, k], b [n, k], any strides) with both operands cast to FP8 by `recipe` (and its cast version),
+    or given cast (Fp8Operand, tensorwise); `a_dtype`: the first operand's format (E5M2 for a tensorwise output
+    gradient)."""
     rowwise = recipe == "rowwise"
     dim = -1 if rowwise else None
-    fp8_cast = recipe.cast if isinstance(recipe, Fp8Recipe) else cast
-    qa, sa = fp8_cast(a, E4M3 if rowwise else a_dtype, dim, rowwise)
-    qb, sb = fp8_cast(b, E4M3, dim, rowwise)
+    fp8_cast = _cast_fn(recipe)
+    qa, sa = _operand(a, E4M3 if rowwise else a_dtype, dim, rowwise, fp8_cast)
+    qb, sb = _operand(b, E4M3, dim, rowwise, fp8_cast)
     if rowwise:  # scale_a [m, 1], scale_b [1, n]; torch's rowwise kernel writes bf16 on CUDA
-        out = torch.bfloat16 if a.is_cuda else out_dtype
+        out = torch.bfloat16 if qa.is_cuda else out_dtype
         y = torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal().t(), out_dtype=out)
         return y if y.dtype == out_dtype else y.to(out_dtype)
     return torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out_dtype)
@@ -83,18 +156,19 @@ def _grad_dtype(recipe: str) -> torch.dtype:
     return E5M2 if recipe == "tensorwise" else E4M3
 
 
-def linear_forward(x2: torch.Tensor, w: torch.Tensor, recipe: str) -> torch.Tensor:
-    """x2 [n, in] @ w^T -> [n, out] in x2's dtype."""
-    return scaled_mm_nt(x2, w, recipe, x2.dtype)
+def linear_forward(x2, w, recipe: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x2 [n, in] @ w^T -> [n, out] in x2's dtype (`out_dtype` where x2 is an Fp8Operand)."""
+    return scaled_mm_nt(x2, w, recipe, out_dtype or x2.dtype)
 
 
-def linear_dgrad(g2: torch.Tensor, w: torch.Tensor, recipe: str) -> torch.Tensor:
-    """dy [n, out] @ w -> dx [n, in] in dy's dtype (w^T: the cast writes the transposed copy)."""
-    return scaled_mm_nt(g2, w.t(), recipe, g2.dtype, _grad_dtype(recipe))
+def linear_dgrad(g2, w, recipe: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """dy [n, out] @ w -> dx [n, in] in dy's dtype (`out_dtype` where dy is an Fp8Operand); w^T: the cast writes
+    the transposed copy, or an Fp8Operand w is transposed in FP8."""
+    return scaled_mm_nt(g2, w.t(), recipe, out_dtype or g2.dtype, _grad_dtype(recipe))
 
 
-def linear_wgrad(g2: torch.Tensor, x2: torch.Tensor, recipe: str, out_dtype: torch.dtype) -> torch.Tensor:
-    """dy^T [out, n] @ x [n, in] -> dW [out, in] in `out_dtype` (fp32 for a main_grad)."""
+def linear_wgrad(g2, x2, recipe: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """dy^T [out, n] @ x [n, in] -> dW [out, in] in `out_dtype` (fp32 for a main_grad); tensors or Fp8Operands."""
     return scaled_mm_nt(g2.t(), x2.t(), recipe, out_dtype, _grad_dtype(recipe))
 
 

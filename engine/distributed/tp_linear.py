@@ -10,8 +10,9 @@ import torch.distributed as dist
 
 from engine.distributed.collectives import all_gather_new, reduce_scatter_new
 from engine.distributed.comm import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
-from engine.distributed.fp8 import linear_dgrad, linear_wgrad
-from engine.distributed.wgrad import fused_linear, linear, linear_grads, linear_wgrad_to, main_grad_of
+from engine.distributed.fp8 import (Fp8Operand, fp8_copy, grad_operand, keeps_fp8, linear_dgrad, linear_wgrad, rows,
+                                    save_operands, saved_operands)
+from engine.distributed.wgrad import fused_linear, linear, linear_wgrad_to, main_grad_of, save_linear, saved_linear_grads
 
 __all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "row_parallel_linear", "mlp_region",
            "WgradHandOver"]
@@ -54,28 +55,49 @@ def _start_input_grad_comm(grad: torch.Tensor, tp: TPComm):
 
 
 class _ColumnParallelLinear(torch.autograd.Function):
-    """y = x @ w^T where w is this rank's row block; backward overlaps dgrad's collective with wgrad."""
+    """y = x @ w^T where w is this rank's row block; backward overlaps dgrad's collective with wgrad.
+    Tensorwise FP8 (engine/distributed/fp8.py keeps_fp8): the forward's FP8 copies of the (SP: gathered) input and
+    of w are saved, and transposed in backward instead of cast again; under SP each rank saves its own rows of the
+    gathered input's FP8 copy (cast with the scale of the whole) and backward all-gathers those, 1 byte an element."""
 
     @staticmethod
     def forward(ctx, x, w, tp):  # type: ignore[override]
         ctx.tp, ctx.in_shape, ctx.main = tp, x.shape, main_grad_of(w)
         x2 = x.reshape(-1, x.shape[-1])
         full = all_gather_new(x2, tp.group, tp.size)[0] if tp.sequence_parallel else x2
-        ctx.save_for_backward(x2, w)
-        y = linear(full, w, tp.fp8)
+        if keeps_fp8(tp.fp8):
+            q_full, qw = fp8_copy(full, tp.fp8), fp8_copy(w, tp.fp8)
+            mine = q_full
+            if tp.sequence_parallel:  # this rank's rows (a copy: a view would hold the whole gathered copy)
+                n = x2.shape[0]
+                rank = dist.get_rank(tp.group)
+                mine = Fp8Operand(q_full.q[rank * n:(rank + 1) * n].clone(), q_full.scale)
+            save_operands(ctx, mine, qw, w)
+            y = linear(q_full, qw, tp.fp8, like=full)
+        else:
+            save_operands(ctx, x2, w, w)
+            y = linear(full, w, tp.fp8)
         return y if tp.sequence_parallel else y.view(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
-        x2, w = ctx.saved_tensors
+        x2, w_op, w = saved_operands(ctx)
         tp = ctx.tp
         g = grad_y.reshape(-1, grad_y.shape[-1])
         gather = None
         if tp.sequence_parallel:  # the full input is needed only for wgrad: gather it while dgrad runs
-            full, gather = all_gather_new(x2, tp.group, tp.size, async_op=True)
+            if isinstance(x2, Fp8Operand):  # the FP8 rows as bytes (every backend gathers uint8)
+                q, gather = all_gather_new(x2.q.view(torch.uint8), tp.group, tp.size, async_op=True)
+                full = Fp8Operand(q.view(x2.q.dtype), x2.scale)
+            else:
+                full, gather = all_gather_new(x2, tp.group, tp.size, async_op=True)
         else:
             full = x2
-        grad_x = g.mm(w) if tp.fp8 == "off" else linear_dgrad(g, w, tp.fp8)
+        if tp.fp8 == "off":
+            grad_x = g.mm(w)
+        else:
+            g = grad_operand(g, tp.fp8)  # cast once for dgrad and wgrad (tensorwise)
+            grad_x = linear_dgrad(g, w_op, tp.fp8, grad_y.dtype)
         grad_x, comm = _start_input_grad_comm(grad_x, tp)
         if gather is not None:
             gather.wait()
@@ -101,31 +123,32 @@ def column_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm) -> torc
 class _RowParallelLinear(torch.autograd.Function):
     """y = sum over the TP group of x @ w^T (x: this rank's slice of the features, w: its column block), all-reduced in
     place in `tp.fwd_chunks` row chunks as they are computed. Backward is a linear's (the sum's gradient is the identity:
-    every rank gets the whole grad_y): `linear_grads`, the weight gradient through `sink` when there is one."""
+    every rank gets the whole grad_y): `linear_grads`, the weight gradient through `sink` when there is one.
+    Tensorwise FP8 saves the forward's FP8 copies (save_linear); with several row chunks each chunk of x is cast
+    with its own scale, so x is saved in bf16 and cast again (whole) for wgrad, and only w's copy is kept."""
 
     @staticmethod
     def forward(ctx, x, w, sink, tp):  # type: ignore[override]
-        ctx.sink, ctx.fp8 = sink, tp.fp8
-        ctx.save_for_backward(x, w)
+        ctx.sink = sink
+        x_op, w_op = save_linear(ctx, x, w, tp.fp8, keep_x=tp.fwd_chunks == 1)
         x2 = x.reshape(-1, x.shape[-1])
         n = x2.shape[0]
         y = torch.empty(n, w.shape[0], dtype=x2.dtype, device=x2.device)
         works = []
         for i in range(tp.fwd_chunks):
-            rows = slice(i * n // tp.fwd_chunks, (i + 1) * n // tp.fwd_chunks)
+            chunk = slice(i * n // tp.fwd_chunks, (i + 1) * n // tp.fwd_chunks)
             if tp.fp8 == "off":
-                torch.mm(x2[rows], w.t(), out=y[rows])
-            else:
-                y[rows] = linear(x2[rows], w, tp.fp8)
-            works.append(dist.all_reduce(y[rows], group=tp.group, async_op=True))
+                torch.mm(x2[chunk], w.t(), out=y[chunk])
+            else:  # one chunk: x_op is x's FP8 copy (tensorwise) or x
+                y[chunk] = linear(x_op if tp.fwd_chunks == 1 else x2[chunk], w_op, tp.fp8, like=x2[chunk])
+            works.append(dist.all_reduce(y[chunk], group=tp.group, async_op=True))
         for work in works:  # the compute stream waits for NCCL's; the host does not
             work.wait()
         return y.view(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
-        x, w = ctx.saved_tensors
-        return (*linear_grads(grad_y, x, w, ctx.sink, ctx.needs_input_grad, ctx.fp8), None, None)
+        return (*saved_linear_grads(ctx, grad_y, ctx.sink), None, None)
 
 
 def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm, sink=None) -> torch.Tensor:
@@ -135,7 +158,8 @@ def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm, sink=None)
     if sink is None and w.requires_grad:
         sink = main_grad_of(w)
     if tp.sequence_parallel:
-        return row_output(linear_wgrad_to(x, w, sink, tp.fp8) if sink is not None else linear(x, w, tp.fp8), tp)
+        plain = sink is None and tp.fp8 == "off"  # an FP8 GEMM has no autograd of its own
+        return row_output(linear(x, w) if plain else linear_wgrad_to(x, w, sink, tp.fp8), tp)
     return _RowParallelLinear.apply(x, w, sink, tp)
 
 
@@ -146,9 +170,9 @@ class WgradHandOver:
         self.grad_out: torch.Tensor | None = None
         self.inp: torch.Tensor | None = None
 
-    def weight_grad(self, grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, fp8: str = "off") -> None:
-        """FC2's backward: keep the operands; the region node computes the gradient (autograd gets None) with the
-        same recipe (its TPComm's)."""
+    def weight_grad(self, grad_y, x, w: torch.Tensor, fp8: str = "off") -> None:
+        """FC2's backward: keep the operands (with tensorwise FP8, dy's and x's FP8 copies); the region node computes
+        the gradient (autograd gets None) with the same recipe (its TPComm's)."""
         self.grad_out, self.inp = grad_y, x
 
 
@@ -178,15 +202,15 @@ class _MLPRegion(torch.autograd.Function):
                 g = g.clone(memory_format=torch.contiguous_format)
             grad_x, comm = _start_input_grad_comm(g, tp)
         if hand.grad_out is not None:
-            go = hand.grad_out.reshape(-1, hand.grad_out.shape[-1])
-            inp = hand.inp.reshape(-1, hand.inp.shape[-1])
+            go, inp = rows(hand.grad_out), rows(hand.inp)
             if ctx.main is not None:  # gradient-accumulation fusion (engine/distributed/wgrad.py)
                 unfused = grad_w_next  # the alias's gradient from any other use (none in the model)
                 grad_w_next = ctx.main.weight_grad(go, inp, ctx.saved_tensors[0], tp.fp8)
                 if unfused is not None:
                     ctx.main.grad.add_(unfused)
             else:
-                gw = go.t().mm(inp) if tp.fp8 == "off" else linear_wgrad(go, inp, tp.fp8, inp.dtype)
+                w_dtype = ctx.saved_tensors[0].dtype
+                gw = go.t().mm(inp) if tp.fp8 == "off" else linear_wgrad(go, inp, tp.fp8, w_dtype)
                 grad_w_next = gw if grad_w_next is None else grad_w_next + gw
             hand.grad_out = hand.inp = None
         if comm is not None:

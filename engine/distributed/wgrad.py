@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from engine.distributed.fp8 import linear_dgrad, linear_forward, linear_wgrad
+from engine.distributed.fp8 import (fp8_copy, grad_operand, keeps_fp8, linear_dgrad, linear_forward, linear_wgrad, rows,
+                                    save_operands, saved_operands)
 
 __all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear", "linear_grads",
-           "linear_wgrad_to", "fused_linear", "fused_embedding"]
+           "save_linear", "saved_linear_grads", "linear_wgrad_to", "fused_linear", "fused_embedding"]
 
 
 class MainGrad:
@@ -41,10 +42,11 @@ class MainGrad:
             self.grad.index_add_(0, index, rows)
         self._filled = True
 
-    def weight_grad(self, grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, fp8: str = "off") -> torch.Tensor:
+    def weight_grad(self, grad_y, x, w: torch.Tensor, fp8: str = "off") -> torch.Tensor:
         """A linear's weight gradient grad_y^T x, added here; autograd gets a placeholder. With --fp8 the product
-        comes from the FP8 GEMM (engine/distributed/fp8.py) and is added (no FP8 GEMM accumulates into its output)."""
-        g2, x2 = grad_y.reshape(-1, grad_y.shape[-1]), x.reshape(-1, x.shape[-1])
+        comes from the FP8 GEMM (engine/distributed/fp8.py; grad_y and x may be FP8 copies, Fp8Operand) and is
+        added (no FP8 GEMM accumulates into its output)."""
+        g2, x2 = rows(grad_y), rows(x)
         if fp8 != "off":
             self.grad.add_(linear_wgrad(g2, x2, fp8, self.grad.dtype))
             self._filled = True
@@ -102,49 +104,76 @@ def placeholder(w: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(w)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, fp8: str = "off") -> torch.Tensor:
-    """F.linear(x, w), or its GEMM in FP8 (--fp8: engine/distributed/fp8.py)."""
+def linear(x, w, fp8: str = "off", like: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w), or its GEMM in FP8 (--fp8: engine/distributed/fp8.py). With --fp8, x and w may be FP8 copies
+    (Fp8Operand); `like`, the bf16 input, then gives the output's leading shape and dtype."""
     if fp8 == "off":
         return F.linear(x, w)
-    return linear_forward(x.reshape(-1, x.shape[-1]), w, fp8).view(*x.shape[:-1], w.shape[0])
+    like = x if like is None else like
+    return linear_forward(rows(x), w, fp8, like.dtype).view(*like.shape[:-1], w.shape[0])
 
 
-def linear_grads(grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, sink, needs_input_grad,
-                 fp8: str = "off") -> tuple:
+def linear_grads(grad_y: torch.Tensor, x, w: torch.Tensor, sink, needs_input_grad, fp8: str = "off", w_op=None,
+                 x_shape: torch.Size | None = None) -> tuple:
     """(grad_x, grad_w) of y = F.linear(x, w), each only where autograd asks for it. The weight gradient goes through
     `sink.weight_grad(grad_y, x, w, fp8)` when there is a sink (what that returns is what autograd gets), else it is
-    grad_y^T x. `fp8`: the recipe of both GEMMs (off: bf16 / fp32 as the model)."""
-    g2, x2 = grad_y.reshape(-1, grad_y.shape[-1]), x.reshape(-1, x.shape[-1])
+    grad_y^T x. `fp8`: the recipe of both GEMMs (off: bf16 / fp32 as the model); with --fp8 dy is cast once here
+    for both (tensorwise; rowwise casts it per GEMM: engine/distributed/fp8.py keeps_fp8), `x` may be the forward's
+    FP8 copy (2-D, `x_shape` the input's shape) and `w_op` w's (dgrad's operand; default w)."""
+    x_shape = x.shape if x_shape is None else x_shape
     grad_x = grad_w = None
-    if needs_input_grad[0]:
-        grad_x = grad_y.matmul(w) if fp8 == "off" else linear_dgrad(g2, w, fp8).view(*x.shape)
-    if needs_input_grad[1]:
-        if sink is not None:
+    if fp8 == "off":
+        g2, x2 = grad_y.reshape(-1, grad_y.shape[-1]), x.reshape(-1, x.shape[-1])
+        if needs_input_grad[0]:
+            grad_x = grad_y.matmul(w)
+        if needs_input_grad[1]:
             # the contract's sink takes (dy, x, w) (engine/ops/gemm_fc1/register.toml); the recipe only with --fp8
-            grad_w = sink.weight_grad(grad_y, x, w) if fp8 == "off" else sink.weight_grad(grad_y, x, w, fp8)
-        elif fp8 != "off":
-            grad_w = linear_wgrad(g2, x2, fp8, w.dtype)
-        else:
-            grad_w = g2.t().mm(x2)
+            grad_w = sink.weight_grad(grad_y, x, w) if sink is not None else g2.t().mm(x2)
+        return grad_x, grad_w
+    g = grad_operand(grad_y.reshape(-1, grad_y.shape[-1]), fp8)
+    if needs_input_grad[0]:
+        grad_x = linear_dgrad(g, w if w_op is None else w_op, fp8, grad_y.dtype).view(*x_shape)
+    if needs_input_grad[1]:
+        grad_w = sink.weight_grad(g, rows(x), w, fp8) if sink is not None else linear_wgrad(g, rows(x), fp8, w.dtype)
     return grad_x, grad_w
+
+
+def save_linear(ctx, x: torch.Tensor, w: torch.Tensor, fp8: str, keep_x: bool = True) -> tuple:
+    """Save in ctx what `saved_linear_grads` needs for y = F.linear(x, w); returns the forward GEMM's operands.
+    Tensorwise FP8 (keeps_fp8): x's (with `keep_x`) and w's FP8 copies, cast once here for the forward GEMM and
+    saved in place of the bf16 x (half its bytes; w's copy is held too), so the backward transposes them instead of
+    casting again: the same FP8 values, bit for bit. w itself is saved as well (a parameter: no memory) for the
+    weight-gradient sink. Otherwise x and w (rowwise: cast again in backward)."""
+    ctx.fp8, ctx.x_shape = fp8, x.shape
+    keep = keeps_fp8(fp8)
+    x_op = fp8_copy(rows(x), fp8) if keep and keep_x else x
+    w_op = fp8_copy(w, fp8) if keep else w
+    save_operands(ctx, x_op, w_op, w)
+    return x_op, w_op
+
+
+def saved_linear_grads(ctx, grad_y: torch.Tensor, sink) -> tuple:
+    """linear_grads of what save_linear saved."""
+    x_op, w_op, w = saved_operands(ctx)
+    return linear_grads(grad_y, x_op, w, sink, ctx.needs_input_grad, ctx.fp8, w_op, ctx.x_shape)
 
 
 class _LinearWgradTo(torch.autograd.Function):
     """F.linear(x, w) whose weight gradient goes to `sink`: `sink.weight_grad(grad_y, x, w)` does what it does with
     it and returns what autograd gets for w (a MainGrad adds it and returns a placeholder; the MLP region's
     hand-over in tp_linear.py keeps the operands for later and returns None). No sink: grad_y^T x as usual. With
-    `fp8` on, all three GEMMs run in FP8 (the FP8 linear of TP 1 and of the sequence-parallel row-parallel layers)."""
+    `fp8` on, all three GEMMs run in FP8 (the FP8 linear of TP 1 and of the sequence-parallel row-parallel layers),
+    tensorwise on the forward's FP8 copies (save_linear)."""
 
     @staticmethod
     def forward(ctx, x, w, sink, fp8):  # type: ignore[override]
-        ctx.sink, ctx.fp8 = sink, fp8
-        ctx.save_for_backward(x, w)
-        return linear(x, w, fp8)
+        ctx.sink = sink
+        x_op, w_op = save_linear(ctx, x, w, fp8)
+        return linear(x_op, w_op, fp8, like=x)
 
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
-        x, w = ctx.saved_tensors
-        return (*linear_grads(grad_y, x, w, ctx.sink, ctx.needs_input_grad, ctx.fp8), None, None)
+        return (*saved_linear_grads(ctx, grad_y, ctx.sink), None, None)
 
 
 def linear_wgrad_to(x: torch.Tensor, w: torch.Tensor, sink, fp8: str = "off") -> torch.Tensor:

@@ -194,3 +194,25 @@ def test_torchtitan_stand_ins_change_nothing_but_the_missing_names():
 
     assert torch_compat(SimpleNamespace(DataParallelMeshDims=DataParallelMeshDims),
                         SimpleNamespace(create_block_mask=new_create_block_mask)) == []
+
+
+@pytest.mark.slow  # two tiny CPU engine runs, one with --fp8 (the emulation)
+def test_an_fp8_row_reports_mfu_against_both_peaks(tmp_path):
+    """--fp8 rows: `mfu` against the bf16 peak (comparable with every earlier number) and `mfu_fp8_peak` against the
+    FP8 dense peak, twice bf16's (engine/flops.py); other rows null. --peak-tflops gives CPU a peak."""
+    proc, data = _mfu(tmp_path, "--variant", "bf16=", "--variant", "fp8=--fp8 tensorwise", "--peak-tflops", "1")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    bf16, fp8 = data["results"]
+    assert bf16["mfu_fp8_peak"] is None and bf16["mfu"] > 0
+    assert fp8["mfu"] > 0 and fp8["mfu_fp8_peak"] == pytest.approx(fp8["mfu"] / 2, rel=1e-12)
+    assert "MFU8" in proc.stdout and f"{fp8['mfu_fp8_peak']:.3f}" in proc.stdout
+
+
+def test_the_table_shows_the_fp8_peak_mfu_only_for_fp8_rows(capsys):
+    from bench.mfu import print_table
+    row = {"kind": "engine", "name": "bf16", "device": "NVIDIA H200", "nproc": 1, "median_step_s": 1.0,
+           "step_s_spread": [1.0, 1.0], "tokens_per_s": 1000.0, "mfu": 0.4, "final_loss": 3.0, "mfu_fp8_peak": None}
+    print_table([row, {**row, "name": "fp8", "mfu": 0.5, "mfu_fp8_peak": 0.25}])
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line[:4] in ("bf16", "fp8 ")}
+    # columns: run, GPUs, step s, spread, tok/s, MFU, MFU8, ...
+    assert lines["bf16"][5:7] == ["0.400", "-"] and lines["fp8"][5:7] == ["0.500", "0.250"], lines

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["run_engine", "run_engine_batch", "loss_lines", "eval_lines", "deterministic_fields", "TINY_FAST"]
+__all__ = ["REPO", "run_engine", "run_engine_batch", "loss_lines", "eval_lines", "deterministic_fields", "TINY_FAST"]
 
 REPO = Path(__file__).resolve().parents[2]
 

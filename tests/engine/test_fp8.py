@@ -17,6 +17,9 @@ dequantised, multiplied in fp32) for the scaled GEMM itself. Tolerances, and why
 """
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,9 +31,26 @@ from engine.distributed.tp_linear import TPComm, WgradHandOver
 from engine.distributed.wgrad import MainGrad, attach_main_grad, fused_linear, linear_grads
 from engine.errors import ConfigError
 from engine.ops.dispatch import check_fp8, resolve_ops
-from tests.engine.helpers import TINY_FAST, deterministic_fields, loss_lines, run_engine
+from tests.engine.helpers import REPO, TINY_FAST, deterministic_fields, loss_lines, run_engine
 
 RECIPES = ("tensorwise", "rowwise")
+
+
+def checkpoint_state(path) -> dict:
+    """A checkpoint's whole state, flattened: {key: tensor or value} (DCP read back through torch.save)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = path.parent / (path.name + ".pt")
+    dcp_to_torch_save(str(path), str(out))
+    flat: dict = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = value
+    walk("", torch.load(out, weights_only=False))
+    return flat
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -166,11 +186,28 @@ def test_fp8_training_learns_and_resumes_bit_for_bit(tmp_path):
     """A short CPU run with --fp8 tensorwise (the emulation): the loss falls, stays near the fp32 run's, and a resume
     from step 3 repeats steps 4-6 bit for bit (FP8 scales are recomputed from the restored tensors: no state), and the same
     checkpoint resumes with --fp8 off."""
-    args = [*TINY_FAST, "--fp8", "tensorwise", "--eval-samples", "0"]
+    args = [*TINY_FAST, "--fp8", "tensorwise", "--eval-samples", "0", "--peak-tflops", "1"]
     ref = run_engine("pretrain", *args, "--save-every", "3", "--run-dir", str(tmp_path / "a"))
     lines = loss_lines(ref.stdout)
     losses = [float(deterministic_fields(line)[1]) for line in lines]
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.3
+    # MFU against both peaks (engine/flops.py): `mfu` against bf16's (here --peak-tflops), `mfu_fp8_peak` twice it
+    records = [json.loads(r) for r in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "loss"]
+    assert len(steps) == 6 and all(r["mfu"] > 0 and r["mfu_fp8_peak"] == pytest.approx(r["mfu"] / 2) for r in steps)
+    # the linears keep their forward's FP8 copies: bit for bit the path that casts every backward operand again
+    # (tests/engine/fp8_recast.py; tests/engine/test_fp8_saved.py for recompute, TP and the compiled cast)
+    recast = subprocess.run([sys.executable, "-m", "tests.engine.fp8_recast", "pretrain", *args, "--save-every", "3",
+                             "--run-dir", str(tmp_path / "r")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert recast.returncode == 0, recast.stderr[-3000:]
+    assert [deterministic_fields(line) for line in loss_lines(recast.stdout)] == \
+        [deterministic_fields(line) for line in lines]
+    final, recast_final = (checkpoint_state(tmp_path / run / "checkpoints" / "step_00000006") for run in "ar")
+    assert final.keys() == recast_final.keys() and len(final) > 10
+    for name, value in final.items():  # model weights, fp32 masters, optimizer moments, trainer and data state
+        if name.startswith("rng/") or name == "trainer.elapsed_s":  # torch's global generator, seeded anew by each
+            continue  # process (training draws from its own generators); the wall clock
+        assert torch.equal(value, recast_final[name]) if torch.is_tensor(value) else value == recast_final[name], name
     resumed = run_engine("pretrain", *args, "--run-dir", str(tmp_path / "b"),
                          "--resume", str(tmp_path / "a" / "checkpoints" / "step_00000003"))
     assert [deterministic_fields(line) for line in loss_lines(resumed.stdout)] == \

@@ -5,7 +5,8 @@ import math
 import pytest
 
 from engine.config import build_config, resolve
-from engine.flops import flops_per_token, matmul_params, mfu
+from engine.errors import ConfigError
+from engine.flops import PEAK_FP8_TFLOPS, PEAK_TFLOPS, flops_per_token, matmul_params, mfu, peak_flops, peak_fp8_flops
 from engine.optim import lr_at
 
 
@@ -72,6 +73,20 @@ def test_minicpm4_8b_flops_by_hand():
     assert 5.0e10 < flops_per_token(cfg) < 5.1e10
     # one step of 8 x 4096 tokens in 2.5 s on 8 GPUs at 989 TFLOP/s
     assert mfu(cfg, 8 * 4096, 2.5, 8, 989e12) == pytest.approx(flops_per_token(cfg) * 8 * 4096 / (2.5 * 8 * 989e12))
+
+
+def test_fp8_peak_is_the_datasheet_dense_fp8_and_twice_bf16():
+    """H100 / H200 SXM: 1,979 TFLOP/s dense FP8 (datasheet: 3,958 with sparsity) beside 989 bf16; only with --fp8."""
+    fp8 = resolve(build_config({"fp8": "tensorwise"}))
+    assert peak_fp8_flops(fp8, "NVIDIA H100 80GB HBM3") == 1979e12
+    assert peak_fp8_flops(fp8, "NVIDIA H200") == 1979e12 and peak_flops(fp8, "NVIDIA H200") == 989e12
+    for name, tflops in PEAK_FP8_TFLOPS.items():  # every FP8 part: about twice its bf16 peak (L40S 733 / 362)
+        assert 2.0 <= tflops / PEAK_TFLOPS[name] < 2.03, name
+    assert peak_fp8_flops(resolve(build_config({})), "NVIDIA H200") == 0.0  # --fp8 off: no FP8 MFU
+    assert peak_fp8_flops(fp8, "cpu") == 0.0
+    assert peak_fp8_flops(resolve(build_config({"fp8": "tensorwise", "peak_tflops": 500.0})), "cpu") == 1000e12
+    with pytest.raises(ConfigError, match="--peak-tflops"):
+        peak_fp8_flops(fp8, "NVIDIA A100-SXM4-80GB")  # no FP8 tensor cores (and --fp8 is refused there)
 
 
 def _elapsed(step: int) -> float:

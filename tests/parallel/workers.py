@@ -6,6 +6,7 @@ returns the numbers to the test through a file. `single_run` is the same code on
 reference every parallel layout is compared with.
 """
 
+import contextlib
 import math
 import tempfile
 from pathlib import Path
@@ -22,11 +23,15 @@ from engine.evaluate import evaluate
 from engine.model import batch_documents
 from engine.train import Trainer
 
-__all__ = ["BASE", "make_config", "single_run", "spawn", "run_trainer", "fixed_tokens", "TickClock", "spawn_runs"]
+__all__ = ["RECAST", "BASE", "make_config", "single_run", "spawn", "run_trainer", "fixed_tokens", "TickClock", "spawn_runs"]
 
 # tiny preset, fp32 on CPU, short sequences: a 20-step trajectory takes about a second per process.
 BASE: dict[str, Any] = dict(preset="tiny", device="cpu", compute_dtype="fp32", seq_length=64, micro_batch_size=4,
                             eval_samples=12, num_steps=20, warmup_steps=2, save_final=False)
+
+
+# A scenario override (not a config field): run it on tensorwise FP8's recast path (tests/engine/fp8_recast.py).
+RECAST = "_fp8_recast"
 
 
 def make_config(overrides: dict[str, Any], world: int, run_dir: str):
@@ -77,8 +82,8 @@ def run_trainer(trainer: Trainer, steps: int) -> dict[str, Any]:
 
 def single_run(overrides: dict[str, Any], steps: int, save_to: str = "") -> dict[str, Any]:
     """One process; with `save_to`, a checkpoint of the last step is written under that run dir."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = make_config(overrides, 1, save_to or tmp)
+    with tempfile.TemporaryDirectory() as tmp, _path(overrides):
+        cfg = make_config(_config_fields(overrides), 1, save_to or tmp)
         trainer = Trainer(cfg, ParallelState.single(torch.device("cpu")), torch.float32)
         out = run_trainer(trainer, steps)
         if save_to:
@@ -95,8 +100,8 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: 
     results = {}
     try:
         for name, overrides, steps in scenarios:
-            with tempfile.TemporaryDirectory() as tmp:
-                cfg = make_config(overrides, world, tmp)
+            with tempfile.TemporaryDirectory() as tmp, _path(overrides):
+                cfg = make_config(_config_fields(overrides), world, tmp)
                 replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
                 par = init_parallel(env, cfg.tp, "cpu", kv_replicas=replicas)
                 trainer = Trainer(cfg, par, torch.float32, launcher="spawn")
@@ -109,6 +114,18 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: 
             torch.save(results, out_file)
     finally:
         dist.destroy_process_group()
+
+
+def _config_fields(overrides: dict) -> dict:
+    return {k: v for k, v in overrides.items() if k != RECAST}
+
+
+def _path(overrides: dict):
+    """The FP8 recast reference (tests/engine/fp8_recast.py) for a scenario whose overrides hold RECAST."""
+    if overrides.get(RECAST):
+        from tests.engine.fp8_recast import recasting
+        return recasting()
+    return contextlib.nullcontext()
 
 
 def _placement(par: ParallelState, world: int) -> list[dict[str, Any]]:

@@ -1,0 +1,133 @@
+"""Tensorwise FP8 linears keep their forward's FP8 copies of x and W for backward (engine/distributed/fp8.py
+keeps_fp8, wgrad.py save_linear, tp_linear.py) and cast dy once: bit for bit the path that casts every backward
+operand again (tests/engine/fp8_recast.py), because one scale per tensor transposes with it (amax(t^T) = amax(t), the
+cast is elementwise). Tolerance: none (torch.equal, every [LOSS] field digit for digit). Rowwise keeps recasting
+(per-row scales do not transpose): checked to save bf16.
+
+Default run: one linear through autograd (casts counted, saved tensors inspected, gradients bitwise, with and without
+a main_grad), and a short in-process training run (selective activation checkpointing, unfused). `slow`: the matrix
+(full / selective checkpointing, fused and not, the compiled cast) and TP 2 (column, row, SP, row chunks). The CLI run
+of the same comparison ([LOSS] lines and final weights) is in tests/engine/test_fp8.py.
+"""
+
+import pytest
+import torch
+
+from engine.distributed.fp8 import E4M3, E5M2, Fp8Recipe, cast
+from engine.distributed.wgrad import MainGrad, attach_main_grad, fused_linear, main_grad_of
+from tests.engine.fp8_recast import recasting
+from tests.parallel.workers import RECAST, single_run, spawn
+
+
+def counting(calls: list, cast_fn=cast):
+    def fn(t, dtype, dim, pow2):
+        calls.append((tuple(t.shape), t.is_contiguous(), dtype))
+        return cast_fn(t, dtype, dim, pow2)
+    return fn
+
+
+def linear_step(recipe: str, fused: bool, device: str = "cpu", dtype: torch.dtype = torch.float32, cast_fn=cast,
+                shape: tuple[int, int, int] = (64, 48, 80)):
+    """One FP8 linear (n tokens, in, out) forward + backward: (y, dx, dW, casts, saved tensors' dtypes and shapes)."""
+    n, k, m = shape
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, n // 2, k, generator=g).to(device, dtype).requires_grad_()
+    w = (torch.randn(m, k, generator=g) * 0.05).to(device, dtype).requires_grad_()
+    dy = (torch.randn(2, n // 2, m, generator=g) * 1e-3).to(device, dtype)
+    calls: list = []
+    if fused:
+        attach_main_grad(w, MainGrad(torch.zeros_like(w, dtype=torch.float32)))
+    saved: list = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.dtype, tuple(t.shape))) or t, lambda t: t):
+        y = fused_linear(x, w, Fp8Recipe(recipe, counting(calls, cast_fn)))
+    y.backward(dy)
+    dw = main_grad_of(w).grad if fused else w.grad
+    return y.detach(), x.grad, dw.clone(), calls, saved
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "main_grad"])
+def test_a_tensorwise_linear_saves_fp8_copies_casts_three_times_and_equals_the_recast_path(fused):
+    y, dx, dw, calls, saved = linear_step("tensorwise", fused)
+    with recasting():
+        ry, rdx, rdw, rcalls, rsaved = linear_step("tensorwise", fused)
+    assert torch.equal(y, ry) and torch.equal(dx, rdx) and torch.equal(dw, rdw)
+    # kept: x, W (forward, E4M3) and dy once (E5M2); recast: x, W, then dy and W^T (dgrad), dy^T and x^T (wgrad)
+    assert [c[2] for c in calls] == [E4M3, E4M3, E5M2]
+    assert [c[2] for c in rcalls] == [E4M3, E4M3, E5M2, E4M3, E5M2, E4M3]
+    # saved: x's FP8 copy [64, 48] in place of the fp32 x, W's FP8 copy [80, 48], scales, and W (the parameter)
+    assert (E4M3, (64, 48)) in saved and (E4M3, (80, 48)) in saved and (torch.float32, (2, 32, 48)) not in saved
+    assert (torch.float32, (2, 32, 48)) in rsaved and not any(d in (E4M3, E5M2) for d, _ in rsaved)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("version", ["baseline", "compiled"])
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "main_grad"])
+def test_on_cuda_the_fp8_copies_equal_the_recast_path(version, fused):
+    """cuBLAS FP8 GEMMs in bf16 at the 8B slice's QKV shape (4096 tokens, 4096 -> 4608), both cast versions."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs compute capability 8.9+")
+    from engine.ops.fp8_cast import baseline, compiled
+    fn = {"baseline": baseline.cast, "compiled": compiled.cast}[version]
+    args = ("tensorwise", fused, "cuda", torch.bfloat16, fn, (4096, 4096, 4608))
+    y, dx, dw, calls, _ = linear_step(*args)
+    with recasting():
+        ry, rdx, rdw, rcalls, _ = linear_step(*args)
+    assert len(calls) == 3 and len(rcalls) == 6
+    assert torch.equal(y, ry) and torch.equal(dx, rdx) and torch.equal(dw, rdw)
+
+
+def test_rowwise_keeps_recasting():
+    """Per-row scales do not transpose to per-column ones: rowwise saves x and casts every backward operand."""
+    *_, calls, saved = linear_step("rowwise", False)
+    assert len(calls) == 6 and (torch.float32, (2, 32, 48)) in saved and not any(d == E4M3 for d, _ in saved)
+
+
+FP8 = {"fp8": "tensorwise"}
+
+
+def same(a: dict, b: dict) -> None:
+    assert a["steps"] == b["steps"]  # (loss, grad norm) of every step, exactly
+    assert a["weights"].keys() == b["weights"].keys()
+    for name, t in a["weights"].items():
+        assert torch.equal(t, b["weights"][name]), name
+    assert torch.equal(a["logits"], b["logits"])
+
+
+def test_a_short_run_with_selective_recompute_unfused_equals_the_recast_path():
+    cfg = {**FP8, "activation_checkpointing": "selective", "grad_accum_fusion": False, "eval_samples": 0}
+    same(single_run(cfg, 2), single_run({**cfg, RECAST: True}, 2))
+
+
+@pytest.mark.slow  # six in-process runs of 3 steps; the compiled cast compiles (~5 s a graph on 2 cores)
+@pytest.mark.parametrize("overrides", [
+    {"activation_checkpointing": "full"},
+    {"activation_checkpointing": "selective"},
+    {"op_fp8_cast": "compiled"},
+], ids=["full", "selective", "compiled"])
+def test_fp8_copies_equal_the_recast_path_under_recompute_and_the_compiled_cast(overrides):
+    cfg = {**FP8, **overrides, "eval_samples": 0}
+    same(single_run(cfg, 3), single_run({**cfg, RECAST: True, "op_fp8_cast": "baseline"}, 3))
+
+
+TP = {**FP8, "tp": 2, "eval_samples": 0}
+TP_CASES = [
+    ("overlap", TP),  # column-parallel QKV / FC1 overlapped, MLP region's hand-over, row-parallel O / FC2
+    ("sp", {**TP, "sequence_parallel": True}),  # FP8 rows all-gathered in backward; row-parallel through the sink
+    ("sp_unfused", {**TP, "sequence_parallel": True, "grad_accum_fusion": False}),
+    ("plain_chunks", {**TP, "tp_comm_overlap": False, "tp_fwd_chunks": 2}),  # chunked forward: x recast for wgrad
+]
+
+
+@pytest.mark.slow  # eight 3-step TP 2 runs on two gloo processes
+def test_fp8_copies_equal_the_recast_path_at_tp2(tmp_path):
+    scenarios = [(n, c, 3) for n, c in TP_CASES] + [(n + "_recast", {**c, RECAST: True}, 3) for n, c in TP_CASES]
+    threads = torch.get_num_threads()
+    try:
+        world = spawn(2, scenarios, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    for name, _ in TP_CASES:
+        got, ref = world[name], world[name + "_recast"]
+        assert got["steps"] == ref["steps"], name
+        assert torch.equal(got["logits"], ref["logits"]), name
