@@ -38,8 +38,8 @@ workers included (harness/jobs/process.py), and the job goes on to the next row.
 Engine variants of one job share seed and data: `loss diff` is each one's largest relative per-step
 loss difference from the first (TP 2 against TP 1: ~1e-3 in bf16, tolerance 1e-2). Prints a table last (ratio = the engine's first variant's tokens/s / the row's, which is the MFU ratio) and writes JSON (--out),
 rewritten after every row, so a job cut short (the device's 10-minute limit) keeps the rows it finished.
-CUDA_DEVICE_MAX_CONNECTIONS=1 is set for multi-process runs (--max-connections 0: unset), as Megatron
-requires for TP overlap.
+CUDA_DEVICE_MAX_CONNECTIONS=1 is set for the engine's and megatron-core's multi-process runs (--max-connections 0:
+unset), as Megatron requires for TP overlap; torchtitan runs without it, as its users do (recorded per row).
 """
 
 import argparse
@@ -60,19 +60,24 @@ sys.path.insert(0, str(REPO))
 from bench.common import GpuPoller, launcher, torchrun  # noqa: E402
 from harness.jobs.process import Lines, Process  # noqa: E402  (the one process runner)
 from bench.peers.common import engine_config  # noqa: E402
-from bench.peers.layout import PEER_VARIANTS, LayoutError, PeerLayout, parse_peer, resolve_layout  # noqa: E402
+from bench.peers.layout import PEER_VARIANTS, LayoutError, PeerLayout, parse_peer, resolve_layout, row_name  # noqa: E402
 from engine.atomic_files import write_text_atomic  # noqa: E402
 from engine.flops import flops_per_token, mfu, peak_flops  # noqa: E402
 
 __all__ = ["main", "run_engine", "run_peer", "peer_layouts", "energy_mj_per_token"]
 
 
-def _env(args: argparse.Namespace, nproc: int) -> dict[str, str]:
+def _env(args: argparse.Namespace, nproc: int, max_connections: bool = True) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    if nproc > 1 and args.max_connections:
+    if nproc > 1 and args.max_connections and max_connections:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(args.max_connections)
     return env
+
+
+# the peers that set CUDA_DEVICE_MAX_CONNECTIONS=1 themselves (Megatron asks for it with TP / SP overlap); torchtitan
+# leaves it unset (FSDP2's collectives on their own streams overlap compute better with the default 8 queues)
+MAX_CONNECTIONS_PEERS = ("megatron-core",)
 
 
 @dataclass(frozen=True)
@@ -87,12 +92,13 @@ class _Ran:
         return (self.stdout[-out_chars:] + "\n" + self.stderr[-err_chars:]).strip()
 
 
-def _run(cmd: list[str], nproc: int, args: argparse.Namespace, timeout_s: float) -> _Ran:
+def _run(cmd: list[str], nproc: int, args: argparse.Namespace, timeout_s: float, max_connections: bool = True) -> _Ran:
     """One engine or peer job through the harness's process runner: on timeout every process of it, torchrun's
     workers included (they lead sessions of their own), is stopped, so a hung run frees the GPUs and the job
     goes on to the next row."""
     out, err = Lines(), Lines()
-    result = Process(cmd, cwd=REPO, env=_env(args, nproc), stdout=out, stderr=err, timeout_s=timeout_s).wait()
+    env = _env(args, nproc, max_connections)
+    result = Process(cmd, cwd=REPO, env=env, stdout=out, stderr=err, timeout_s=timeout_s).wait()
     return _Ran(result.returncode, "".join(out.lines), "".join(err.lines), result.elapsed_s, result.timed_out)
 
 
@@ -165,7 +171,7 @@ def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace
     string against the same flags, so the layout it runs is the one recorded here."""
     given, resolved = layout
     nproc = resolved.nproc
-    name = f"{peer}{f' {variant}' if variant else ''} {resolved.short(peer)}"
+    name = row_name(peer, variant, resolved)
     with tempfile.TemporaryDirectory() as tmp:
         out, prof = Path(tmp) / "peer.json", Path(tmp) / "profile.json"
         cmd = [*torchrun(nproc), "-m", "bench.peers.run", "--peer", peer, "--variant", variant, "--layout", given,
@@ -175,13 +181,15 @@ def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace
                *flags, *(["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
         poller = GpuPoller()
-        proc = _run(cmd, nproc, args, args.peer_timeout)
+        max_connections = peer in MAX_CONNECTIONS_PEERS
+        proc = _run(cmd, nproc, args, args.peer_timeout, max_connections)
         smi = poller.stop()
         result = json.loads(out.read_text()) if out.exists() else {"name": name, "kind": "peer", "nproc": nproc}
         result.setdefault("layout", resolved.record(peer))
         if prof.exists():
             result["profile"] = json.loads(prof.read_text())
     result.update({"cmd": cmd, "returncode": proc.returncode, "wall_s": proc.wall_s,
+                   "cuda_device_max_connections": _env(args, nproc, max_connections).get("CUDA_DEVICE_MAX_CONNECTIONS"),
                    "nvidia_smi_used_gib": smi["used_gib"], "sm_mhz": smi["sm_mhz"], "power_w": smi["power_w"]})
     if proc.timed_out:
         result["error"] = f"{proc.tail(2000, 4000)}\nstopped after --peer-timeout {args.peer_timeout:g} s"

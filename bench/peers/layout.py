@@ -24,7 +24,8 @@ A layout that cannot run is refused before any job starts: one line naming --pee
 
 from dataclasses import asdict, dataclass
 
-__all__ = ["PeerLayout", "LayoutError", "PEERS", "PEER_VARIANTS", "parse_peer", "resolve_layout", "layout_flags"]
+__all__ = ["PeerLayout", "LayoutError", "PEERS", "PEER_VARIANTS", "parse_peer", "resolve_layout", "layout_flags",
+           "row_name"]
 
 # variants each peer runs (one process each); "" is the peer's only one
 PEER_VARIANTS = {"torch-compile": ["bf16", "amp"], "torchtitan": [""], "megatron-core": [""]}
@@ -158,3 +159,10 @@ def layout_flags(layout: PeerLayout) -> list[str]:
     batch on tp x dp processes. sp, ac and compile are read from the layout itself, not from engine flags."""
     return ["--tp", str(layout.tp), "--micro-batch-size", str(layout.mbs), "--grad-accum-steps", str(layout.gas),
             "--global-batch-size", str(layout.mbs * layout.gas * layout.dp)]
+
+
+def row_name(peer: str, variant: str, layout: PeerLayout) -> str:
+    """The table's name of a peer row: peer, variant, and the layout for the peers that have one (torch-compile runs
+    on one GPU, its name stays `torch-compile bf16`)."""
+    name = peer + (f" {variant}" if variant else "")
+    return name if peer == "torch-compile" else f"{name} {layout.short(peer)}"

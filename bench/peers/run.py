@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from bench.peers.common import engine_config, summarize, time_steps
-from bench.peers.layout import PEERS, PeerLayout, layout_flags, resolve_layout
+from bench.peers.layout import PEERS, PeerLayout, layout_flags, resolve_layout, row_name
 from engine.atomic_files import write_text_atomic
 from engine.runinfo import device_name
 
@@ -83,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--layout", default="", help="the peer's layout, k=v,... (bench/peers/layout.py; empty: its defaults)")
-    p.add_argument("--attn-backend", default="flex", choices=["flex", "sdpa"],
-                   help="torchtitan's attention: flex (its default, the GPU run) or sdpa (CPU probes only: flex has "
-                        "no CPU backward)")
+    p.add_argument("--attn-backend", default="", choices=["", "flex", "sdpa"],
+                   help="torchtitan's attention (default: flex on CUDA, its own default; sdpa on CPU, where flex has "
+                        "no backward: probes only, refused on CUDA)")
     p.add_argument("--out", required=True)
     p.add_argument("--profile-json", default="", help="also profile steps after the timed ones; summary JSON here")
     p.add_argument("--profile-steps", type=int, default=1)
@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"name": name, "kind": "peer", "peer": args.peer, "variant": args.variant, "nproc": world}
     try:
         _, layout = resolve_layout(f"{args.peer}:{args.layout}", engine_config(flags, world), world)
-        name = f"{name} {layout.short(args.peer)}" if args.peer != "torch-compile" else name
+        name = row_name(args.peer, args.variant, layout)
         result.update(name=name, layout=layout.record(args.peer))
+        args.attn_backend = args.attn_backend or ("flex" if args.device == "cuda" else "sdpa")
         if args.device == "cuda" and args.attn_backend != "flex":
             raise ValueError("--attn-backend sdpa is for CPU probes; the GPU run keeps torchtitan's flex attention")
         cfg = engine_config([*flags, *layout_flags(layout)], world)

@@ -126,14 +126,15 @@ def test_a_peer_record_keeps_its_layout_when_it_cannot_start(tmp_path, monkeypat
         def tail(self, *_):
             return "boom"
 
-    monkeypatch.setattr(mfu, "_run", lambda cmd, nproc, args, timeout: Ran())
+    monkeypatch.setattr(mfu, "_run", lambda cmd, nproc, args, timeout, max_connections: Ran())
     monkeypatch.setattr(mfu, "GpuPoller", lambda: type("P", (), {"stop": lambda self: {"used_gib": [], "sm_mhz": [],
                                                                                         "power_w": []}})())
     peer, layout = _resolve("megatron-core:tp=2,dp=2,ac=selective,mbs=1")
-    args = argparse.Namespace(steps=1, warmup=0, device="cpu", profile_peers=False, peak_tflops=0.0, peer_timeout=1.0)
+    args = argparse.Namespace(steps=1, warmup=0, device="cpu", profile_peers=False, peak_tflops=0.0, peer_timeout=1.0,
+                              max_connections=1)
     record = mfu.run_peer(peer, "", FOUR, args, ("tp=2,dp=2,ac=selective,mbs=1", layout))
     assert record["name"] == "megatron-core tp2-distopt2-sp-sac-mbs1" and record["error"] == "boom"
-    assert record["layout"]["gas"] == 8 and record["nproc"] == 4
+    assert record["layout"]["gas"] == 8 and record["nproc"] == 4 and record["cuda_device_max_connections"] == "1"
     assert record["cmd"][record["cmd"].index("--layout") + 1] == "tp=2,dp=2,ac=selective,mbs=1"
     assert "--nproc-per-node" in record["cmd"] and record["cmd"][record["cmd"].index("--nproc-per-node") + 1] == "4"
     json.dumps(record)
