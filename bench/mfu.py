@@ -7,6 +7,8 @@
     python bench/mfu.py --common "--preset minicpm4-0.5b" --variant tp1= --variant tp2="--tp 2"   # TP 2 vs TP 1
     python bench/mfu.py --nproc 4 --common "--preset minicpm4-8b --global-batch-size 16 ..." \
         --variant zero1-dp4= --variant fsdp4="--fsdp" --variant tp2-fsdp2="--tp 2 --fsdp"      # 4 GPUs: TP x DP
+    python bench/mfu.py --nproc 4 --common "--preset minicpm4-8b --global-batch-size 16 ..." --variant dp4-zero1= \
+        --peer torchtitan:dp=4,ac=selective --peer megatron-core:tp=2,dp=2,ac=selective,mbs=1  # peers at their layouts
     python bench/mfu.py --common "--preset minicpm4-8b --num-layers 4" --sweep --seqs 1024 2048 4096 8192 16384 \
         --mbs 1 2 --png docs/img/mfu_sweep.png                                                    # sweep
     python bench/mfu.py --plot sweep_mbs1.json sweep_mbs2.json --png docs/img/mfu_sweep_h200.png    # re-draw
