@@ -188,6 +188,7 @@ def build_step(cfg: EngineConfig, variant: str, device: torch.device, layout, *,
     positions = torch.arange(cfg.seq_length, device=device).expand(layout.mbs, -1)
     masks = model.get_attention_masks(positions=positions)
     batch_mesh = parallel_dims.get_mesh("batch") if parallel_dims.dp_enabled else None
+    train_context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
     local_tokens = torch.tensor(sum(int(y.numel()) for _, y in batches), device=device)
 
     def step() -> float:
@@ -197,8 +198,9 @@ def build_step(cfg: EngineConfig, variant: str, device: torch.device, layout, *,
         tokens = dist_utils.dist_sum_tensor(local_tokens, batch_mesh) if batch_mesh is not None else local_tokens
         total = torch.zeros((), device=device)
         for x, y in batches:
-            loss, _ = loss_fn(model(x, positions, masks), y, tokens)
-            loss.backward()
+            with train_context():  # its trainer's SPMD context (sets the meshes for the spmd_types backend)
+                loss, _ = loss_fn(model(x, positions, masks), y, tokens)
+                loss.backward()
             total += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
         dist_utils.clip_grad_norm_(list(model.parameters()), cfg.grad_clip, foreach=True)
         optimizers.step()
