@@ -3,11 +3,13 @@
 Built as torchtitan's Trainer builds it (torchtitan/trainer.py): the model config from its own classes
 (`Llama3Model.Config`, `Llama3TransformerBlock.Config`, `make_gqa_config`, `make_ffn_config`, RoPE,
 RMSNorm) sized to the engine's shapes (fused QKV, GQA, SwiGLU FFN, untied LM head over the padded
-vocabulary), built on the meta device, `parallelize_llama` (TP when the layout has it, per-block
-torch.compile, FSDP2's MixedPrecisionPolicy: fp32 master parameters, bf16 compute, fp32 gradient
-reduction), `init_weights`, its optimizer container (AdamW, fused) and its cross-entropy loss. The
-step is its train_step without logging: GAS forward/backward passes with the loss divided by the
-global token count, its clip_grad_norm_, optimizer step. Attention: its default flex backend with
+vocabulary), built on the meta device, `parallelize_llama` at the peer's layout (bench/peers/layout.py: its
+ParallelDims with TP x FSDP degrees, a 2-D mesh when both are > 1, TP with its sequence-parallel plan; its
+`selective` op-level SAC or `full` AC policy; per-block torch.compile; FSDP2's MixedPrecisionPolicy: fp32 master
+parameters, bf16 compute, fp32 gradient reduction), `init_weights`, its optimizer container (AdamW, fused) and its
+cross-entropy loss. The step is its train_step without logging: GAS forward/backward passes inside its SPMD
+context with the loss divided by the global token count (summed over the DP ranks), its clip_grad_norm_,
+optimizer step; each DP rank draws its own batches. Attention: its default flex backend with
 the block-causal mask of one document per row (that is plain causal attention). Its `varlen` backend
 needs torch >= 2.12 (GQA and num_splits in varlen_attn), so it is not offered.
 torchtitan's llama3 has no muP scalings; they are elementwise and cost nothing measurable.
@@ -15,6 +17,10 @@ torchtitan's llama3 has no muP scalings; they are elementwise and cost nothing m
 torchtitan 0.3.0 is written against torch 2.12; on an older torch `torch_compat` supplies the two names
 its llama3 path imports from 2.12 without changing any work it does (see there). The stand-ins it
 installed are reported with the peer's versions, so a table row says it ran with them.
+
+On CPU (probes and tests, gloo; never on CUDA) three things differ, each named where it is done: the inner attention
+is torchtitan's own SDPA backend (flex has no CPU backward), its meshes are built on "cpu", and FSDP2 reduces with
+a plain SUM (gloo has no PREMUL_SUM).
 """
 
 import inspect
