@@ -6,6 +6,7 @@
   trains the same tokens per step on the same GPUs (the MFU ratio is a tokens/s ratio).
 - A layout that cannot run is refused before anything starts: one line naming --peer, the value and the fix,
   exit 2, no --out written.
+- The layouts bench/ops_session.sh peers4 spends a device call on resolve here.
 Seconds: no peer runs (the CPU probes of the peers themselves are in test_peers_cpu.py, slow).
 """
 
@@ -138,3 +139,25 @@ def test_a_peer_record_keeps_its_layout_when_it_cannot_start(tmp_path, monkeypat
     assert record["cmd"][record["cmd"].index("--layout") + 1] == "tp=2,dp=2,ac=selective,mbs=1"
     assert "--nproc-per-node" in record["cmd"] and record["cmd"][record["cmd"].index("--nproc-per-node") + 1] == "4"
     json.dumps(record)
+
+
+def test_the_peers4_device_mode_runs_layouts_that_resolve():
+    """bench/ops_session.sh peers4 spends a 10-minute device call: every --peer it names must resolve against its
+    flags on its 4 GPUs here, and every row keeps the job's 16 x 4096 global batch."""
+    import re
+    import shlex
+
+    from tests.conftest import REPO
+
+    script = (REPO / "bench/ops_session.sh").read_text()
+    four = shlex.split(re.search(r'^FOUR="([^"]+)"', script, re.M).group(1))
+    mode = script[script.index("\n  peers4)"):]
+    mode = mode[:mode.index(";;")]
+    assert '--nproc 4 --common "$FOUR"' in mode
+    specs = re.findall(r"--peer (\S+)", mode)
+    assert [s.split(":")[0] for s in specs] == ["torchtitan", "torchtitan", "megatron-core", "megatron-core"]
+    layouts = peer_layouts(specs, [*four, "--device", "cpu"], 4)
+    assert [(peer, layout.short(peer)) for peer, _, layout in layouts] == [
+        ("torchtitan", "tp1-fsdp4-sac-compile-mbs2"), ("torchtitan", "tp2-fsdp2-sp-sac-compile-mbs2"),
+        ("megatron-core", "tp2-distopt2-sp-sac-mbs1"), ("megatron-core", "tp1-distopt4-sac-mbs1")]
+    assert all(layout.mbs * layout.gas * layout.dp == 16 for _, _, layout in layouts)
