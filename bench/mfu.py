@@ -26,7 +26,7 @@ the next): `torch-compile` (two variants: `bf16` weights without fp32 master, an
 bf16 autocast; one GPU; bench/peers/compiled.py), `torchtitan` (FSDP2 + TP; bench/peers/titan.py),
 `megatron-core` (distributed optimizer + TP/SP; bench/peers/megatron.py). Each runs at a layout of its own, not
 the engine variant's: LAYOUT is comma-separated key=value pairs, tp, dp, sp (on|off), ac (none|selective|full),
-compile (on|off), mbs, e.g. `--peer torchtitan:dp=4,ac=selective --peer megatron-core:tp=2,dp=2,ac=selective`
+compile (on|off), mbs, async_tp (on|off, torchtitan), e.g. `--peer torchtitan:dp=4,ac=selective --peer megatron-core:tp=2,dp=2,ac=selective`
 (bench/peers/layout.py has the keys and their defaults: the engine's --tp and --micro-batch-size, dp = GPUs / tp).
 Every peer runs on the job's GPUs (tp x dp = --nproc, else the engine's --tp) and trains its global batch (GAS =
 global / (mbs x dp)); a layout that cannot run stops the job before it starts (one line, exit 2). Each is
@@ -350,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", action="append", default=[], help="engine variant NAME=FLAGS added to --common (default: engine=)")
     p.add_argument("--peer", action="append", default=[], metavar="NAME[:LAYOUT]",
                    help=f"peer to run beside the engine, at its own layout: NAME one of {', '.join(PEER_VARIANTS)}; "
-                        "LAYOUT comma-separated tp=, dp=, sp=on|off, ac=none|selective|full, compile=on|off, mbs= "
+                        "LAYOUT comma-separated tp=, dp=, sp=on|off, ac=none|selective|full, compile=on|off, mbs=, "
+                        "async_tp=on|off (torchtitan) "
                         "(defaults: the engine's --tp and --micro-batch-size, dp = GPUs / tp; bench/peers/layout.py), "
                         "e.g. torchtitan:dp=4,ac=selective or megatron-core:tp=2,dp=2,ac=selective")
     p.add_argument("--no-engine", action="store_true", help="peers only")

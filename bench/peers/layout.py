@@ -16,6 +16,8 @@ keys (a key left out takes the default in brackets):
              whole blocks; megatron-core: recompute_granularity selective (core attention) / full (uniform, 1)
     compile  torch.compile, on|off [on for torchtitan (per block) and torch-compile; megatron-core has none]
     mbs      micro-batch size [the engine's --micro-batch-size]
+    async_tp torchtitan's async TP (Inductor's micro-pipelined TP over symmetric memory, as its 70B / 405B recipes
+             run it), on|off [off]; needs tp > 1 and compile=on
 
 Every peer trains the job's global batch (the engine's, in sequences): GAS = global / (mbs x dp), and runs
 on tp x dp processes, which must be the job's GPUs (--nproc, else the engine's --tp) so tokens/s compare.
@@ -30,7 +32,7 @@ __all__ = ["PeerLayout", "LayoutError", "PEERS", "PEER_VARIANTS", "parse_peer", 
 # variants each peer runs (one process each); "" is the peer's only one
 PEER_VARIANTS = {"torch-compile": ["bf16", "amp"], "torchtitan": [""], "megatron-core": [""]}
 PEERS = tuple(PEER_VARIANTS)
-KEYS = ("tp", "dp", "sp", "ac", "compile", "mbs")
+KEYS = ("tp", "dp", "sp", "ac", "compile", "mbs", "async_tp")
 AC_MODES = ("none", "selective", "full")
 DP_MODE = {"torch-compile": "none", "torchtitan": "fsdp2", "megatron-core": "distributed-optimizer"}
 DP_SHORT = {"torchtitan": "fsdp", "megatron-core": "distopt"}
@@ -54,6 +56,7 @@ class PeerLayout:
     compile: bool
     mbs: int
     gas: int
+    async_tp: bool = False
 
     @property
     def nproc(self) -> int:
@@ -67,7 +70,8 @@ class PeerLayout:
         """e.g. `tp2-fsdp2-sp-sac-compile-mbs2` for the table's name column (no DP part at dp=1)."""
         dp = f"-{DP_SHORT.get(peer, 'dp')}{self.dp}" if self.dp > 1 else ""
         ac = {"none": "", "selective": "-sac", "full": "-fullac"}[self.ac]
-        return f"tp{self.tp}{dp}{'-sp' if self.sp else ''}{ac}{'-compile' if self.compile else ''}-mbs{self.mbs}"
+        tp = f"tp{self.tp}{'-async' if self.async_tp else ''}"
+        return f"{tp}{dp}{'-sp' if self.sp else ''}{ac}{'-compile' if self.compile else ''}-mbs{self.mbs}"
 
 
 def _int(spec: str, key: str, text: str) -> int:
@@ -97,7 +101,7 @@ def parse_peer(spec: str) -> tuple[str, dict]:
             raise LayoutError(spec, f"{key} is given twice", f"keep one {key}=")
         if key in ("tp", "dp", "mbs"):
             given[key] = _int(spec, key, value)
-        elif key in ("sp", "compile"):
+        elif key in ("sp", "compile", "async_tp"):
             given[key] = _bool(spec, key, value)
         elif value not in AC_MODES:
             raise LayoutError(spec, f"ac={value!r} is not a checkpointing mode", f"use ac={' | ac='.join(AC_MODES)}")
@@ -146,11 +150,16 @@ def resolve_layout(spec: str, cfg, nproc: int) -> tuple[str, PeerLayout]:
     if peer == "megatron-core" and compile_:
         raise LayoutError(spec, "megatron-core does not torch.compile its model (its users run it eager)",
                           "leave out compile, or compile=off")
+    async_tp = given.get("async_tp", False)
+    if async_tp and (peer != "torchtitan" or tp == 1 or not compile_):
+        raise LayoutError(spec, "async_tp=on is torchtitan's, with tp > 1 and compile=on (Inductor pipelines it)",
+                          "use it with torchtitan:tp=2,compile=on, or leave it out")
     mbs = given.get("mbs", cfg.micro_batch_size)
     if global_batch % (mbs * dp):
         raise LayoutError(spec, f"the global batch of {global_batch} sequences does not split into mbs={mbs} x dp={dp}",
                           f"use an mbs that divides {global_batch // dp if global_batch % dp == 0 else global_batch}")
-    return peer, PeerLayout(tp=tp, dp=dp, sp=sp, ac=ac, compile=compile_, mbs=mbs, gas=global_batch // (mbs * dp))
+    return peer, PeerLayout(tp=tp, dp=dp, sp=sp, ac=ac, compile=compile_, mbs=mbs, gas=global_batch // (mbs * dp),
+                            async_tp=async_tp)
 
 
 def layout_flags(layout: PeerLayout) -> list[str]:

@@ -157,7 +157,8 @@ def build_step(cfg: EngineConfig, variant: str, device: torch.device, layout, *,
                                     spmd_backend=backend)
     training = TrainingConfig(local_batch_size=layout.mbs, seq_len=cfg.seq_length, max_norm=cfg.grad_clip,
                               mixed_precision_param="bfloat16", mixed_precision_reduce="float32")
-    compile_config = CompileConfig(enable=layout.compile, components=["model", "loss"])
+    compile_config = CompileConfig(enable=layout.compile, components=["model", "loss"],
+                                   enable_async_tensor_parallel=layout.async_tp)
     ac_config = {"none": None, "selective": SelectiveAC.Config(), "full": FullAC.Config()}[layout.ac]
     parallel_dims = ParallelDims.from_config(parallelism, world)
     if attn_backend not in ("flex", "sdpa") or (attn_backend == "sdpa" and device.type != "cpu"):

@@ -64,11 +64,12 @@ def test_without_nproc_a_peer_runs_on_the_engines_tp_gpus():
 def test_names_say_the_layout():
     assert _resolve("torchtitan:tp=2,dp=2,ac=selective")[1].short("torchtitan") == "tp2-fsdp2-sp-sac-compile-mbs2"
     assert _resolve("megatron-core:tp=2,ac=full,mbs=1")[1].short("megatron-core") == "tp2-distopt2-sp-fullac-mbs1"
+    assert _resolve("torchtitan:tp=2,async_tp=on")[1].short("torchtitan") == "tp2-async-fsdp2-sp-compile-mbs2"
 
 
 @pytest.mark.parametrize("spec, message", [
     ("nemo:tp=2", "'nemo' is not a peer; use one of torch-compile, torchtitan, megatron-core"),
-    ("torchtitan:pp=2", "'pp=2' is not a key=value of the layout; use keys tp, dp, sp, ac, compile, mbs"),
+    ("torchtitan:pp=2", "'pp=2' is not a key=value of the layout; use keys tp, dp, sp, ac, compile, mbs, async_tp"),
     ("torchtitan:tp", "'tp' is not a key=value"),
     ("torchtitan:tp=two", "tp='two' is not a positive integer; write e.g. tp=2"),
     ("torchtitan:tp=0", "tp='0' is not a positive integer"),
@@ -83,6 +84,9 @@ def test_names_say_the_layout():
     ("megatron-core:compile=on", "megatron-core does not torch.compile its model"),
     ("torch-compile", "torch-compile is a one-GPU peer; run it in a job of one GPU (tp=1, dp=1)"),
     ("torchtitan:mbs=3", "the global batch of 16 sequences does not split into mbs=3 x dp=4; use an mbs that divides 4"),
+    ("torchtitan:async_tp=on", "async_tp=on is torchtitan's, with tp > 1 and compile=on"),
+    ("torchtitan:tp=2,compile=off,async_tp=on", "async_tp=on is torchtitan's, with tp > 1 and compile=on"),
+    ("megatron-core:tp=2,async_tp=on", "use it with torchtitan:tp=2,compile=on, or leave it out"),
 ])
 def test_a_layout_that_cannot_run_is_refused_with_its_fix(spec, message):
     with pytest.raises(LayoutError) as err:

@@ -66,7 +66,7 @@ def test_megatron_core_builds_at_tp2_with_sequence_parallel_and_selective_recomp
     assert proc.returncode == 0, proc.stderr[-3000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert facts["layout"] == {"tp": 2, "dp": 1, "sp": True, "ac": "selective", "compile": False, "mbs": 2, "gas": 4,
-                               "nproc": 2, "dp_mode": "none"}
+                               "async_tp": False, "nproc": 2, "dp_mode": "none"}
     assert (facts["tp"], facts["sequence_parallel"], facts["recompute_granularity"]) == (2, True, "selective")
     assert facts["recompute_modules"] == ["core_attn"] and facts["stand_ins"] == ["RMSNorm(sequence_parallel)"]
     assert facts["sequence_parallel_params"] == 2 * 4 + 1  # two norms per layer of the tiny preset, and the final one
