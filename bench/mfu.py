@@ -7,6 +7,8 @@
     python bench/mfu.py --common "--preset minicpm4-0.5b" --variant tp1= --variant tp2="--tp 2"   # TP 2 vs TP 1
     python bench/mfu.py --nproc 4 --common "--preset minicpm4-8b --global-batch-size 16 ..." \
         --variant zero1-dp4= --variant fsdp4="--fsdp" --variant tp2-fsdp2="--tp 2 --fsdp"      # 4 GPUs: TP x DP
+    python bench/mfu.py --nproc 4 --common "--preset minicpm4-8b --global-batch-size 16 ..." --variant dp4-zero1= \
+        --peer torchtitan:dp=4,ac=selective --peer megatron-core:tp=2,dp=2,ac=selective,mbs=1  # peers at their layouts
     python bench/mfu.py --common "--preset minicpm4-8b --num-layers 4" --sweep --seqs 1024 2048 4096 8192 16384 \
         --mbs 1 2 --png docs/img/mfu_sweep.png                                                    # sweep
     python bench/mfu.py --plot sweep_mbs1.json sweep_mbs2.json --png docs/img/mfu_sweep_h200.png    # re-draw
@@ -19,11 +21,17 @@ metrics.jsonl; nvidia-smi is polled while it runs (bench/common.py GpuPoller): m
 median SM clock (MHz column), which says whether rows ran at the same clock, and the energy per token (mJ/tok:
 busy power over tokens/s), which orders rows that all ran at the power limit.
 
-Peers (--peer, each variant in its own process so one's memory and compile caches do not touch the
-next): `torch-compile` (two variants: `bf16` weights without fp32 master, and `amp`, fp32 weights +
-bf16 autocast; bench/peers/compiled.py), `torchtitan` (bench/peers/titan.py), `megatron-core`
-(bench/peers/megatron.py). Each is configured from the same engine flags (shapes, mbs, seq, GAS,
-vocabulary) and its MFU uses the engine's FLOP count (engine/flops.py: 6 x matmul params incl. the LM
+Peers (--peer NAME[:LAYOUT], each variant in its own process so one's memory and compile caches do not touch
+the next): `torch-compile` (two variants: `bf16` weights without fp32 master, and `amp`, fp32 weights +
+bf16 autocast; one GPU; bench/peers/compiled.py), `torchtitan` (FSDP2 + TP; bench/peers/titan.py),
+`megatron-core` (distributed optimizer + TP/SP; bench/peers/megatron.py). Each runs at a layout of its own, not
+the engine variant's: LAYOUT is comma-separated key=value pairs, tp, dp, sp (on|off), ac (none|selective|full),
+compile (on|off), mbs, async_tp (on|off, torchtitan), e.g. `--peer torchtitan:dp=4,ac=selective --peer megatron-core:tp=2,dp=2,ac=selective`
+(bench/peers/layout.py has the keys and their defaults: the engine's --tp and --micro-batch-size, dp = GPUs / tp).
+Every peer runs on the job's GPUs (tp x dp = --nproc, else the engine's --tp) and trains its global batch (GAS =
+global / (mbs x dp)); a layout that cannot run stops the job before it starts (one line, exit 2). Each is
+configured from the same engine flags (shapes, seq, global batch, vocabulary), its exact layout and versions
+go into the JSON and the table, and its MFU uses the engine's FLOP count (engine/flops.py: 6 x matmul params incl. the LM
 head + 6 x L x h x s per token, against --peak-tflops per GPU or the GPU's datasheet bf16 peak; a --fp8 row also
 shows MFU8, against the dense FP8 peak, twice bf16's: `mfu_fp8_peak` in the JSON, null for other rows). A peer
 that cannot import or run is reported with the reason; the others still run. So is a run that hangs: a peer
@@ -31,14 +39,16 @@ past --peer-timeout (an engine run past --engine-timeout) is stopped with all it
 workers included (harness/jobs/process.py), and the job goes on to the next row.
 
 Engine variants of one job share seed and data: `loss diff` is each one's largest relative per-step
-loss difference from the first (TP 2 against TP 1: ~1e-3 in bf16, tolerance 1e-2). Prints a table last (ratio = the engine's first variant's tokens/s / the row's, which is the MFU ratio) and writes JSON (--out).
-CUDA_DEVICE_MAX_CONNECTIONS=1 is set for multi-process runs (--max-connections 0: unset), as Megatron
-requires for TP overlap.
+loss difference from the first (TP 2 against TP 1: ~1e-3 in bf16, tolerance 1e-2). Prints a table last (ratio = the engine's first variant's tokens/s / the row's, which is the MFU ratio) and writes JSON (--out),
+rewritten after every row, so a job cut short (the device's 10-minute limit) keeps the rows it finished.
+CUDA_DEVICE_MAX_CONNECTIONS=1 is set for the engine's and megatron-core's multi-process runs (--max-connections 0:
+unset), as Megatron requires for TP overlap; torchtitan runs without it, as its users do (recorded per row).
 """
 
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import sys
@@ -53,20 +63,24 @@ sys.path.insert(0, str(REPO))
 from bench.common import GpuPoller, launcher, torchrun  # noqa: E402
 from harness.jobs.process import Lines, Process  # noqa: E402  (the one process runner)
 from bench.peers.common import engine_config  # noqa: E402
+from bench.peers.layout import PEER_VARIANTS, LayoutError, PeerLayout, parse_peer, resolve_layout, row_name  # noqa: E402
 from engine.atomic_files import write_text_atomic  # noqa: E402
 from engine.flops import flops_per_token, mfu, peak_flops, peak_fp8_flops  # noqa: E402
 
-__all__ = ["main", "run_engine", "run_peer", "energy_mj_per_token"]
-
-PEER_VARIANTS = {"torch-compile": ["bf16", "amp"], "torchtitan": [""], "megatron-core": [""]}
+__all__ = ["main", "run_engine", "run_peer", "peer_layouts", "energy_mj_per_token"]
 
 
-def _env(args: argparse.Namespace, nproc: int) -> dict[str, str]:
+def _env(args: argparse.Namespace, nproc: int, max_connections: bool = True) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    if nproc > 1 and args.max_connections:
+    if nproc > 1 and args.max_connections and max_connections:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(args.max_connections)
     return env
+
+
+# the peers that set CUDA_DEVICE_MAX_CONNECTIONS=1 themselves (Megatron asks for it with TP / SP overlap); torchtitan
+# leaves it unset (FSDP2's collectives on their own streams overlap compute better with the default 8 queues)
+MAX_CONNECTIONS_PEERS = ("megatron-core",)
 
 
 @dataclass(frozen=True)
@@ -81,12 +95,13 @@ class _Ran:
         return (self.stdout[-out_chars:] + "\n" + self.stderr[-err_chars:]).strip()
 
 
-def _run(cmd: list[str], nproc: int, args: argparse.Namespace, timeout_s: float) -> _Ran:
+def _run(cmd: list[str], nproc: int, args: argparse.Namespace, timeout_s: float, max_connections: bool = True) -> _Ran:
     """One engine or peer job through the harness's process runner: on timeout every process of it, torchrun's
     workers included (they lead sessions of their own), is stopped, so a hung run frees the GPUs and the job
     goes on to the next row."""
     out, err = Lines(), Lines()
-    result = Process(cmd, cwd=REPO, env=_env(args, nproc), stdout=out, stderr=err, timeout_s=timeout_s).wait()
+    env = _env(args, nproc, max_connections)
+    result = Process(cmd, cwd=REPO, env=env, stdout=out, stderr=err, timeout_s=timeout_s).wait()
     return _Ran(result.returncode, "".join(out.lines), "".join(err.lines), result.elapsed_s, result.timed_out)
 
 
@@ -145,24 +160,42 @@ def _with_peak(cfg, args):
     return replace(cfg, peak_tflops=args.peak_tflops) if args.peak_tflops else cfg
 
 
-def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace) -> dict:
-    """One peer variant in its own torchrun job; its JSON record (with `error` when it could not run)."""
-    nproc = engine_config(flags).tp
-    name = peer + (f" {variant}" if variant else "")
+def peer_layouts(specs: list[str], flags: list[str], nproc: int) -> list[tuple[str, str, PeerLayout]]:
+    """(peer, the LAYOUT as given, its complete layout) of every --peer value on the job's GPUs (--nproc, else the
+    engine's --tp); LayoutError on the first that cannot run."""
+    cfg = engine_config(flags, nproc or None)
+    out = []
+    for spec in specs:
+        peer, layout = resolve_layout(spec, cfg, nproc or cfg.tp)
+        out.append((peer, spec.partition(":")[2], layout))
+    return out
+
+
+def run_peer(peer: str, variant: str, flags: list[str], args: argparse.Namespace, layout: tuple[str, PeerLayout]) -> dict:
+    """One peer variant at its layout (the LAYOUT string as given, and as resolved here) in its own torchrun job of
+    tp x dp processes; its JSON record (with `error` when it could not run). The peer process resolves the same
+    string against the same flags, so the layout it runs is the one recorded here."""
+    given, resolved = layout
+    nproc = resolved.nproc
+    name = row_name(peer, variant, resolved)
     with tempfile.TemporaryDirectory() as tmp:
         out, prof = Path(tmp) / "peer.json", Path(tmp) / "profile.json"
-        cmd = [*torchrun(nproc), "-m", "bench.peers.run", "--peer", peer, "--variant", variant, "--steps", str(args.steps),
+        cmd = [*torchrun(nproc), "-m", "bench.peers.run", "--peer", peer, "--variant", variant, "--layout", given,
+               "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--device", args.device, "--out", str(out),
                *(["--profile-json", str(prof)] if args.profile_peers else []), "--",
                *flags, *(["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
         poller = GpuPoller()
-        proc = _run(cmd, nproc, args, args.peer_timeout)
+        max_connections = peer in MAX_CONNECTIONS_PEERS
+        proc = _run(cmd, nproc, args, args.peer_timeout, max_connections)
         smi = poller.stop()
-        result = json.loads(out.read_text()) if out.exists() else {"name": name, "kind": "peer"}
+        result = json.loads(out.read_text()) if out.exists() else {"name": name, "kind": "peer", "nproc": nproc}
+        result.setdefault("layout", resolved.record(peer))
         if prof.exists():
             result["profile"] = json.loads(prof.read_text())
     result.update({"cmd": cmd, "returncode": proc.returncode, "wall_s": proc.wall_s,
+                   "cuda_device_max_connections": _env(args, nproc, max_connections).get("CUDA_DEVICE_MAX_CONNECTIONS"),
                    "nvidia_smi_used_gib": smi["used_gib"], "sm_mhz": smi["sm_mhz"], "power_w": smi["power_w"]})
     if proc.timed_out:
         result["error"] = f"{proc.tail(2000, 4000)}\nstopped after --peer-timeout {args.peer_timeout:g} s"
@@ -216,28 +249,29 @@ def print_table(results: list[dict]) -> None:
     device = base["device"] if base else next((r.get("device") for r in results if r.get("device")), "?")
     print(f"\ndevice {device}; MFU: engine/flops.py count against the bf16 peak (MFU8: the FP8 peak, --fp8 rows); ratio = {base['name'] if base else 'engine'} tokens/s / row's "
           f"(= the MFU ratio: one FLOP count; > 1: the engine is faster); mem: nvidia-smi used per GPU (GiB; peers without nvidia-smi: allocated)")
-    print(f"{'run':<24}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'MFU8':>7}{'ratio':>7}{'mem GiB':>14}{'alloc':>6}{'MHz':>6}{'mJ/tok':>7}"
+    w = max([24] + [len(r["name"]) + 2 for r in results])  # peers' names carry their layout
+    print(f"{'run':<{w}}{'GPUs':>5}{'step s':>9}{'spread':>17}{'tok/s':>10}{'MFU':>7}{'MFU8':>7}{'ratio':>7}{'mem GiB':>14}{'alloc':>6}{'MHz':>6}{'mJ/tok':>7}"
           f"{'loss':>9}{'loss diff':>10}  ops / versions")
     for r in results:
         if "error" in r:
-            print(f"{r['name']:<24}{r.get('nproc', 1):>5}  failed: {r['error'].strip().splitlines()[-1][:110]}")
+            print(f"{r['name']:<{w}}{r.get('nproc', 1):>5}  failed: {r['error'].strip().splitlines()[-1][:110]}")
             continue
         lo, hi = r["step_s_spread"]
         ratio = f"{base['tokens_per_s'] / r['tokens_per_s']:.3f}" if base else "-"
         d = r.get("loss_diff_vs_first")
         diff = f"{d:.1e}" if d is not None else "-"
         what = r.get("ops") or " ".join(f"{k}={v}" for k, v in r.get("versions", {}).items())
-        print(f"{r['name']:<24}{r['nproc']:>5}{r['median_step_s']:>9.4f}{f'{lo:.4f}-{hi:.4f}':>17}"
+        print(f"{r['name']:<{w}}{r['nproc']:>5}{r['median_step_s']:>9.4f}{f'{lo:.4f}-{hi:.4f}':>17}"
               f"{r['tokens_per_s']:>10.0f}{r['mfu']:>7.3f}{_fmt_mfu_fp8(r):>7}{ratio:>7}{_fmt_mem(r):>14}{_fmt_alloc(r):>6}{_fmt_mhz(r):>6}"
               f"{_fmt_energy(r):>7}{r['final_loss']:>9.4f}{diff:>10}  {what}")
     profiled = [r for r in results if r.get("profile")]
     if profiled:
         from bench.profile_step import FAMILIES
-        print(f"\nprofiled steps, kernel ms per step by family:\n{'run':<24}" + "".join(f"{f:>14}" for f in FAMILIES)
+        print(f"\nprofiled steps, kernel ms per step by family:\n{'run':<{w}}" + "".join(f"{f:>14}" for f in FAMILIES)
               + f"{'total':>9}")
         for r in profiled:
             fams = r["profile"]["families"]
-            print(f"{r['name']:<24}" + "".join(f"{fams[f]:>14.1f}" for f in FAMILIES) + f"{r['profile']['total_ms']:>9.1f}")
+            print(f"{r['name']:<{w}}" + "".join(f"{fams[f]:>14.1f}" for f in FAMILIES) + f"{r['profile']['total_ms']:>9.1f}")
 
 
 def _set_flag(flags: list[str], flag: str, value: int) -> list[str]:
@@ -245,20 +279,33 @@ def _set_flag(flags: list[str], flag: str, value: int) -> list[str]:
     return [*flags, flag, str(value)]
 
 
-def sweep(common: list[str], args: argparse.Namespace) -> list[dict]:
+def sweep_points(common: list[str], args: argparse.Namespace) -> list[tuple[int, int, list[str], list]]:
+    """(mbs, seq, engine flags, peer layouts) of every sweep point, every layout checked before anything runs; the
+    sweep sets the micro-batch size, so a --peer layout may not."""
+    for spec in args.peer:
+        if "mbs" in parse_peer(spec)[1]:
+            raise LayoutError(spec, "--sweep sets the micro-batch size (--mbs)", "leave mbs out of the layout")
     points = []
     for mbs in args.mbs:
         for seq in args.seqs:
             flags = _set_flag(_set_flag(common, "--seq-length", seq), "--micro-batch-size", mbs)
-            rows = [run_engine(f"engine mbs{mbs} s{seq}", flags, args)]
-            for peer in args.peer:
-                rows += [run_peer(peer, v, flags, args) for v in PEER_VARIANTS[peer]]
-            for r in rows:
-                r.update(seq=seq, mbs=mbs, series=r["name"].rsplit(" mbs", 1)[0] + f" mbs {mbs}")
-                status = "failed" if "error" in r else f"{r['tokens_per_s']:.0f} tok/s, MFU {r['mfu']:.3f}"
-                print(f"  {r['name']} seq {seq} mbs {mbs}: {status}", flush=True)
-            points += rows
+            points.append((mbs, seq, flags, peer_layouts(args.peer, flags, args.nproc)))
     return points
+
+
+def sweep(points: list[tuple[int, int, list[str], list]], args: argparse.Namespace, save) -> list[dict]:
+    done: list[dict] = []
+    for mbs, seq, flags, layouts in points:
+        rows = [run_engine(f"engine mbs{mbs} s{seq}", flags, args)]
+        for peer, given, layout in layouts:
+            rows += [run_peer(peer, v, flags, args, (given, layout)) for v in PEER_VARIANTS[peer]]
+        for r in rows:
+            r.update(seq=seq, mbs=mbs, series=re.sub(r"[ -]mbs\d+.*$", "", r["name"]) + f" mbs {mbs}")
+            status = "failed" if "error" in r else f"{r['tokens_per_s']:.0f} tok/s, MFU {r['mfu']:.3f}"
+            print(f"  {r['name']} seq {seq} mbs {mbs}: {status}", flush=True)
+        done += rows
+        save(done)
+    return done
 
 
 def plot_sweep(points: list[dict], png: Path) -> str:
@@ -310,7 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--common", default="--preset minicpm4-0.5b", help="engine flags of every run (shapes, cadence, layout)")
     p.add_argument("--variant", action="append", default=[], help="engine variant NAME=FLAGS added to --common (default: engine=)")
-    p.add_argument("--peer", action="append", default=[], choices=list(PEER_VARIANTS), help="peer to run beside the engine")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME[:LAYOUT]",
+                   help=f"peer to run beside the engine, at its own layout: NAME one of {', '.join(PEER_VARIANTS)}; "
+                        "LAYOUT comma-separated tp=, dp=, sp=on|off, ac=none|selective|full, compile=on|off, mbs=, "
+                        "async_tp=on|off (torchtitan) "
+                        "(defaults: the engine's --tp and --micro-batch-size, dp = GPUs / tp; bench/peers/layout.py), "
+                        "e.g. torchtitan:dp=4,ac=selective or megatron-core:tp=2,dp=2,ac=selective")
     p.add_argument("--no-engine", action="store_true", help="peers only")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--nproc", type=int, default=0, help="processes (GPUs) of every engine run: TP x DP (0: --tp, DP 1)")
@@ -338,19 +390,38 @@ def main(argv: list[str] | None = None) -> int:
         return replot([Path(f) for f in args.plot], Path(args.png or Path(args.plot[0]).with_suffix(".png")))
     common = shlex.split(args.common) + ["--device", args.device]
     variants = [v.split("=", 1) for v in (args.variant or ["engine="])]
-    results: list[dict] = []
     meta = {"argv": sys.argv if argv is None else argv, "steps": args.steps, "warmup": args.warmup, "common": args.common,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "nproc": args.nproc, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:  # every peer layout is checked before the first run starts
+        if args.sweep:
+            points = sweep_points(common + shlex.split(variants[0][1]), args)
+        else:
+            layouts = peer_layouts(args.peer, common, args.nproc)
+    except LayoutError as err:
+        print(f"bench/mfu.py: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else None
+
+    def save(rows: list[dict]) -> None:
+        """--out after every row: a job stopped from outside keeps what it finished."""
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(out, json.dumps({"meta": meta, "results": rows}, indent=1))
+
+    results: list[dict] = []
     if args.sweep:
-        results = sweep(common + shlex.split(variants[0][1]), args)
-        png = Path(args.png or (Path(args.out).with_suffix(".png") if args.out else "mfu_sweep.png"))
+        results = sweep(points, args, save)
+        png = Path(args.png or (out.with_suffix(".png") if out else "mfu_sweep.png"))
         meta["png"] = plot_sweep(results, png)
         print(meta["png"])
     else:
-        if not args.no_engine:
-            results += [run_engine(name, common + shlex.split(flags), args) for name, flags in variants]
-        for peer in args.peer:
-            results += [run_peer(peer, v, common, args) for v in PEER_VARIANTS[peer]]
+        runs = [] if args.no_engine else [lambda n=name, f=flags: run_engine(n, common + shlex.split(f), args)
+                                          for name, flags in variants]
+        runs += [lambda p=peer, v=v, g=given, lay=layout: run_peer(p, v, common, args, (g, lay))
+                 for peer, given, layout in layouts for v in PEER_VARIANTS[peer]]
+        for run in runs:
+            results.append(run())
+            save(results)
     engines = [r for r in results if r.get("kind") == "engine" and "error" not in r]
     if not args.sweep:
         for r in engines[1:]:
@@ -359,10 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in r:
             print(f"[{r['name']}] could not run:\n{r['error'][-3000:]}", flush=True)
     print_table(results)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out, json.dumps({"meta": meta, "results": results}, indent=1))
+    save(results)
+    if out:
         print(f"wrote {out}")
     engine_failed = any("error" in r for r in results if r.get("kind") == "engine")
     return 1 if engine_failed else 0

@@ -19,6 +19,14 @@
 #                                      GPU tests (bitwise run to run and across a resume, TP 1 x DP 2, TP 2 x DP 2)
 #   bash bench/ops_session.sh fsdp4    four GPUs: MiniCPM4-8B at TP 1 x FSDP 4, TP 2 x FSDP 2, TP 2 x DP 2 and
 #                                      DP 4 (ZeRO-1), selective activation checkpointing off and on (one job)
+#   bash bench/ops_session.sh peers4   four GPUs: MiniCPM4-8B, seq 4096, global batch 16 x 4096, one job: the engine's
+#                                      best layouts (TP 2 x DP 2 ZeRO-1, DP 4 ZeRO-1, TP 1 x FSDP 4) beside torchtitan
+#                                      (FSDP 4 + SAC + compile; TP 2 x FSDP 2 + SAC + compile) and megatron-core (TP 2
+#                                      + SP x DP 2 distributed optimizer + selective recompute, mbs 1; TP 1 x DP 4 the
+#                                      same). Needs the peer wheels in .gpu/b (docs/benchmarks.md, "peers4"). Budget:
+#                                      3 x 70 s engine + 4 x 88 s peers = 562 s under a 575 s cap; --out is rewritten
+#                                      after every row. If it does not fit: drop megatron-core TP 1 x DP 4 first (last
+#                                      row; out of memory on 80 GB cards anyway), then the engine's fsdp4.
 #   bash bench/ops_session.sh production4  four GPUs: the train job of milestones/production-4gpu.toml (MiniCPM4-8B, the
 #                                      planner's 80 GB pick TP 2 x DP 2 ZeRO-1, mbs 2, global batch 32, 30 steps), timed
 #                                      by the engine's clock over steps 6..30 (the judge: bench/device_gates.sh)
@@ -98,6 +106,15 @@ case "${1:-check}" in
       --variant fsdp4-sac="--fsdp --activation-checkpointing selective" \
       --variant tp2-fsdp2-sac="--tp 2 --fsdp --activation-checkpointing selective" \
       --out "$OUT/mfu_8b_4gpu_fsdp.json" 2>&1 | grep -v "^\[" | tail -14
+    ;;
+  peers4)
+    stamp "8B on 4 GPUs: the engine's best layouts beside torchtitan and megatron-core at theirs (one job)"
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+    timeout 575 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 70 \
+      --peer-timeout 88 --variant tp2-dp2-zero1="--tp 2" --variant dp4-zero1= --variant fsdp4="--fsdp" \
+      --peer torchtitan:dp=4,ac=selective --peer torchtitan:tp=2,dp=2,ac=selective \
+      --peer megatron-core:tp=2,dp=2,ac=selective,mbs=1 --peer megatron-core:tp=1,dp=4,ac=selective,mbs=1 \
+      --out "$OUT/mfu_8b_4gpu_peers.json" 2>&1 | grep -v "^\[" | tail -16
     ;;
   production4)
     stamp "production-4gpu's train job: 30 steps, engine clock over steps 6..30 (one job, four GPUs)"

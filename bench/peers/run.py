@@ -2,8 +2,11 @@
 
     torchrun --standalone --nproc-per-node 1 -m bench.peers.run --peer torch-compile --variant amp \
         --steps 8 --warmup 3 --out peer.json -- --preset minicpm4-8b --num-layers 4 --micro-batch-size 2 ...
+    torchrun --standalone --nproc-per-node 4 -m bench.peers.run --peer torchtitan --layout tp=2,dp=2,ac=selective \
+        --out peer.json -- --preset minicpm4-8b --micro-batch-size 2 --seq-length 4096 --global-batch-size 16
 
-Everything after `--` are engine flags: the peer is configured from the engine's own resolved config.
+Everything after `--` are engine flags: the peer is configured from the engine's own resolved config, at its
+--layout (bench/peers/layout.py: resolved against those flags on the launched processes, as bench/mfu.py does).
 Rank 0 writes the result JSON (bench/peers/common.summarize); a peer that cannot import or run writes
 {"error": ...} and exits 1, so the caller reports why and goes on. --profile-json profiles --profile-steps
 more steps after the timed ones with bench/profile_step.py's summary (families, top kernels, GEMMs by shape,
@@ -21,12 +24,11 @@ import torch
 import torch.distributed as dist
 
 from bench.peers.common import engine_config, summarize, time_steps
+from bench.peers.layout import PEERS, PeerLayout, layout_flags, resolve_layout, row_name
 from engine.atomic_files import write_text_atomic
 from engine.runinfo import device_name
 
-__all__ = ["main", "PEERS"]
-
-PEERS = ("torch-compile", "torchtitan", "megatron-core")
+__all__ = ["main"]
 
 
 def _versions(peer: str) -> dict[str, str]:
@@ -41,20 +43,18 @@ def _versions(peer: str) -> dict[str, str]:
     return out
 
 
-def _build(peer: str, variant: str, cfg, device: torch.device, compile_model: bool) -> tuple:
+def _build(peer: str, variant: str, cfg, device: torch.device, layout: PeerLayout, attn_backend: str) -> tuple:
     """(step, notes for the versions column)."""
     if peer == "torch-compile":
-        if cfg.tp != 1:
-            raise ValueError(f"torch-compile is a one-GPU peer; this layout has --tp {cfg.tp}")
         from bench.peers.compiled import build_step
-        return build_step(cfg, variant or "amp", device, compile_model=compile_model)[1], {}
+        return build_step(cfg, variant or "amp", device, compile_model=layout.compile)[1], {}
     if peer == "torchtitan":
         from bench.peers.titan import build_step
-        _, step, notes = build_step(cfg, variant, device)
+        _, step, notes = build_step(cfg, variant, device, layout, attn_backend=attn_backend)
         return step, notes
     if peer == "megatron-core":
         from bench.peers.megatron import build_step
-        return build_step(cfg, variant, device), {}
+        return build_step(cfg, variant, device, layout)
     raise ValueError(f"--peer {peer!r}: use one of {', '.join(PEERS)}")
 
 
@@ -82,26 +82,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--no-compile", action="store_true", help="torch-compile peer: run eager (debugging)")
+    p.add_argument("--layout", default="", help="the peer's layout, k=v,... (bench/peers/layout.py; empty: its defaults)")
+    p.add_argument("--attn-backend", default="", choices=["", "flex", "sdpa"],
+                   help="torchtitan's attention (default: flex on CUDA, its own default; sdpa on CPU, where flex has "
+                        "no backward: probes only, refused on CUDA)")
     p.add_argument("--out", required=True)
     p.add_argument("--profile-json", default="", help="also profile steps after the timed ones; summary JSON here")
     p.add_argument("--profile-steps", type=int, default=1)
     args = p.parse_args(argv[:split])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    flags = argv[split + 1:]
     name = args.peer + (f" {args.variant}" if args.variant else "")
     result: dict = {"name": name, "kind": "peer", "peer": args.peer, "variant": args.variant, "nproc": world}
     try:
-        cfg = engine_config(argv[split + 1:], world)
+        _, layout = resolve_layout(f"{args.peer}:{args.layout}", engine_config(flags, world), world)
+        name = row_name(args.peer, args.variant, layout)
+        result.update(name=name, layout=layout.record(args.peer))
+        args.attn_backend = args.attn_backend or ("flex" if args.device == "cuda" else "sdpa")
+        if args.device == "cuda" and args.attn_backend != "flex":
+            raise ValueError("--attn-backend sdpa is for CPU probes; the GPU run keeps torchtitan's flex attention")
+        cfg = engine_config([*flags, *layout_flags(layout)], world)
         if args.device == "cuda":
             torch.cuda.set_device(local)
         device = torch.device(args.device, local) if args.device == "cuda" else torch.device("cpu")
         if world > 1 or args.peer != "torch-compile":
             dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
-        step, notes = _build(args.peer, args.variant, cfg, device, not args.no_compile)
+        step, notes = _build(args.peer, args.variant, cfg, device, layout, args.attn_backend)
         times, losses = time_steps(step, steps=args.steps, warmup=args.warmup, device=device)
         result = summarize(name, cfg, times, losses, device, world, peer=args.peer, variant=args.variant,
-                           versions={**_versions(args.peer), **notes})
+                           layout=layout.record(args.peer), versions={**_versions(args.peer), **notes},
+                           **({"attn_backend": args.attn_backend} if args.peer == "torchtitan" else {}))
         if args.profile_json:
             _profile(step, args, result, cfg, device, rank)
         code = 0

@@ -97,7 +97,9 @@ def test_mfu_end_to_end_on_cpu_reports_a_peer_that_cannot_run(tmp_path):
     assert engine["tokens_per_s"] == pytest.approx(engine["tokens_per_step"] / engine["median_step_s"])
     assert "attention=baseline" in engine["ops"] and engine["device"] == "cpu"
     assert len(engine["steps"]) == 3 and all(s["loss"] > 0 for s in engine["steps"])
-    assert peer["name"] == "megatron-core" and peer["error"]  # not importable here, or CUDA only: said, not fatal
+    assert peer["name"] == "megatron-core tp1-mbs2" and peer["error"]  # not importable here, or CUDA only: said, not fatal
+    assert peer["layout"] == {"tp": 1, "dp": 1, "sp": False, "ac": "none", "compile": False, "mbs": 2, "gas": 2,
+                              "async_tp": False, "nproc": 1, "dp_mode": "none"}
     assert "megatron-core" in proc.stdout and "failed:" in proc.stdout
 
 

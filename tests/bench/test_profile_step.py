@@ -116,7 +116,7 @@ def test_a_peers_step_is_profiled_into_the_engines_summary(tmp_path):
     from bench.peers.run import main as run_peer
 
     out, prof = tmp_path / "peer.json", tmp_path / "profile.json"
-    code = run_peer(["--peer", "torch-compile", "--variant", "bf16", "--no-compile", "--device", "cpu", "--steps", "1",
+    code = run_peer(["--peer", "torch-compile", "--variant", "bf16", "--layout", "compile=off", "--device", "cpu", "--steps", "1",
                      "--warmup", "0", "--out", str(out), "--profile-json", str(prof), "--profile-steps", "2", "--",
                      "--preset", "tiny", "--seq-length", "32", "--micro-batch-size", "2", "--grad-accum-steps", "2",
                      "--device", "cpu"])
