@@ -46,7 +46,7 @@ def _run_until(args: list[str], line_prefix: str, sig: int, *, then_wait_for: Pa
     return "".join(seen) + out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base(tmp_path_factory) -> tuple[Path, list[tuple[str, ...]]]:
     """4 steps, checkpoints at 2 and 4 (each test works on a copy): the reference [LOSS] lines."""
     run_dir = tmp_path_factory.mktemp("base") / "run"

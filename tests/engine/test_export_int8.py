@@ -54,7 +54,7 @@ def test_per_row_error_is_at_most_half_a_step():
     np.testing.assert_allclose(deq.numpy(), ref_deq, rtol=0, atol=float(scale.max()) * 1e-3)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("int8")
     proc = run_engine("pretrain", *TINY_FAST, "--num-steps", "3", "--run-dir", str(run_dir))

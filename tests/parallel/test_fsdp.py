@@ -27,7 +27,7 @@ GAS2 = {"micro_batch_size": 2, "grad_accum_steps": 2}
 DP2 = {"micro_batch_size": 2}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def one_process(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks
@@ -38,7 +38,7 @@ def one_process(tmp_path_factory):
         torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fsdp_dp2(tmp_path_factory, one_process):
     scenarios = [("fsdp", {**DP2, "fsdp": True}, 3),
                  ("fsdp_from_one", {**DP2, "fsdp": True, "resume": one_process["ckpt"]}, 3)]
@@ -77,7 +77,7 @@ STEPS = ["--num-steps", "8", "--save-every", "4", "--keep-last", "5"]
 TP2DP2 = ["--tp", "2", "--micro-batch-size", "1", "--grad-accum-steps", "2"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fsdp_tp2dp2(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fsdp_tp2dp2")
     proc = torchrun(4, "pretrain", *TINY, *STEPS, *TP2DP2, "--fsdp", "--sequence-parallel", "--num-kv-heads", "1",
@@ -85,7 +85,7 @@ def fsdp_tp2dp2(tmp_path_factory):
     return run_dir, [deterministic_fields(x) for x in loss_lines(proc.stdout)], proc.stdout
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def one_tp2_reference():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
