@@ -3,8 +3,6 @@
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.engine.helpers import TINY_FAST, check_rejected, run_engine, run_engine_batch
 
 

@@ -27,7 +27,7 @@ import torch
 from engine.errors import ConfigError
 from engine.checkpoint.hf_export import load_full_weights
 from engine.checkpoint.int8_export import MAGIC, load_int8, model_from_weights, quantize_rows
-from tests.engine.helpers import TINY_FAST, eval_lines, run_engine, run_engine_batch
+from tests.engine.helpers import eval_lines, run_engine, run_engine_batch
 
 
 def reference_round_trip(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -52,13 +52,6 @@ def test_per_row_error_is_at_most_half_a_step():
     assert bool(((deq - w.double()).abs() <= bound).all())
     assert bool((deq[5] == 0).all())
     np.testing.assert_allclose(deq.numpy(), ref_deq, rtol=0, atol=float(scale.max()) * 1e-3)
-
-
-@pytest.fixture(scope="session")
-def trained(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("int8")
-    proc = run_engine("pretrain", *TINY_FAST, "--num-steps", "3", "--run-dir", str(run_dir))
-    return run_dir, run_dir / "checkpoints" / "step_00000003", proc.stdout
 
 
 @pytest.fixture(scope="session")
