@@ -1,4 +1,9 @@
-"""Shared test setup: markers for GPU / SLURM tests, paths to the repo and to ../shared, a real local SLURM."""
+"""Shared test setup: markers for GPU / SLURM tests, paths to the repo and to ../shared, a real local SLURM.
+
+A fixture that trains, launches ranks or runs the engine (seconds to a minute) is session-scoped even when one file
+uses it: the README's run hands tests out with `--dist worksteal`, and a worker that runs another file's test in
+between tears a module fixture down and pays for it again when it gets back to that file.
+"""
 
 import os
 import subprocess

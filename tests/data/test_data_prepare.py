@@ -21,8 +21,14 @@ from engine.data.shards import TokenShards
 from engine.data.tokenizer import ByteTokenizer, load_tokenizer
 from engine.errors import ConfigError
 
-pytest.importorskip("datasets")
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _datasets():
+    """Every test here reads through HF datasets: imported by the first test, not at collection (~1.5 s that every
+    xdist worker would pay)."""
+    pytest.importorskip("datasets")
 
 
 def snapshot(folder: Path) -> dict[str, tuple[str, int]]:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["REPO", "run_engine", "run_engine_batch", "loss_lines", "eval_lines", "deterministic_fields", "TINY_FAST"]
+__all__ = ["REPO", "run_engine", "run_engine_batch", "check_rejected", "loss_lines", "eval_lines", "deterministic_fields", "TINY_FAST"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,6 +35,15 @@ def run_engine_batch(argvs: list[list[str]], timeout: float = 300) -> list[subpr
     assert len(results) == len(argvs), proc.stdout[-3000:] + proc.stderr[-3000:]
     return [subprocess.CompletedProcess([sys.executable, "-m", "engine", *a], r["rc"], r["stdout"], r["stderr"])
             for a, r in zip(argvs, results)]
+
+
+def check_rejected(proc: subprocess.CompletedProcess, run_dir: Path, fragment: str, case: str = "") -> None:
+    """A refusal: exit 2, one stderr line holding `fragment`, and `run_dir` never made."""
+    assert proc.returncode == 2, (case, proc.stdout + proc.stderr)
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, (case, proc.stderr)
+    assert fragment in lines[0], (case, lines[0])
+    assert not run_dir.exists(), f"{case}: a rejected run must write nothing"
 
 
 def loss_lines(stdout: str) -> list[str]:

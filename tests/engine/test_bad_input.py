@@ -3,23 +3,13 @@
 import json
 from pathlib import Path
 
-import pytest
-
-from tests.engine.helpers import TINY_FAST, run_engine, run_engine_batch
+from tests.engine.helpers import TINY_FAST, check_rejected, run_engine, run_engine_batch
 
 
 def assert_rejected(tmp_path: Path, *args: str, fragment: str) -> None:
     run_dir = tmp_path / "run"
     proc = run_engine("pretrain", *TINY_FAST, "--run-dir", str(run_dir), *args, check=False)
     check_rejected(proc, run_dir, fragment)
-
-
-def check_rejected(proc, run_dir: Path, fragment: str, case: str = "") -> None:  # noqa: ANN001 -- a CompletedProcess
-    assert proc.returncode == 2, (case, proc.stdout + proc.stderr)
-    lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1, (case, proc.stderr)
-    assert fragment in lines[0], (case, lines[0])
-    assert not run_dir.exists(), f"{case}: a rejected run must write nothing"
 
 
 def test_each_bad_flag_is_one_line_exit_2_and_nothing_written(tmp_path):
@@ -69,28 +59,5 @@ def test_each_bad_flag_is_one_line_exit_2_and_nothing_written(tmp_path):
 def test_tokenizer_vocab_exceeds_model(tmp_path, shared_data):
     assert_rejected(tmp_path, "--tokenizer-path", str(shared_data / "tokenizers" / "minicpm4"), fragment="--vocab-size")
 
-
-def test_truncated_checkpoint_shards(tmp_path):
-    src = tmp_path / "src"
-    run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--run-dir", str(src))
-    ckpt = src / "checkpoints" / "step_00000002"
-    for shard in ckpt.glob("*.distcp"):
-        shard.write_bytes(shard.read_bytes()[:100])
-    assert_rejected(tmp_path, "--resume", str(ckpt), fragment="--resume")
-
-
-def test_fresh_run_into_a_save_dir_with_checkpoints(tmp_path):
-    """Without --resume, a second run in the same folder would overwrite the first one's checkpoints step by
-    step (and --keep-last would prune the rest): refused before anything is written; --resume auto continues."""
-    run_dir = tmp_path / "run"
-    run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--save-every", "1", "--run-dir", str(run_dir))
-    before = {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    proc = run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--seed", "7", "--run-dir", str(run_dir), check=False)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        f"error: --save-dir={str(run_dir / 'checkpoints')!r} already holds checkpoints of an earlier run (newest "
-        "step_00000002): pass --resume auto to continue that run, or give this run its own --run-dir (or --save-dir); "
-        "delete them to start over in the same place"]
-    assert {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
-    resumed = run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--run-dir", str(run_dir), "--resume", "auto")
-    assert "[RUN] resumed from" in resumed.stdout
+# Refusals that need a trained checkpoint (truncated shards, a fresh run into a folder that holds checkpoints) are
+# batched with the other checkpoint refusals in tests/engine/test_checkpoints.py (the `refused` fixture).

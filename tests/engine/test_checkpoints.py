@@ -18,7 +18,7 @@ import pytest
 
 from engine.optim.schedule import lr_at
 from engine.config import EngineConfig
-from tests.engine.helpers import REPO, TINY_FAST, deterministic_fields, loss_lines, run_engine
+from tests.engine.helpers import REPO, TINY_FAST, deterministic_fields, loss_lines, run_engine, run_engine_batch
 
 FAST = [*TINY_FAST, "--eval-samples", "0"]
 
@@ -46,7 +46,7 @@ def _run_until(args: list[str], line_prefix: str, sig: int, *, then_wait_for: Pa
     return "".join(seen) + out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base(tmp_path_factory) -> tuple[Path, list[tuple[str, ...]]]:
     """4 steps, checkpoints at 2 and 4 (each test works on a copy): the reference [LOSS] lines."""
     run_dir = tmp_path_factory.mktemp("base") / "run"
@@ -87,20 +87,67 @@ def _damage(shard: Path, offset: int) -> None:
     shard.write_bytes(bytes(data))
 
 
-def test_same_size_overwrite_is_named_and_auto_falls_back(base, tmp_path):
-    run_dir, ckpts, reference = _copy(base, tmp_path)
+def _damage_newest_shard(ckpts: Path) -> Path:
     shard = ckpts / "step_00000004" / "__0_0.distcp"
     size = shard.stat().st_size
     _damage(shard, size // 2)
     assert shard.stat().st_size == size
+    return shard
 
-    explicit = run_engine("pretrain", *FAST, "--num-steps", "4", "--resume", str(ckpts / "step_00000004"),
-                          "--run-dir", str(tmp_path / "explicit"), check=False)
-    assert explicit.returncode == 2, explicit.stdout[-2000:] + explicit.stderr
-    lines = [x for x in explicit.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and "step_00000004/__0_0.distcp bytes 0.." in lines[0] and "fails verification" in lines[0], lines
-    assert not (tmp_path / "explicit").exists()
 
+def _tree(folder: Path) -> dict[str, bytes] | None:
+    """Every file under `folder` and its bytes; None when there is no such folder."""
+    if not folder.exists():
+        return None
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def refused(base, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path, dict | None]]:
+    """The resumes that must be refused, each `python -m engine pretrain ...` as the CLI runs it, all in one process
+    (tests/engine/engine_batch.py: torch is imported once, not once per refusal): case -> (the run, its --run-dir,
+    what that folder held before)."""
+    tmp = tmp_path_factory.mktemp("refused")
+    damaged = _copy(base, tmp / "damaged")[1]
+    _damage_newest_shard(damaged)
+    truncated = _copy(base, tmp / "truncated")[1] / "step_00000004"
+    for shard in truncated.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])
+    earlier = _copy(base, tmp / "earlier")[0]
+    unverified, unverified_ckpts, _ = _copy(base, tmp / "unverified")
+    for manifest in unverified_ckpts.glob("step_*/manifest.json"):
+        manifest.unlink()
+    step2 = str(base[0] / "checkpoints" / "step_00000002")
+    cases = {  # case -> (flags after FAST, --run-dir)
+        "same-size overwrite": (["--num-steps", "4", "--resume", str(damaged / "step_00000004")], tmp / "explicit"),
+        "nothing verifies": (["--num-steps", "4", "--resume", "auto"], unverified),
+        "truncated shards": (["--num-steps", "4", "--resume", str(truncated)], tmp / "after-truncated"),
+        "fresh run over checkpoints": (["--num-steps", "4", "--seed", "7"], earlier),
+        "schedule change": (["--num-steps", "6", "--lr", "0.02", "--resume", step2], tmp / "schedule"),
+        "muP change": (["--num-steps", "4", "--dim-model-base", "64", "--resume", step2], tmp / "mup"),
+        "seq-length change": (["--num-steps", "4", "--seq-length", "32", "--resume", step2], tmp / "seq"),
+    }
+    before = {case: _tree(run_dir) for case, (_, run_dir) in cases.items()}
+    runs = run_engine_batch([["pretrain", *FAST, *flags, "--run-dir", str(run_dir)] for flags, run_dir in cases.values()])
+    return {case: (run, run_dir, before[case]) for (case, (_, run_dir)), run in zip(cases.items(), runs)}
+
+
+def _one_line_refusal(refused: dict, case: str) -> str:
+    """The case's only stderr line; exit 2, and its --run-dir is as it was (absent stays absent)."""
+    run, run_dir, before = refused[case]
+    assert run.returncode == 2, (case, run.stdout[-2000:] + run.stderr)
+    lines = [x for x in run.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, (case, run.stderr)
+    assert _tree(run_dir) == before, f"{case}: a refused run must write nothing"
+    return lines[0]
+
+
+def test_same_size_overwrite_is_named_and_auto_falls_back(base, refused, tmp_path):
+    line = _one_line_refusal(refused, "same-size overwrite")
+    assert "step_00000004/__0_0.distcp bytes 0.." in line and "fails verification" in line, line
+
+    run_dir, ckpts, reference = _copy(base, tmp_path)
+    _damage_newest_shard(ckpts)
     auto = run_engine("pretrain", *FAST, "--num-steps", "4", "--save-every", "2", "--resume", "auto",
                       "--run-dir", str(run_dir))
     skipped = [x for x in auto.stdout.splitlines() if x.startswith("[CKPT] skipped")]
@@ -109,43 +156,46 @@ def test_same_size_overwrite_is_named_and_auto_falls_back(base, tmp_path):
     assert _steps(auto.stdout) == reference[2:]
 
 
-def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(base, tmp_path):
-    run_dir, ckpts, _ = _copy(base, tmp_path)
-    for manifest in ckpts.glob("step_*/manifest.json"):
-        manifest.unlink()
-    proc = run_engine("pretrain", *FAST, "--num-steps", "4", "--resume", "auto", "--run-dir", str(run_dir), check=False)
+def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(refused):
+    proc, run_dir, before = refused["nothing verifies"]
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert "found no checkpoint" in proc.stderr and "has no manifest.json" in proc.stderr, proc.stderr
     assert not _steps(proc.stdout)
+    assert _tree(run_dir) == before
 
 
-def test_schedule_change_on_resume_is_refused(base, tmp_path):
-    ckpt = base[0] / "checkpoints" / "step_00000002"
-    refused = run_engine("pretrain", *FAST, "--num-steps", "6", "--lr", "0.02", "--resume", str(ckpt),
-                         "--run-dir", str(tmp_path / "refused"), check=False)
-    assert refused.returncode == 2
-    lines = [x for x in refused.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1, refused.stderr
-    assert "--lr 0.01 -> 0.02" in lines[0] and "--num-steps 4 -> 6" in lines[0] and "--override-schedule" in lines[0]
-    assert not (tmp_path / "refused").exists()
+def test_truncated_checkpoint_shards(refused):
+    line = _one_line_refusal(refused, "truncated shards")
+    assert "--resume" in line and "step_00000004" in line, line
 
 
-def test_a_muP_scaling_change_on_resume_is_refused(base, tmp_path):
+def test_fresh_run_into_a_save_dir_with_checkpoints(refused):
+    """Without --resume, a second run in the same folder would overwrite the first one's checkpoints step by
+    step (and --keep-last would prune the rest): refused before anything is written (--resume auto continues:
+    test_same_size_overwrite_is_named_and_auto_falls_back)."""
+    run_dir = refused["fresh run over checkpoints"][1]
+    assert _one_line_refusal(refused, "fresh run over checkpoints") == (
+        f"error: --save-dir={str(run_dir / 'checkpoints')!r} already holds checkpoints of an earlier run (newest "
+        "step_00000004): pass --resume auto to continue that run, or give this run its own --run-dir (or --save-dir); "
+        "delete them to start over in the same place")
+
+
+def test_schedule_change_on_resume_is_refused(refused):
+    line = _one_line_refusal(refused, "schedule change")
+    assert "--lr 0.01 -> 0.02" in line and "--num-steps 4 -> 6" in line and "--override-schedule" in line, line
+
+
+def test_a_muP_scaling_change_on_resume_is_refused(base, refused):
     """--dim-model-base sets the hidden matrices' learning rate and the logits' scale: a resume that changes it
     would continue other weights under another model, so it is refused like a shape change."""
-    ckpt = base[0] / "checkpoints" / "step_00000002"
-    refused = run_engine("pretrain", *FAST, "--num-steps", "4", "--dim-model-base", "64", "--resume", str(ckpt),
-                         "--run-dir", str(tmp_path / "refused"), check=False)
-    assert refused.returncode == 2
-    lines = [x for x in refused.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and "--dim-model-base" in lines[0] and "differs from the checkpoint" in lines[0], refused.stderr
+    line = _one_line_refusal(refused, "muP change")
+    assert line == ("error: --dim-model-base=64 differs from the checkpoint: use 32 as in the checkpoint "
+                    f"{base[0] / 'checkpoints' / 'step_00000002'}, or start a new run"), line
     # another --seq-length: named as that flag with the checkpoint's value, not as a value of --resume
-    refused = run_engine("pretrain", *FAST, "--num-steps", "4", "--seq-length", "32", "--resume", str(ckpt),
-                         "--run-dir", str(tmp_path / "refused"), check=False)
-    lines = [x for x in refused.stderr.splitlines() if x.strip()]
-    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
-    assert lines[0] == ("error: --seq-length=32 differs from the checkpoint (its data position counts windows of that "
-                        f"length): use --seq-length 64 as in the checkpoint {ckpt}, or start a new run"), lines[0]
+    line = _one_line_refusal(refused, "seq-length change")
+    assert line == ("error: --seq-length=32 differs from the checkpoint (its data position counts windows of that "
+                    f"length): use --seq-length 64 as in the checkpoint {base[0] / 'checkpoints' / 'step_00000002'}, "
+                    "or start a new run"), line
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ import torch
 from engine.errors import ConfigError
 from engine.checkpoint.hf_export import load_full_weights
 from engine.checkpoint.int8_export import MAGIC, load_int8, model_from_weights, quantize_rows
-from tests.engine.helpers import TINY_FAST, eval_lines, run_engine
+from tests.engine.helpers import eval_lines, run_engine, run_engine_batch
 
 
 def reference_round_trip(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -54,11 +54,30 @@ def test_per_row_error_is_at_most_half_a_step():
     np.testing.assert_allclose(deq.numpy(), ref_deq, rtol=0, atol=float(scale.max()) * 1e-3)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("int8")
-    proc = run_engine("pretrain", *TINY_FAST, "--num-steps", "3", "--run-dir", str(run_dir))
-    return run_dir, run_dir / "checkpoints" / "step_00000003", proc.stdout
+@pytest.fixture(scope="session")
+def exported(trained, tmp_path_factory):
+    """`engine export-int8` of the trained checkpoint with the default threshold, evaluated on the CPU in fp32: the file
+    and what the command printed."""
+    _, ckpt, _ = trained
+    out = tmp_path_factory.mktemp("exported") / "model.int8"
+    proc = run_engine("export-int8", "--checkpoint", str(ckpt), "--out", str(out), "--device", "cpu")
+    return out, proc.stdout
+
+
+@pytest.fixture(scope="session")
+def int8_cli(trained, exported, tmp_path_factory):
+    """eval-int8 of the export, of a corrupt copy and of a missing file, and export-int8 with a bad flag, each as
+    `python -m engine ...` runs it, all in one process (tests/engine/engine_batch.py: torch is imported once)."""
+    _, ckpt, _ = trained
+    tmp = tmp_path_factory.mktemp("int8_cli")
+    flipped = bytearray(exported[0].read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF
+    (tmp / "bad.int8").write_bytes(bytes(flipped))
+    cases = {"eval": ["eval-int8", "--int8", str(exported[0]), "--device", "cpu"],
+             "eval corrupt": ["eval-int8", "--int8", str(tmp / "bad.int8")],
+             "eval missing": ["eval-int8", "--int8", str(tmp / "none.int8")],
+             "bad flag": ["export-int8", "--checkpoint", str(ckpt), "--out", str(tmp / "x.int8"), "--quantize-min-numel", "0"]}
+    return tmp, dict(zip(cases, run_engine_batch(list(cases.values()))))
 
 
 def test_export_round_trip_and_evaluation(trained, tmp_path):
@@ -101,42 +120,32 @@ def test_export_round_trip_and_evaluation(trained, tmp_path):
     assert ((got - ref).norm() / ref.norm()).item() < int8_error / 20
 
 
-def test_eval_int8_verifies_and_evaluates_an_export(trained, tmp_path):
+def test_eval_int8_verifies_and_evaluates_an_export(exported, int8_cli):
     """`engine eval-int8` reads an export back from the command line: the same val_loss / val_bpb as the export's
     own round trip (the same evaluation, on CPU in fp32: equal to the printed digits); a corrupt file is refused in
     one line, exit 2, before anything is unpickled."""
-    _, ckpt, _ = trained
-    out = tmp_path / "model.int8"
-    export = run_engine("export-int8", "--checkpoint", str(ckpt), "--out", str(out), "--device", "cpu")
-    m = re.search(r"val_loss \S+ -> (\S+) \(\S+\), val_bpb \S+ -> (\S+) \(", export.stdout)
-    checked = run_engine("eval-int8", "--int8", str(out), "--device", "cpu")
-    assert "checksum verified" in checked.stdout, checked.stdout
+    _, runs = int8_cli
+    m = re.search(r"val_loss \S+ -> (\S+) \(\S+\), val_bpb \S+ -> (\S+) \(", exported[1])
+    checked = runs["eval"]
+    assert checked.returncode == 0 and "checksum verified" in checked.stdout, checked.stdout + checked.stderr
     got = re.search(r"\[EVAL-INT8\] val_loss=(\S+) val_bpb=(\S+) over (\d+) tokens", checked.stdout)
-    assert got and (got.group(1), got.group(2)) == (m.group(1), m.group(2)), (checked.stdout, export.stdout)
-    flipped = bytearray(out.read_bytes())
-    flipped[len(flipped) // 2] ^= 0xFF
-    (tmp_path / "bad.int8").write_bytes(bytes(flipped))
-    bad = run_engine("eval-int8", "--int8", str(tmp_path / "bad.int8"), check=False)
+    assert got and (got.group(1), got.group(2)) == (m.group(1), m.group(2)), (checked.stdout, exported[1])
+    bad = runs["eval corrupt"]
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "is corrupt" in bad.stderr, bad.stderr
-    missing = run_engine("eval-int8", "--int8", str(tmp_path / "none.int8"), check=False)
+    missing = runs["eval missing"]
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
-def test_default_threshold_keeps_small_tensors_in_fp32(trained, tmp_path):
+def test_default_threshold_keeps_small_tensors_in_fp32(trained, exported):
     _, ckpt, _ = trained
-    out = tmp_path / "model.int8"
-    run_engine("export-int8", "--checkpoint", str(ckpt), "--out", str(out), "--eval-samples", "0")
     _, original = load_full_weights(ckpt)
-    _, loaded = load_int8(out)
+    _, loaded = load_int8(exported[0])
     for name, w in original.items():
         assert torch.equal(loaded[name], w) == (w.dim() != 2 or w.numel() < 65_536), name
 
 
-def test_truncated_or_corrupt_files_are_refused(trained, tmp_path):
-    _, ckpt, _ = trained
-    good = tmp_path / "model.int8"
-    run_engine("export-int8", "--checkpoint", str(ckpt), "--out", str(good), "--eval-samples", "0")
-    data = good.read_bytes()
+def test_truncated_or_corrupt_files_are_refused(exported, tmp_path):
+    data = exported[0].read_bytes()
     flipped = bytearray(data)
     flipped[len(data) // 2] ^= 0xFF
     cases = {"truncated.int8": (data[:-100], "is truncated or padded"), "header.int8": (data[:20], "is truncated ("),
@@ -184,10 +193,9 @@ def test_never_replaces_a_file_that_is_not_an_export(trained, tmp_path):
     select_checkpoint(str(ckpt), ckpt, flag="--checkpoint")  # its manifest still verifies
 
 
-def test_bad_flags_are_one_line(trained, tmp_path):
-    _, ckpt, _ = trained
-    proc = run_engine("export-int8", "--checkpoint", str(ckpt), "--out", str(tmp_path / "x.int8"),
-                      "--quantize-min-numel", "0", check=False)
+def test_bad_flags_are_one_line(int8_cli):
+    tmp, runs = int8_cli
+    proc = runs["bad flag"]
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "error: --quantize-min-numel=0 is out of range: use a positive number of elements (default 65536)"]
-    assert not (tmp_path / "x.int8").exists()
+    assert not (tmp / "x.int8").exists()

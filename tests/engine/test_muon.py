@@ -124,10 +124,15 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def muon_single(tmp_path_factory):
-    run4 = single_run(MUON, 4, save_to=str(tmp_path_factory.mktemp("muon_ckpt")))
-    return {"run8": single_run(MUON, 8), "run4": run4, "resumed": single_run({**MUON, "resume": run4["checkpoint"]}, 4)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # set up before the module's one_thread: a session fixture comes first
+    try:
+        run4 = single_run(MUON, 4, save_to=str(tmp_path_factory.mktemp("muon_ckpt")))
+        return {"run8": single_run(MUON, 8), "run4": run4, "resumed": single_run({**MUON, "resume": run4["checkpoint"]}, 4)}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_one_process_matches_an_independent_muon_loop(muon_single, tmp_path):

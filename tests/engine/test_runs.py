@@ -6,7 +6,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -131,10 +130,9 @@ def test_a_non_finite_evaluation_stops_the_run(tmp_path):
     assert not loss_lines(proc.stdout)  # stopped at the first evaluation, before step 1
 
 
-def test_export_hf_loads_in_transformers(tmp_path):
+def test_export_hf_loads_in_transformers(trained, tmp_path):
     transformers = pytest.importorskip("transformers")
-    run_dir = tmp_path / "run"
-    run_engine("pretrain", *TINY_FAST, "--preset", "tiny", "--num-steps", "3", "--run-dir", str(run_dir))
+    run_dir = trained[0]  # a 3-step run (tests/engine/conftest.py)
     out = tmp_path / "hf"
     run_engine("export-hf", "--checkpoint", str(run_dir / "checkpoints"), "--out", str(out), "--dtype", "float32")
     umask = os.umask(0o022)

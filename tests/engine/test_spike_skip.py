@@ -6,19 +6,18 @@ reference for "skipped" is the same run whose loader simply never yields that ba
 leave no trace in the weights (bit for bit), while the skip off lets the poisoned update through.
 """
 
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from engine.config import build_config, resolve
 from engine.distributed import ParallelState
 from engine.errors import ConfigError, TrainingDiverged
 from engine.optim import LossSpikeGuard
 from engine.train import Trainer
+from tests.parallel.workers import launch
 
 CPU = torch.device("cpu")
 BASE = dict(preset="tiny", device="cpu", compute_dtype="fp32", seq_length=64, micro_batch_size=4, eval_samples=0,
@@ -121,5 +120,5 @@ def _agree(rank: int, world: int, init: str, out: str) -> None:
 
 
 def test_the_decision_is_agreed_by_every_rank(tmp_path):
-    mp.spawn(_agree, args=(2, str(tmp_path / "init"), str(tmp_path / "out")), nprocs=2)
+    launch(_agree, (2, str(tmp_path / "init"), str(tmp_path / "out")), 2)
     assert [torch.load(f"{tmp_path / 'out'}.{r}") for r in range(2)] == [[False, False, False, True]] * 2

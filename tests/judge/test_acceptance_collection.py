@@ -39,7 +39,7 @@ def _selected(test_id: str, selectors: list[str]) -> bool:
     return any(test_id == s or test_id.startswith(s.rstrip("/") + ("::" if s.endswith(".py") else "/")) for s in selectors)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def collections(tmp_path_factory) -> tuple:
     """(behind the barrier, without it): each a pytest process and its test IDs, over every gate's files, in one copy
     of this checkout (uncommitted work included) with every milestone's hidden material over it, as the judge's base

@@ -49,7 +49,7 @@ def shout():
 '''
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def child(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkout")
     (root / "calls.py").write_text(CALLS, encoding="utf-8")

@@ -37,7 +37,7 @@ def engine_batches(run, out: Path, steps: list[int], **flags) -> dict[int, StepB
     return read_batches(out / "batches.json", seq_length=int(args["seq-length"]), vocab_size=258)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def steps5(honest, tmp_path_factory):
     """The honest run's pair (5, 6) and the batches of steps 5 and 6."""
     pairs = step_pairs(list_checkpoints(honest.save_dir))
@@ -96,7 +96,7 @@ def test_a_step_that_trained_on_half_of_its_batch_is_named(honest, steps5):
 # ---------------------------------------------------------------- packed documents, skipped updates
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def short_docs(tmp_path_factory):
     """Short documents (3-14 words): several in every 64-byte window, so the mask changes every row."""
     from tests.engine.test_document_mask import short_documents

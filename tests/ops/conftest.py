@@ -10,8 +10,9 @@ from harness.judge.candidate import Candidate
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def engine():
-    """One child per test module: an interpreter and a torch import, then every call of the module's tests."""
+    """One child for every op test module a worker runs (tests/conftest.py says why session-scoped): an interpreter and
+    a torch import (~3 s), then every call; the calls leave nothing behind (what one sets, it restores)."""
     with Candidate(REPO) as child:
         yield child

@@ -1,6 +1,6 @@
 """Worker for the vocab-parallel gemm_output test: one process per TP rank (gloo on CPU).
 
-Lives in its own module (not a test file) so torch.multiprocessing's spawned children can import it.
+The ranks are forked from the test process (tests/parallel/workers.launch).
 """
 
 import torch

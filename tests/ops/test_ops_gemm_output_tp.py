@@ -5,30 +5,20 @@ changes the order in which per-shard sum-exps are added and rescales each by exp
 max), a few fp32 ulps (~1e-7) per row.
 """
 
-from pathlib import Path
-
 import torch
-import torch.multiprocessing as mp
 
 from engine.ops.gemm_output.baseline import gemm_output_chunked
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+from tests.ops import ops_tp_worker
+from tests.parallel.workers import launch
 
 
 def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def test_tp2_matches_tp1(tmp_path, monkeypatch):
-    # Spawned children inherit sys.path: make the worker module and the engine importable by name.
-    monkeypatch.syspath_prepend(str(ROOT))
-    monkeypatch.syspath_prepend(str(HERE))
-    import ops_tp_worker
-
+def test_tp2_matches_tp1(tmp_path):
     world = 2
-    mp.start_processes(ops_tp_worker.run_rank, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world,
-                       join=True, start_method="spawn")
+    launch(ops_tp_worker.run_rank, (world, str(tmp_path / "store"), str(tmp_path)), world)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
     for name, (_, _, v_padded, vocab_size, chunk) in ops_tp_worker.SCENARIOS.items():

@@ -16,8 +16,6 @@ imports the engine.
 """
 
 import torch
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from tests.ops.child import CALL, raises
 
@@ -54,6 +52,11 @@ def _complex_rotation(x: torch.Tensor, positions: torch.Tensor, sign: float = 1.
 
 
 def test_matches_hf_transformers_rotary(engine):
+    # imported here: HF's Llama module pulls scipy, sympy and torch.distributed.checkpoint (~3 s a process), which
+    # every xdist worker would otherwise pay at collection
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
     b, s, hq, hkv, d = 2, 24, 4, 2, 32
     q, k = _qk(b, s, hq, hkv, d)
     cfg = LlamaConfig(hidden_size=hq * d, num_attention_heads=hq, num_key_value_heads=hkv, head_dim=d,

@@ -20,14 +20,14 @@ from tests.parallel.workers import single_run, spawn
 STEPS = 5
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("short")
     short_documents(folder, 400, 1, "train")
     return {"hf_dataset": str(folder), "data_cache_dir": str(tmp_path_factory.mktemp("cache")), "eval_samples": 0}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory, data):
     masked = {**data, "document_mask": True, "reset_position_ids": True}
     threads = torch.get_num_threads()

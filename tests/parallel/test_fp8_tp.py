@@ -34,7 +34,7 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / abs(b)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -18,7 +18,7 @@ import json
 import pytest
 import torch
 
-from tests.engine.helpers import deterministic_fields, loss_lines, run_engine
+from tests.engine.helpers import check_rejected, deterministic_fields, loss_lines, run_engine_batch
 from tests.parallel.launch import torchrun
 from tests.parallel.test_tp_dp_equivalence import assert_trajectories, tensor_rel
 from tests.parallel.workers import single_run, spawn
@@ -27,7 +27,7 @@ GAS2 = {"micro_batch_size": 2, "grad_accum_steps": 2}
 DP2 = {"micro_batch_size": 2}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def one_process(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks
@@ -38,7 +38,7 @@ def one_process(tmp_path_factory):
         torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fsdp_dp2(tmp_path_factory, one_process):
     scenarios = [("fsdp", {**DP2, "fsdp": True}, 3),
                  ("fsdp_from_one", {**DP2, "fsdp": True, "resume": one_process["ckpt"]}, 3)]
@@ -77,7 +77,7 @@ STEPS = ["--num-steps", "8", "--save-every", "4", "--keep-last", "5"]
 TP2DP2 = ["--tp", "2", "--micro-batch-size", "1", "--grad-accum-steps", "2"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fsdp_tp2dp2(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fsdp_tp2dp2")
     proc = torchrun(4, "pretrain", *TINY, *STEPS, *TP2DP2, "--fsdp", "--sequence-parallel", "--num-kv-heads", "1",
@@ -85,7 +85,7 @@ def fsdp_tp2dp2(tmp_path_factory):
     return run_dir, [deterministic_fields(x) for x in loss_lines(proc.stdout)], proc.stdout
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def one_tp2_reference():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -133,16 +133,17 @@ def test_fsdp_checkpoint_resumes_under_zero1_on_one_dp_rank(fsdp_tp2dp2, tmp_pat
         assert _rel(got[1], float(want[1])) < 1e-5 and _rel(got[2], float(want[2])) < 1e-5, (got, want)
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--fsdp"], "--fsdp=True has no data-parallel ranks to shard over (world size 1, --tp 1: DP 1)"),
-    (["--fsdp", "--ddp-bucket-mb", "40"], "--ddp-bucket-mb=40.0 configures the ZeRO-1 distributed optimizer"),
-    (["--fsdp", "--no-overlap-param-gather"], "--overlap-param-gather=False configures the ZeRO-1"),
-    (["--fsdp", "--optimizer", "muon"], "--optimizer='muon' is not supported with --fsdp"),
-])
-def test_fsdp_bad_input_is_one_line_and_writes_nothing(tmp_path, args, fragment):
-    run_dir = tmp_path / "run"
-    proc = run_engine("pretrain", *TINY, "--num-steps", "2", "--run-dir", str(run_dir), *args, check=False)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and fragment in lines[0], proc.stderr
-    assert not run_dir.exists()
+def test_fsdp_bad_input_is_one_line_and_writes_nothing(tmp_path):
+    """Each refusal is `python -m engine pretrain ...` as the CLI runs it, all in one process (tests/engine/engine_batch.py:
+    torch is imported once, not once per refusal)."""
+    cases = [
+        (["--fsdp"], "--fsdp=True has no data-parallel ranks to shard over (world size 1, --tp 1: DP 1)"),
+        (["--fsdp", "--ddp-bucket-mb", "40"], "--ddp-bucket-mb=40.0 configures the ZeRO-1 distributed optimizer"),
+        (["--fsdp", "--no-overlap-param-gather"], "--overlap-param-gather=False configures the ZeRO-1"),
+        (["--fsdp", "--optimizer", "muon"], "--optimizer='muon' is not supported with --fsdp"),
+    ]
+    run_dirs = [tmp_path / f"run-{i}" for i in range(len(cases))]
+    procs = run_engine_batch([["pretrain", *TINY, "--num-steps", "2", "--run-dir", str(run_dir), *args]
+                              for run_dir, (args, _) in zip(run_dirs, cases)])
+    for run_dir, (args, fragment), proc in zip(run_dirs, cases, procs):
+        check_rejected(proc, run_dir, fragment, " ".join(args))

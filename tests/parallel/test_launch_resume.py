@@ -26,7 +26,7 @@ from tests.parallel.workers import single_run
 STEPS = ["--num-steps", "8", "--save-every", "4", "--keep-last", "5"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tp2dp2(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tp2dp2")
     proc = torchrun(4, "pretrain", *TINY_DP, *STEPS, "--tp", "2", "--micro-batch-size", "1", "--grad-accum-steps", "2",
@@ -34,7 +34,7 @@ def tp2dp2(tmp_path_factory):
     return run_dir, [deterministic_fields(x) for x in loss_lines(proc.stdout)], proc.stdout
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def single():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # torchrun gives each rank one thread

@@ -30,7 +30,7 @@ MUON = {"optimizer": "muon"}
 DP2 = {**MUON, "micro_batch_size": 2, "ddp_bucket_mb": 0.3}  # ~6 buckets: matrices straddle bucket shards
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def single(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks: the same GEMM blocking
@@ -41,14 +41,14 @@ def single(tmp_path_factory):
         torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def world2(tmp_path_factory, single):
     return spawn(2, [("tp2", {**MUON, "tp": 2}, 8), ("tp2_kv1", {**MUON, "tp": 2, "num_kv_heads": 1}, 6),
                      ("dp2", DP2, 8), ("dp2_from_dp1", {**DP2, "resume": single["ckpt"]}, 4)],
                  tmp_path_factory.mktemp("muon_world2"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def independent(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

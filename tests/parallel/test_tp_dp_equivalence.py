@@ -49,8 +49,7 @@ SCENARIOS = [
 GAS2 = {"micro_batch_size": 2, "grad_accum_steps": 2}
 
 
-# The runs below are session-scoped, not module-scoped: under `--dist worksteal` a worker that steals a test of another
-# file in between would tear a module fixture down and run the same ~25 s of training again (seen: three times).
+# The runs below are session-scoped (tests/conftest.py says why): module-scoped, a clean run trained them three times.
 @pytest.fixture(scope="session")
 def single(tmp_path_factory):
     threads = torch.get_num_threads()

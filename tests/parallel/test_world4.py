@@ -22,12 +22,12 @@ SCENARIOS = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def world4(tmp_path_factory):
     return spawn(4, SCENARIOS, tmp_path_factory.mktemp("world4"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def single():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

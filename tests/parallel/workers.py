@@ -1,9 +1,12 @@
 """Training scenarios run by every rank of a gloo process group (torch.multiprocessing spawns them).
 
-A module of its own (not a test file) so spawned children can import it. Each scenario builds the
-real Trainer on a real ParallelState (engine.distributed.init_parallel) and steps it; rank 0
-returns the numbers to the test through a file. `single_run` is the same code on one process, the
-reference every parallel layout is compared with.
+A module of its own (not a test file). Each scenario builds the real Trainer on a real ParallelState
+(engine.distributed.init_parallel) and steps it; rank 0 returns the numbers to the test through a file.
+`single_run` is the same code on one process, the reference every parallel layout is compared with.
+
+The ranks are forked from the test process (`launch`), which has torch and the engine imported already: a spawned
+rank paid ~3 s of interpreter start and imports before its first step, more than the tiny scenarios take. The test
+process never initialises torch.distributed itself, so each rank starts one process group of its own.
 """
 
 import contextlib
@@ -23,7 +26,7 @@ from engine.evaluate import evaluate
 from engine.model import batch_documents
 from engine.train import Trainer
 
-__all__ = ["RECAST", "BASE", "make_config", "single_run", "spawn", "run_trainer", "fixed_tokens", "TickClock", "spawn_runs"]
+__all__ = ["RECAST", "BASE", "make_config", "single_run", "launch", "spawn", "run_trainer", "fixed_tokens", "TickClock", "spawn_runs"]
 
 # tiny preset, fp32 on CPU, short sequences: a 20-step trajectory takes about a second per process.
 BASE: dict[str, Any] = dict(preset="tiny", device="cpu", compute_dtype="fp32", seq_length=64, micro_batch_size=4,
@@ -140,10 +143,16 @@ def _placement(par: ParallelState, world: int) -> list[dict[str, Any]]:
     return everyone
 
 
+def launch(fn, args: tuple, world: int) -> None:  # noqa: ANN001 -- fn(rank, *args), a module-level function
+    """`fn(rank, *args)` on `world` processes forked from this one; raises if any rank fails."""
+    assert not dist.is_initialized(), "a forked rank would inherit this process's process group"
+    mp.start_processes(fn, args=args, nprocs=world, start_method="fork")
+
+
 def spawn(world: int, scenarios: list[tuple[str, dict, int]], tmp: Path) -> dict[str, Any]:
     """Run `scenarios` (name, config overrides, steps) on `world` gloo processes; rank 0's results."""
     out_file = tmp / "results.pt"
-    mp.spawn(_rank_main, args=(world, str(tmp / "init"), str(out_file), scenarios), nprocs=world)
+    launch(_rank_main, (world, str(tmp / "init"), str(out_file), scenarios), world)
     return torch.load(out_file)
 
 
@@ -183,5 +192,5 @@ def _run_main(rank: int, world: int, init_file: str, out_file: str, overrides: d
 def spawn_runs(world: int, overrides: dict, run_dir: Path, ticks: list[float], tmp: Path) -> list[dict[str, Any]]:
     """Trainer.run() of `overrides` on `world` gloo processes with per-rank fake clocks; each rank's outcome."""
     out_file = tmp / "ranks.pt"
-    mp.spawn(_run_main, args=(world, str(tmp / "init"), str(out_file), overrides, str(run_dir), ticks), nprocs=world)
+    launch(_run_main, (world, str(tmp / "init"), str(out_file), overrides, str(run_dir), ticks), world)
     return torch.load(out_file)
