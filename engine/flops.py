@@ -45,11 +45,8 @@ def peak_flops(cfg: EngineConfig, device_name: str) -> float:
         return cfg.peak_tflops * 1e12
     if device_name == "cpu":
         return 0.0
-    for key, tflops in PEAK_TFLOPS.items():
-        if key in device_name.upper():
-            return tflops * 1e12
-    raise ConfigError("--peak-tflops", cfg.peak_tflops, f"pass the bf16 dense peak of a {device_name!r} in TFLOP/s",
-                      "is unset and the GPU is not in the known list")
+    return _by_name(PEAK_TFLOPS, cfg, device_name, f"pass the bf16 dense peak of a {device_name!r} in TFLOP/s",
+                    "is unset and the GPU is not in the known list")
 
 
 def peak_fp8_flops(cfg: EngineConfig, device_name: str) -> float:
@@ -59,11 +56,16 @@ def peak_fp8_flops(cfg: EngineConfig, device_name: str) -> float:
         return 0.0
     if cfg.peak_tflops > 0:
         return 2.0 * cfg.peak_tflops * 1e12
-    for key, tflops in PEAK_FP8_TFLOPS.items():
+    return _by_name(PEAK_FP8_TFLOPS, cfg, device_name, f"pass the bf16 dense peak of a {device_name!r} in TFLOP/s "
+                    "(the FP8 one is taken as twice it)", "is unset and the GPU has no FP8 peak in the known list")
+
+
+def _by_name(table: dict[str, float], cfg: EngineConfig, device_name: str, fix: str, why: str) -> float:
+    """The peak FLOP/s of the first part of `table` the device's name contains; else refused naming --peak-tflops."""
+    for key, tflops in table.items():
         if key in device_name.upper():
             return tflops * 1e12
-    raise ConfigError("--peak-tflops", cfg.peak_tflops, f"pass the bf16 dense peak of a {device_name!r} in TFLOP/s "
-                      "(the FP8 one is taken as twice it)", "is unset and the GPU has no FP8 peak in the known list")
+    raise ConfigError("--peak-tflops", cfg.peak_tflops, fix, why)
 
 
 def mfu(cfg: EngineConfig, tokens: int, seconds: float, num_devices: int, peak: float) -> float:
