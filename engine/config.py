@@ -25,6 +25,7 @@ __all__ = [
     "FP8_RECIPES",
     "FSDP_RESHARD",
     "FSDP_GRAD_SYNC",
+    "FSDP_REDUCE_DTYPES",
     "MUON_FIELDS",
     "preset_names",
     "load_preset",
@@ -45,6 +46,7 @@ DTYPE_CHOICES = ("auto", "bf16", "fp32")
 FP8_RECIPES = ("off", "tensorwise", "rowwise")
 FSDP_RESHARD = ("default", "always", "never")
 FSDP_GRAD_SYNC = ("micro-batch", "step")
+FSDP_REDUCE_DTYPES = ("fp32", "bf16")
 
 
 def _f(default: Any, help: str, group: str, bare: str = "") -> Any:
@@ -199,6 +201,10 @@ class EngineConfig:
                              "accumulated unsharded in fp32 over the step's micro-batches and reduce-scattered once, on "
                              "the last one (GAS - 1 fewer reduce-scatters; + 4 bytes x this rank's parameters per GPU)",
                              "parallel")
+    fsdp_reduce_dtype: str = _f("fp32", "--fsdp: dtype gradients are reduce-scattered in. fp32: summed in fp32 (as "
+                                "ZeRO-1); bf16: half the bytes on the wire, each DP rank's gradient rounded to bf16 "
+                                "before the sum (Megatron's --grad-reduce-in-bf16); not with --fsdp-grad-sync step "
+                                "(FSDP2 would accumulate the micro-batches in bf16)", "parallel")
     fsdp_prefetch: int = _f(0, "--fsdp: layers whose all-gather is issued ahead of the one computing, in forward and "
                             "backward. 0: FSDP2's implicit prefetch (the next layer's all-gather is issued when the "
                             "host reaches it); N >= 1: explicit, issued when this layer starts (N more layers' bf16 "
@@ -427,6 +433,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     _choice(cfg, "fp8", FP8_RECIPES)
     _choice(cfg, "fsdp_reshard_after_forward", FSDP_RESHARD)
     _choice(cfg, "fsdp_grad_sync", FSDP_GRAD_SYNC)
+    _choice(cfg, "fsdp_reduce_dtype", FSDP_REDUCE_DTYPES)
     _finite(cfg)
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
@@ -566,6 +573,11 @@ def _check_fsdp(cfg: EngineConfig, world_size: int, dp: int) -> bool:
                 raise ConfigError(flag_name(name), getattr(cfg, name), "add --fsdp, or leave it out",
                                   "configures FSDP2, and this run uses the ZeRO-1 optimizer (no --fsdp)")
         return cfg.grad_accum_fusion
+    if cfg.fsdp_reduce_dtype == "bf16" and cfg.fsdp_grad_sync == "step":
+        raise ConfigError("--fsdp-reduce-dtype", cfg.fsdp_reduce_dtype, "use --fsdp-reduce-dtype fp32 with "
+                          "--fsdp-grad-sync step, or --fsdp-grad-sync micro-batch", "would make FSDP2 accumulate "
+                          "the step's micro-batch gradients in bf16 (--fsdp-grad-sync step accumulates in the "
+                          "reduce dtype)")
     if cfg.fsdp_prefetch >= cfg.num_layers:
         raise ConfigError("--fsdp-prefetch", cfg.fsdp_prefetch, f"use 0 to {cfg.num_layers - 1} (the layers after "
                           f"the first; 1 or 2 is usual)", f"reaches past the model's {cfg.num_layers} decoder layers")

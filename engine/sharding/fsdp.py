@@ -38,12 +38,13 @@ def shard_model(model: nn.Module, par: ParallelState, compute_dtype: torch.dtype
     """fully_shard each decoder layer, then the root, over the dp sub-mesh. The model holds fp32 parameters.
 
     --fsdp-reshard-after-forward picks which layers free their gathered weights after forward, --fsdp-prefetch how
-    many layers' all-gathers are issued ahead (explicitly; 0 leaves FSDP2's implicit one)."""
+    many layers' all-gathers are issued ahead (explicitly; 0 leaves FSDP2's implicit one), --fsdp-reduce-dtype the
+    gradients' dtype on the wire (the sharded gradient stays fp32)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # (see device_mesh)
 
     mesh = device_mesh(par)["dp"]
     policy = MixedPrecisionPolicy(param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
-                                  reduce_dtype=torch.float32)
+                                  reduce_dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.fsdp_reduce_dtype])
     layers = list(model.layers)
     for i, layer in enumerate(layers):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=_reshard(cfg.fsdp_reshard_after_forward,

@@ -92,16 +92,20 @@ def fsdp_probe(trainer: Trainer) -> dict[str, Any]:
     """One step of an --fsdp run, micro-batch by micro-batch, watched: the all-gathers and reduce-scatters FSDP2
     issues in each forward and backward, how many all-gathers were issued when each decoder layer's forward starts
     (its own, the ones before it, and those prefetched), which layers hold sharded weights (DTensors) after each
-    forward and backward and that none does while it computes, and whether every sharded gradient exists."""
+    forward and backward and that none does while it computes, whether every sharded gradient exists, and the dtypes
+    the gradients were reduce-scattered in."""
     from torch.distributed.tensor import DTensor
 
     layers = list(trainer.model.layers)
     counts = {"all_gather": 0, "reduce_scatter": 0}
+    reduced: set[str] = set()  # the dtypes gradients were reduce-scattered in
     originals = {name: getattr(dist, name) for name in _FSDP_COLLECTIVES if hasattr(dist, name)}
 
     def counted(name: str):
         def call(*args, **kwargs):
             counts[_FSDP_COLLECTIVES[name]] += 1
+            if _FSDP_COLLECTIVES[name] == "reduce_scatter":
+                reduced.add(str(next(t.dtype for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))))
             return originals[name](*args, **kwargs)
         return call
 
@@ -111,7 +115,7 @@ def fsdp_probe(trainer: Trainer) -> dict[str, Any]:
     at_forward: list[tuple[int, bool]] = []
     hooks = [layer.register_forward_pre_hook(lambda m, a, i=i: at_forward.append((counts["all_gather"], sharded()[i])))
              for i, layer in enumerate(layers)]
-    out: dict[str, list] = {"forward": [], "backward": [], "at_forward": [], "after_forward": [], "after_backward": [],
+    out: dict[str, Any] = {"forward": [], "backward": [], "at_forward": [], "after_forward": [], "after_backward": [],
                             "grads": []}
     trainer.fsdp.zero_grads()
     micro = trainer.loader.next_step()
@@ -131,6 +135,7 @@ def fsdp_probe(trainer: Trainer) -> dict[str, Any]:
             out["backward"].append({k: counts[k] - before[k] for k in counts})
             out["after_backward"].append(sharded())
             out["grads"].append(all(p.grad is not None for _, p in trainer.fsdp.named))
+        out["reduce_dtypes"] = sorted(reduced)
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
