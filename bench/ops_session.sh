@@ -19,6 +19,13 @@
 #                                      GPU tests (bitwise run to run and across a resume, TP 1 x DP 2, TP 2 x DP 2)
 #   bash bench/ops_session.sh fsdp4    four GPUs: MiniCPM4-8B at TP 1 x FSDP 4, TP 2 x FSDP 2, TP 2 x DP 2 and
 #                                      DP 4 (ZeRO-1), selective activation checkpointing off and on (one job)
+#   bash bench/ops_session.sh fsdp-tune  four H200s (some rows need > 80 GB): MiniCPM4-8B, global batch 16 x 4096:
+#                                      ZeRO-1 DP 4 (the bar), TP 1 x FSDP 4 as on main, FSDP 4 with each speed knob
+#                                      alone (--fsdp-prefetch 1, --fsdp-reshard-after-forward never, --fsdp-grad-sync
+#                                      step, --fsdp-reduce-dtype bf16) and the exact ones together, TP 2 x FSDP 2 with
+#                                      them, the planner's 80 GB FSDP candidate (never, mbs 1), in one job (440 s
+#                                      cap); then FSDP 4 and FSDP 4 with all without CUDA_DEVICE_MAX_CONNECTIONS=1 (a
+#                                      second job, --max-connections 0, 130 s cap). Peak memory per row in the JSONs.
 #   bash bench/ops_session.sh peers4   four GPUs: MiniCPM4-8B, seq 4096, global batch 16 x 4096, one job: the engine's
 #                                      best layouts (TP 2 x DP 2 ZeRO-1, DP 4 ZeRO-1, TP 1 x FSDP 4) beside torchtitan
 #                                      (FSDP 4 + SAC + compile; TP 2 x FSDP 2 + SAC + compile) and megatron-core (TP 2
@@ -106,6 +113,24 @@ case "${1:-check}" in
       --variant fsdp4-sac="--fsdp --activation-checkpointing selective" \
       --variant tp2-fsdp2-sac="--tp 2 --fsdp --activation-checkpointing selective" \
       --out "$OUT/mfu_8b_4gpu_fsdp.json" 2>&1 | grep -v "^\[" | tail -14
+    ;;
+  fsdp-tune)
+    # What makes --fsdp slower than ZeRO-1 (docs/benchmarks.md "FSDP tuning"): each row isolates one knob. The rows
+    # least needed come last in each job (a cut keeps the rows before it: --out is rewritten after every row).
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+    ALL="--fsdp --fsdp-prefetch 1 --fsdp-reshard-after-forward never --fsdp-grad-sync step"
+    stamp "ZeRO-1 DP 4, FSDP 4 as on main, each knob, all, TP 2 x FSDP 2 with all, FSDP 4 never at mbs 1 (one job)"
+    timeout 440 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 100 \
+      --variant dp4-zero1= --variant fsdp4="--fsdp" --variant fsdp4-prefetch1="--fsdp --fsdp-prefetch 1" \
+      --variant fsdp4-never="--fsdp --fsdp-reshard-after-forward never" \
+      --variant fsdp4-step="--fsdp --fsdp-grad-sync step" --variant fsdp4-bf16="--fsdp --fsdp-reduce-dtype bf16" \
+      --variant fsdp4-all="$ALL" --variant tp2-fsdp2-all="--tp 2 $ALL" \
+      --variant fsdp4-never-mbs1="--fsdp --fsdp-prefetch 1 --fsdp-reshard-after-forward never --micro-batch-size 1" \
+      --out "$OUT/mfu_8b_4gpu_fsdp_tune.json" 2>&1 | grep -v "^\[" | tail -14
+    stamp "FSDP 4 with 8 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS unset, as torchtitan runs)"
+    timeout 130 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 60 \
+      --max-connections 0 --variant fsdp4-conn8="--fsdp" --variant fsdp4-all-conn8="$ALL" \
+      --out "$OUT/mfu_8b_4gpu_fsdp_tune_conn8.json" 2>&1 | grep -v "^\[" | tail -6
     ;;
   peers4)
     stamp "8B on 4 GPUs: the engine's best layouts beside torchtitan and megatron-core at theirs (one job)"

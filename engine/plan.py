@@ -14,7 +14,7 @@ from engine.errors import ConfigError
 from engine.flops import PEAK_TFLOPS, flops_per_token
 from engine.model.layers import kv_head_range
 
-__all__ = ["Layout", "plan", "memory_bytes", "mfu_estimate", "dp_bytes", "seconds_per_dp_byte", "plan_lines", "HEADROOM",
+__all__ = ["Layout", "plan", "predict", "memory_bytes", "mfu_estimate", "dp_bytes", "seconds_per_dp_byte", "plan_lines", "HEADROOM",
            "FSDP_OPTIONS"]
 
 HEADROOM = 0.05  # a layout fits when its predicted peak is at most (1 - HEADROOM) x the card's memory
@@ -138,6 +138,24 @@ def mfu_estimate(tp: int, mode: str, mbs: int, recompute: str) -> tuple[float, b
     return value, measured
 
 
+def predict(cfg: EngineConfig, gpus: int, peak_tflops: float = PEAK_TFLOPS["H100"]) -> tuple[float, float, float, bool]:
+    """(peak GiB per GPU, step seconds, MFU, whether the MFU is a measured point) of the resolved `cfg` on `gpus` GPUs.
+    An --fsdp knob away from FSDP2's defaults moves the step time by the bytes it saves (seconds_per_dp_byte), never
+    below ZeRO-1's at that point (it moves the fewest)."""
+    dp = gpus // cfg.tp
+    work = flops_per_token(cfg) * cfg.tokens_per_step / (gpus * peak_tflops * 1e12)
+    mode, point = "fsdp" if cfg.fsdp else "zero1", (cfg.tp, cfg.micro_batch_size, cfg.activation_checkpointing)
+    mfu, measured = mfu_estimate(cfg.tp, mode, *point[1:])
+    step = work / mfu
+    plain = dataclasses.replace(cfg, fsdp_reshard_after_forward="default", fsdp_grad_sync="micro-batch",
+                                fsdp_reduce_dtype="fp32")
+    saved = (dp_bytes(plain) - dp_bytes(cfg)) * (dp - 1) / dp
+    if saved:
+        step = max(step - seconds_per_dp_byte() * saved, work / mfu_estimate(cfg.tp, "zero1", *point[1:])[0])
+        mfu, measured = work / step, False
+    return memory_bytes(cfg, dp) / GIB, step, mfu, measured and not cfg.fsdp_prefetch  # prefetch: not modelled
+
+
 def plan(preset: str, gpus: int, gpu_mem_gib: float, seq_length: int = 0, global_batch: int = 0,
          peak_tflops: float = PEAK_TFLOPS["H100"], fsdp_knobs: str = "off") -> list[Layout]:
     """Every layout `resolve` accepts, fastest first. seq_length 0: the preset's; global_batch 0: 4 samples per GPU.
@@ -164,19 +182,9 @@ def plan(preset: str, gpus: int, gpu_mem_gib: float, seq_length: int = 0, global
                                                           activation_checkpointing=recompute, **knobs), gpus)
                     except ConfigError:
                         continue  # a layout the engine refuses (TP vs heads, batch split, --fsdp at DP 1)
-                    dp = gpus // tp
-                    peak = memory_bytes(cfg, dp) / GIB
-                    work = flops_per_token(cfg) * cfg.tokens_per_step / (gpus * peak_tflops * 1e12)
-                    mfu, measured = mfu_estimate(tp, mode, mbs, recompute)
-                    step = work / mfu
-                    if (reshard, reduce) not in (("", ""), ("default", "fp32")):  # an FSDP2 knob: fewer bytes
-                        plain = dataclasses.replace(cfg, fsdp_reshard_after_forward="default", fsdp_reduce_dtype="fp32")
-                        saved = (dp_bytes(plain) - dp_bytes(cfg)) * (dp - 1) / dp
-                        # ZeRO-1 moves the fewest bytes: no variant is predicted faster than it
-                        step = max(step - seconds_per_dp_byte() * saved, work / mfu_estimate(tp, "zero1", mbs, recompute)[0])
-                        mfu, measured = work / step, False
-                    out.append(Layout(tp, dp, mode, mbs, cfg.grad_accum_steps, recompute, peak, step, mfu, measured,
-                                      peak <= (1 - HEADROOM) * gpu_mem_gib, reshard, reduce))
+                    peak, step, mfu, measured = predict(cfg, gpus, peak_tflops)
+                    out.append(Layout(tp, gpus // tp, mode, mbs, cfg.grad_accum_steps, recompute, peak, step, mfu,
+                                      measured, peak <= (1 - HEADROOM) * gpu_mem_gib, reshard, reduce))
     if not out:
         raise ConfigError("--gpus", gpus, f"use a GPU count that --global-batch {batch} splits into (a multiple of TP x "
                           f"DP x mbs)", f"admits no layout of {preset}")
