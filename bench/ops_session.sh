@@ -16,7 +16,8 @@
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
 #   bash bench/ops_session.sh fsdp-test  four GPUs: warm the 8B kernels (TP 1 and 2, mbs 2, seq 4096), then the --fsdp
-#                                      GPU tests (bitwise run to run and across a resume, TP 1 x DP 2, TP 2 x DP 2)
+#                                      GPU tests (bitwise run to run and across a resume, TP 1 x DP 2, TP 2 x DP 2,
+#                                      TP 1 x DP 2 with --fsdp-reshard-after-forward never, grad sync step, prefetch 1)
 #   bash bench/ops_session.sh fsdp4    four GPUs: MiniCPM4-8B at TP 1 x FSDP 4, TP 2 x FSDP 2, TP 2 x DP 2 and
 #                                      DP 4 (ZeRO-1), selective activation checkpointing off and on (one job)
 #   bash bench/ops_session.sh fsdp-tune  four H200s (some rows need > 80 GB): MiniCPM4-8B, global batch 16 x 4096:
