@@ -24,7 +24,7 @@
 #                                      ZeRO-1 DP 4 (the bar), TP 1 x FSDP 4 as on main, FSDP 4 with each speed knob
 #                                      alone (--fsdp-prefetch 1, --fsdp-reshard-after-forward never, --fsdp-grad-sync
 #                                      step, --fsdp-reduce-dtype bf16) and the exact ones together, TP 2 x FSDP 2 with
-#                                      them, the planner's 80 GB FSDP candidate (never, mbs 1), in one job (440 s
+#                                      them, FSDP 4 with the knobs that cost no memory (80 GB cards), in one job (440 s
 #                                      cap); then FSDP 4 and FSDP 4 with all without CUDA_DEVICE_MAX_CONNECTIONS=1 (a
 #                                      second job, --max-connections 0, 130 s cap). Peak memory per row in the JSONs.
 #   bash bench/ops_session.sh peers4   four GPUs: MiniCPM4-8B, seq 4096, global batch 16 x 4096, one job: the engine's
@@ -120,13 +120,13 @@ case "${1:-check}" in
     # least needed come last in each job (a cut keeps the rows before it: --out is rewritten after every row).
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
     ALL="--fsdp --fsdp-prefetch 1 --fsdp-reshard-after-forward never --fsdp-grad-sync step"
-    stamp "ZeRO-1 DP 4, FSDP 4 as on main, each knob, all, TP 2 x FSDP 2 with all, FSDP 4 never at mbs 1 (one job)"
+    stamp "ZeRO-1 DP 4, FSDP 4 as on main, each knob, all, TP 2 x FSDP 2 with all, FSDP 4 for 80 GB (one job)"
     timeout 440 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 100 \
       --variant dp4-zero1= --variant fsdp4="--fsdp" --variant fsdp4-prefetch1="--fsdp --fsdp-prefetch 1" \
       --variant fsdp4-never="--fsdp --fsdp-reshard-after-forward never" \
       --variant fsdp4-step="--fsdp --fsdp-grad-sync step" --variant fsdp4-bf16="--fsdp --fsdp-reduce-dtype bf16" \
       --variant fsdp4-all="$ALL" --variant tp2-fsdp2-all="--tp 2 $ALL" \
-      --variant fsdp4-never-mbs1="--fsdp --fsdp-prefetch 1 --fsdp-reshard-after-forward never --micro-batch-size 1" \
+      --variant fsdp4-80gb="--fsdp --fsdp-prefetch 1 --fsdp-reduce-dtype bf16" \
       --out "$OUT/mfu_8b_4gpu_fsdp_tune.json" 2>&1 | grep -v "^\[" | tail -14
     stamp "FSDP 4 with 8 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS unset, as torchtitan runs)"
     timeout 130 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 60 \

@@ -125,7 +125,8 @@ def seconds_per_dp_byte() -> float:
 
 
 def mfu_estimate(tp: int, mode: str, mbs: int, recompute: str) -> tuple[float, bool]:
-    """(MFU, whether it is a measured point) for a layout (docs/engine/training.md says where the numbers come from)."""
+    """(MFU, whether it is a measured point) for a layout (docs/engine/training.md says where the numbers come from);
+    predict() uses the fsdp values only at measured points."""
     base_tp = min(tp, 2)
     value = _MEASURED[(mode, base_tp)] * 0.9 ** max(0, int(math.log2(tp)) - 1)
     measured = tp <= 2 and mbs == 2 and recompute != "full"
@@ -140,20 +141,24 @@ def mfu_estimate(tp: int, mode: str, mbs: int, recompute: str) -> tuple[float, b
 
 def predict(cfg: EngineConfig, gpus: int, peak_tflops: float = PEAK_TFLOPS["H100"]) -> tuple[float, float, float, bool]:
     """(peak GiB per GPU, step seconds, MFU, whether the MFU is a measured point) of the resolved `cfg` on `gpus` GPUs.
-    An --fsdp knob away from FSDP2's defaults moves the step time by the bytes it saves (seconds_per_dp_byte), never
-    below ZeRO-1's at that point (it moves the fewest)."""
+    --fsdp: the measured point where there is one (FSDP2's defaults), else ZeRO-1's time at that point plus the extra
+    bytes of data-parallel collectives it moves (seconds_per_dp_byte; never less than ZeRO-1's)."""
     dp = gpus // cfg.tp
     work = flops_per_token(cfg) * cfg.tokens_per_step / (gpus * peak_tflops * 1e12)
-    mode, point = "fsdp" if cfg.fsdp else "zero1", (cfg.tp, cfg.micro_batch_size, cfg.activation_checkpointing)
-    mfu, measured = mfu_estimate(cfg.tp, mode, *point[1:])
+    point = (cfg.micro_batch_size, cfg.activation_checkpointing)
+    mfu, measured = mfu_estimate(cfg.tp, "zero1", *point)
     step = work / mfu
-    plain = dataclasses.replace(cfg, fsdp_reshard_after_forward="default", fsdp_grad_sync="micro-batch",
-                                fsdp_reduce_dtype="fp32")
-    saved = (dp_bytes(plain) - dp_bytes(cfg)) * (dp - 1) / dp
-    if saved:
-        step = max(step - seconds_per_dp_byte() * saved, work / mfu_estimate(cfg.tp, "zero1", *point[1:])[0])
-        mfu, measured = work / step, False
-    return memory_bytes(cfg, dp) / GIB, step, mfu, measured and not cfg.fsdp_prefetch  # prefetch: not modelled
+    if cfg.fsdp:
+        plain = dataclasses.replace(cfg, fsdp_reshard_after_forward="default", fsdp_grad_sync="micro-batch",
+                                    fsdp_reduce_dtype="fp32", fsdp_prefetch=0)
+        fsdp_mfu, fsdp_measured = mfu_estimate(cfg.tp, "fsdp", *point)
+        if fsdp_measured and cfg == plain:
+            step = work / fsdp_mfu
+        else:
+            extra = (dp_bytes(cfg) - dp_bytes(dataclasses.replace(cfg, fsdp=False))) * (dp - 1) / dp
+            step += seconds_per_dp_byte() * max(extra, 0.0)
+            measured = False
+    return memory_bytes(cfg, dp) / GIB, step, work / step, measured
 
 
 def plan(preset: str, gpus: int, gpu_mem_gib: float, seq_length: int = 0, global_batch: int = 0,

@@ -14,7 +14,7 @@ import pytest
 
 from engine.cli import build_parser, config_from_args, main
 from engine.config import EngineConfig, build_config, resolve
-from engine.plan import GIB, dp_bytes, memory_bytes, plan, seconds_per_dp_byte
+from engine.plan import GIB, dp_bytes, memory_bytes, plan, predict, seconds_per_dp_byte
 from tests.engine.helpers import REPO
 
 RESULTS = REPO / "bench" / "results" / "mfu_8b_4gpu_fsdp_h200x4.json"
@@ -72,10 +72,10 @@ def test_the_80gb_pick_peaked_within_ten_percent_of_its_prediction_at_production
 
 
 def _eight_b(tp: int, **fields) -> EngineConfig:
-    """MiniCPM4-8B at the measured cadence (mbs 2, seq 4096, global batch 16) on 4 GPUs."""
+    """MiniCPM4-8B at the measured cadence (mbs 2, seq 4096, global batch 16) on 4 GPUs; `fields` override."""
     base = build_config({"preset": "minicpm4-8b", "seq_length": 4096})
-    return resolve(dataclasses.replace(base, tp=tp, micro_batch_size=2, global_batch_size=16, grad_accum_steps=0,
-                                       **fields), 4)
+    return resolve(dataclasses.replace(base, **{"tp": tp, "micro_batch_size": 2, "global_batch_size": 16,
+                                                "grad_accum_steps": 0, **fields}), 4)
 
 
 def test_one_bandwidth_explains_both_measured_fsdp_gaps():
@@ -110,6 +110,9 @@ def test_fsdp_knobs_trade_memory_for_bytes_as_fsdp2_does():
     both = dataclasses.replace(never, fsdp_grad_sync="step")
     assert dp_bytes(both) == dp_bytes(_eight_b(1))
     assert dp_bytes(dataclasses.replace(never, fsdp_reduce_dtype="bf16")) == dp_bytes(_eight_b(1))
+    # and the step time follows the bytes: GAS 1 (mbs 4) gathers and reduces half as often as GAS 2
+    assert predict(_eight_b(1, fsdp=True, micro_batch_size=4), 4)[1] < predict(plain, 4)[1]
+    assert predict(both, 4)[1] == predict(_eight_b(1), 4)[1]  # ZeRO-1's bytes: ZeRO-1's time
 
 
 def test_unmeasured_fsdp_knobs_are_ranked_only_when_asked(h200x4):
