@@ -32,11 +32,11 @@ DP2 = {"micro_batch_size": 2}
 DP2_GAS2 = {"micro_batch_size": 1, "grad_accum_steps": 2, "fsdp": True}  # the same 4 samples a step as GAS2
 # every speed knob away from its default (tiny has 4 decoder layers)
 TUNED = {"fsdp_reshard_after_forward": "never", "fsdp_grad_sync": "step", "fsdp_prefetch": 2}
-# --fsdp-reshard-after-forward always with 2 layers prefetched explicitly; the rest one knob each
-PROBES = {"default": {}, "always": {"fsdp_reshard_after_forward": "always"},
-          "never": {"fsdp_reshard_after_forward": "never"}, "step": {"fsdp_grad_sync": "step"},
-          "prefetch2": {"fsdp_reshard_after_forward": "always", "fsdp_prefetch": 2},
-          "bf16": {"fsdp_reduce_dtype": "bf16"}}
+# each fp32-exact knob alone (prefetch with `always`, so that backward gathers too)
+KNOBS = {"always": {"fsdp_reshard_after_forward": "always"}, "never": {"fsdp_reshard_after_forward": "never"},
+         "step": {"fsdp_grad_sync": "step"}, "prefetch2": {"fsdp_reshard_after_forward": "always", "fsdp_prefetch": 2}}
+# what the probe watches (default run: the three of TUNED at once, each effect seen apart)
+PROBES = {"default": {}, "always": KNOBS["always"], "tuned": TUNED, "bf16": {"fsdp_reduce_dtype": "bf16"}}
 
 
 @pytest.fixture(scope="session")
@@ -103,34 +103,32 @@ def test_fsdp_speed_knobs_change_what_fsdp2_communicates(fsdp_dp2):
     assert d["grads"] == [True, True]
     assert probe["always"]["backward"] == [{"all_gather": 4, "reduce_scatter": 5}] * 2
     assert probe["always"]["after_forward"] == [sharded] * 2
+    # tuned = never + step + prefetch 2, each seen apart:
     # never: gathered once a step, kept through the first backward and the second micro-batch, resharded at the end
-    n = probe["never"]
-    assert [f["all_gather"] for f in n["forward"]] == [5, 0] and [b["all_gather"] for b in n["backward"]] == [0, 0]
-    assert n["after_forward"] == [four, four] and n["after_backward"] == [four, sharded]
+    t = probe["tuned"]
+    assert [f["all_gather"] for f in t["forward"]] == [5, 0] and [b["all_gather"] for b in t["backward"]] == [0, 0]
+    assert t["after_forward"] == [four, four] and t["after_backward"] == [four, sharded]
     # step: no reduce-scatter (and no sharded gradient) until the last micro-batch
-    st = probe["step"]
-    assert [b["reduce_scatter"] for b in st["backward"]] == [0, 5] and st["grads"] == [False, True]
+    assert [b["reduce_scatter"] for b in t["backward"]] == [0, 5] and t["grads"] == [False, True]
     # prefetch 2: when layer i starts, the all-gathers of layers i + 1 and i + 2 are issued already (the root's
     # forward prefetches layers 0 and 1); FSDP2's implicit prefetch issues only layer i's own by then
     assert [n for n, _ in probe["always"]["at_forward"][0]] == [2, 3, 4, 5]
-    assert [n for n, _ in probe["prefetch2"]["at_forward"][0]] == [4, 5, 5, 5]
-    assert probe["prefetch2"]["forward"] == probe["always"]["forward"]  # earlier, not more
+    assert [n for n, _ in t["at_forward"][0]] == [4, 5, 5, 5]
 
 
 @pytest.mark.slow
 def test_fsdp_matches_zero1_at_dp2(tmp_path):
     """ZeRO-1 and --fsdp on the same two ranks (TP 1 x DP 2), with two KV heads and with one; TP 2 with the TP
     gradient sums (a replicated KV head, SP norm gains) is the TP 2 x DP 2 launch below."""
-    knobs = {name: knob for name, knob in PROBES.items() if name not in ("default", "bf16")}  # the fp32-exact ones
     zero_gas2 = {k: v for k, v in DP2_GAS2.items() if k != "fsdp"}
     runs = spawn(2, [("zero", DP2, 5), ("fsdp", {**DP2, "fsdp": True}, 5),
                      ("zero_kv1", {**DP2, "num_kv_heads": 1}, 3), ("fsdp_kv1", {**DP2, "num_kv_heads": 1, "fsdp": True}, 3),
-                     ("zero_gas2", zero_gas2, 3)] + [(name, {**DP2_GAS2, **knob}, 3) for name, knob in knobs.items()],
+                     ("zero_gas2", zero_gas2, 3)] + [(name, {**DP2_GAS2, **knob}, 3) for name, knob in KNOBS.items()],
                  tmp_path)
     assert_trajectories(runs["fsdp"]["steps"], runs["zero"]["steps"], 1e-6, "fsdp vs zero-1")
     assert tensor_rel(runs["fsdp"]["logits"], runs["zero"]["logits"]) < 1e-5
     assert_trajectories(runs["fsdp_kv1"]["steps"], runs["zero_kv1"]["steps"], 1e-6, "fsdp vs zero-1, one KV head")
-    for name in knobs:  # each speed knob alone at GAS 2
+    for name in KNOBS:  # each fp32-exact speed knob alone at GAS 2
         assert_trajectories(runs[name]["steps"], runs["zero_gas2"]["steps"], 1e-6, f"fsdp {name} vs zero-1")
 
 
