@@ -27,6 +27,10 @@
 #                                      them, FSDP 4 with the knobs that cost no memory (80 GB cards), in one job (440 s
 #                                      cap); then FSDP 4 and FSDP 4 with all without CUDA_DEVICE_MAX_CONNECTIONS=1 (a
 #                                      second job, --max-connections 0, 130 s cap). Peak memory per row in the JSONs.
+#   bash bench/ops_session.sh fsdp-profile  four H200s, after fsdp-tune on the same machine (kernels warm): where the
+#                                      step goes (bench/profile_step.py: families, exposed communication, idle gaps) for
+#                                      ZeRO-1 DP 4, FSDP 4 as on main, FSDP 4 without CUDA_DEVICE_MAX_CONNECTIONS=1,
+#                                      and FSDP 4 with --fsdp-prefetch 1 (rank 0, one profiled step after 2)
 #   bash bench/ops_session.sh peers4   four GPUs: MiniCPM4-8B, seq 4096, global batch 16 x 4096, one job: the engine's
 #                                      best layouts (TP 2 x DP 2 ZeRO-1, DP 4 ZeRO-1, TP 1 x FSDP 4) beside torchtitan
 #                                      (FSDP 4 + SAC + compile; TP 2 x FSDP 2 + SAC + compile) and megatron-core (TP 2
@@ -132,6 +136,18 @@ case "${1:-check}" in
     timeout 130 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 60 \
       --max-connections 0 --variant fsdp4-conn8="--fsdp" --variant fsdp4-all-conn8="$ALL" \
       --out "$OUT/mfu_8b_4gpu_fsdp_tune_conn8.json" 2>&1 | grep -v "^\[" | tail -6
+    ;;
+  fsdp-profile)
+    for v in "dp4-zero1:1:" "fsdp4:1:--fsdp" "fsdp4-conn8:0:--fsdp" "fsdp4-prefetch1:1:--fsdp --fsdp-prefetch 1"; do
+      name=${v%%:*}; rest=${v#*:}; conn=${rest%%:*}; flags=${rest#*:}
+      stamp "profile $name (CUDA_DEVICE_MAX_CONNECTIONS=${conn/0/unset})"
+      ( [ "$conn" = 0 ] && unset CUDA_DEVICE_MAX_CONNECTIONS || export CUDA_DEVICE_MAX_CONNECTIONS=$conn
+        timeout 140 torchrun --standalone --nproc-per-node 4 bench/profile_step.py --steps 1 --warmup 2 \
+          --md "$OUT/profile_8b_4gpu_$name.md" --json "$OUT/profile_8b_4gpu_$name.json" -- $FOUR $flags \
+          > "$OUT/profile_8b_4gpu_$name.log" 2>&1; echo "rc=$?" )
+      grep -iE "^Step|exposed|idle|^\| (GEMM|attention|communication|optimizer|copies|elementwise)" \
+        "$OUT/profile_8b_4gpu_$name.md" 2>/dev/null | head -12
+    done
     ;;
   peers4)
     stamp "8B on 4 GPUs: the engine's best layouts beside torchtitan and megatron-core at theirs (one job)"
