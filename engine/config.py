@@ -439,8 +439,8 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
               "log_every", "lr", "init_std", "dim_model_base", "skip_spike_window", "skip_spike_max_consecutive",
               "rope_theta", "scale_emb", "scale_depth", "tp_fwd_chunks")
-    _positive(cfg, "grad_accum_steps", "fsdp_prefetch", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_samples",
-              "save_every", "save_last", "weight_decay", "grad_clip", "peak_tflops", "rms_norm_eps", "adam_eps",
+    _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_samples",
+              "fsdp_prefetch", "save_every", "save_last", "weight_decay", "grad_clip", "peak_tflops", "rms_norm_eps", "adam_eps",
               allow_zero=True)
     if not cfg.ddp_bucket_mb > 0:
         raise ConfigError("--ddp-bucket-mb", cfg.ddp_bucket_mb, "use a positive size in MB (160 is Megatron's 40M elements)", "is out of range")

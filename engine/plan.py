@@ -14,8 +14,8 @@ from engine.errors import ConfigError
 from engine.flops import PEAK_TFLOPS, flops_per_token
 from engine.model.layers import kv_head_range
 
-__all__ = ["Layout", "plan", "predict", "memory_bytes", "mfu_estimate", "dp_bytes", "seconds_per_dp_byte", "plan_lines", "HEADROOM",
-           "FSDP_OPTIONS"]
+__all__ = ["Layout", "plan", "predict", "memory_bytes", "mfu_estimate", "dp_bytes", "seconds_per_dp_byte", "plan_lines",
+           "HEADROOM", "FSDP_OPTIONS"]
 
 HEADROOM = 0.05  # a layout fits when its predicted peak is at most (1 - HEADROOM) x the card's memory
 GIB = 2**30
@@ -70,8 +70,8 @@ def _local_params(cfg: EngineConfig, tp: int) -> tuple[int, int, int]:
 
 
 def memory_bytes(cfg: EngineConfig, dp: int) -> float:
-    """Predicted peak bytes per GPU of the resolved `cfg` on `dp` data-parallel ranks (the model: docs/engine/training.md,
-    engine/plan.py): TP, --fsdp and its knobs, GAS, recompute as `cfg` says."""
+    """Predicted peak bytes per GPU of the resolved `cfg` on `dp` data-parallel ranks (the model:
+    docs/engine/training.md, engine/plan.py): TP, --fsdp and its knobs, GAS, recompute as `cfg` says."""
     p, layer, root = _local_params(cfg, cfg.tp)
     if cfg.fsdp:
         reshard = cfg.fsdp_reshard_after_forward
