@@ -16,9 +16,21 @@
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
 #   bash bench/ops_session.sh fsdp-test  four GPUs: warm the 8B kernels (TP 1 and 2, mbs 2, seq 4096), then the --fsdp
-#                                      GPU tests (bitwise run to run and across a resume, TP 1 x DP 2, TP 2 x DP 2)
+#                                      GPU tests (bitwise run to run and across a resume, TP 1 x DP 2, TP 2 x DP 2,
+#                                      TP 1 x DP 2 with --fsdp-reshard-after-forward never, grad sync step, prefetch 1)
 #   bash bench/ops_session.sh fsdp4    four GPUs: MiniCPM4-8B at TP 1 x FSDP 4, TP 2 x FSDP 2, TP 2 x DP 2 and
 #                                      DP 4 (ZeRO-1), selective activation checkpointing off and on (one job)
+#   bash bench/ops_session.sh fsdp-tune  four H200s (some rows need > 80 GB): MiniCPM4-8B, global batch 16 x 4096:
+#                                      ZeRO-1 DP 4 (the bar), TP 1 x FSDP 4 as on main, FSDP 4 with each speed knob
+#                                      alone (--fsdp-prefetch 1, --fsdp-reshard-after-forward never, --fsdp-grad-sync
+#                                      step, --fsdp-reduce-dtype bf16) and the exact ones together, TP 2 x FSDP 2 with
+#                                      them, FSDP 4 with the knobs that cost no memory (80 GB cards), in one job (440 s
+#                                      cap); then FSDP 4 and FSDP 4 with all without CUDA_DEVICE_MAX_CONNECTIONS=1 (a
+#                                      second job, --max-connections 0, 130 s cap). Peak memory per row in the JSONs.
+#   bash bench/ops_session.sh fsdp-profile  four H200s, after fsdp-tune on the same machine (kernels warm): where the
+#                                      step goes (bench/profile_step.py: families, exposed communication, idle gaps) for
+#                                      ZeRO-1 DP 4, FSDP 4 as on main, FSDP 4 without CUDA_DEVICE_MAX_CONNECTIONS=1,
+#                                      and FSDP 4 with --fsdp-prefetch 1 (rank 0, one profiled step after 2)
 #   bash bench/ops_session.sh peers4   four GPUs: MiniCPM4-8B, seq 4096, global batch 16 x 4096, one job: the engine's
 #                                      best layouts (TP 2 x DP 2 ZeRO-1, DP 4 ZeRO-1, TP 1 x FSDP 4) beside torchtitan
 #                                      (FSDP 4 + SAC + compile; TP 2 x FSDP 2 + SAC + compile) and megatron-core (TP 2
@@ -106,6 +118,36 @@ case "${1:-check}" in
       --variant fsdp4-sac="--fsdp --activation-checkpointing selective" \
       --variant tp2-fsdp2-sac="--tp 2 --fsdp --activation-checkpointing selective" \
       --out "$OUT/mfu_8b_4gpu_fsdp.json" 2>&1 | grep -v "^\[" | tail -14
+    ;;
+  fsdp-tune)
+    # What makes --fsdp slower than ZeRO-1 (docs/benchmarks.md "FSDP tuning"): each row isolates one knob. The rows
+    # least needed come last in each job (a cut keeps the rows before it: --out is rewritten after every row).
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+    ALL="--fsdp --fsdp-prefetch 1 --fsdp-reshard-after-forward never --fsdp-grad-sync step"
+    stamp "ZeRO-1 DP 4, FSDP 4 as on main, each knob, all, TP 2 x FSDP 2 with all, FSDP 4 for 80 GB (one job)"
+    timeout 440 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 100 \
+      --variant dp4-zero1= --variant fsdp4="--fsdp" --variant fsdp4-prefetch1="--fsdp --fsdp-prefetch 1" \
+      --variant fsdp4-never="--fsdp --fsdp-reshard-after-forward never" \
+      --variant fsdp4-step="--fsdp --fsdp-grad-sync step" --variant fsdp4-bf16="--fsdp --fsdp-reduce-dtype bf16" \
+      --variant fsdp4-all="$ALL" --variant tp2-fsdp2-all="--tp 2 $ALL" \
+      --variant fsdp4-80gb="--fsdp --fsdp-prefetch 1 --fsdp-reduce-dtype bf16" \
+      --out "$OUT/mfu_8b_4gpu_fsdp_tune.json" 2>&1 | grep -v "^\[" | tail -14
+    stamp "FSDP 4 with 8 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS unset, as torchtitan runs)"
+    timeout 130 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 60 \
+      --max-connections 0 --variant fsdp4-conn8="--fsdp" --variant fsdp4-all-conn8="$ALL" \
+      --out "$OUT/mfu_8b_4gpu_fsdp_tune_conn8.json" 2>&1 | grep -v "^\[" | tail -6
+    ;;
+  fsdp-profile)
+    for v in "dp4-zero1:1:" "fsdp4:1:--fsdp" "fsdp4-conn8:0:--fsdp" "fsdp4-prefetch1:1:--fsdp --fsdp-prefetch 1"; do
+      name=${v%%:*}; rest=${v#*:}; conn=${rest%%:*}; flags=${rest#*:}
+      stamp "profile $name (CUDA_DEVICE_MAX_CONNECTIONS=${conn/0/unset})"
+      ( [ "$conn" = 0 ] && unset CUDA_DEVICE_MAX_CONNECTIONS || export CUDA_DEVICE_MAX_CONNECTIONS=$conn
+        timeout 140 torchrun --standalone --nproc-per-node 4 bench/profile_step.py --steps 1 --warmup 2 \
+          --md "$OUT/profile_8b_4gpu_$name.md" --json "$OUT/profile_8b_4gpu_$name.json" -- $FOUR $flags \
+          > "$OUT/profile_8b_4gpu_$name.log" 2>&1; echo "rc=$?" )
+      grep -iE "^Step|exposed|idle|^\| (GEMM|attention|communication|optimizer|copies|elementwise)" \
+        "$OUT/profile_8b_4gpu_$name.md" 2>/dev/null | head -12
+    done
     ;;
   peers4)
     stamp "8B on 4 GPUs: the engine's best layouts beside torchtitan and megatron-core at theirs (one job)"

@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--seq-length", type=int, default=0, help="tokens per sample (0: the preset's)")
     plan.add_argument("--global-batch", type=int, default=0, help="samples per optimizer step (0: 4 per GPU)")
     plan.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak per GPU (default: H100 / H200)")
+    plan.add_argument("--fsdp-knobs", choices=["off", "exact", "all"], default="off",
+                      help="--fsdp variants to rank besides FSDP2's defaults, predicted from the bytes they save "
+                           "(unmeasured): exact adds --fsdp-reshard-after-forward never (the same sums), all also "
+                           "--fsdp-reduce-dtype bf16 (gradients rounded to bf16 before the sum)")
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
     batches = sub.add_parser("batches", help="write the token batches given optimizer steps of a run train on",
@@ -201,7 +205,7 @@ def _plan(args: argparse.Namespace) -> int:
     from engine.plan import plan, plan_lines
 
     layouts = plan(args.preset, args.gpus, args.gpu_mem_gib, seq_length=args.seq_length, global_batch=args.global_batch,
-                   peak_tflops=args.peak_tflops)
+                   peak_tflops=args.peak_tflops, fsdp_knobs=args.fsdp_knobs)
     print("\n".join(plan_lines(layouts, args.gpu_mem_gib, as_json=args.json)))
     return 0
 

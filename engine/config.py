@@ -23,6 +23,9 @@ __all__ = [
     "OPTIMIZERS",
     "RECOMPUTE",
     "FP8_RECIPES",
+    "FSDP_RESHARD",
+    "FSDP_GRAD_SYNC",
+    "FSDP_REDUCE_DTYPES",
     "MUON_FIELDS",
     "preset_names",
     "load_preset",
@@ -41,6 +44,9 @@ RECOMPUTE = ("none", "selective", "full")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 DTYPE_CHOICES = ("auto", "bf16", "fp32")
 FP8_RECIPES = ("off", "tensorwise", "rowwise")
+FSDP_RESHARD = ("default", "always", "never")
+FSDP_GRAD_SYNC = ("micro-batch", "step")
+FSDP_REDUCE_DTYPES = ("fp32", "bf16")
 
 
 def _f(default: Any, help: str, group: str, bare: str = "") -> Any:
@@ -183,6 +189,26 @@ class EngineConfig:
                     "reduce-scattered in fp32; needs DP >= 2 and --optimizer adamw; the ZeRO-1 knobs (--ddp-bucket-mb, "
                     "--overlap-grad-reduce, --overlap-param-gather) do not apply and --grad-accum-fusion is recorded "
                     "off (engine/sharding/fsdp.py)", "parallel")
+    fsdp_reshard_after_forward: str = _f("default", "--fsdp: which decoder layers free their gathered bf16 weights "
+                                         "after their forward (and gather them again in backward). default: all but "
+                                         "the last (backward needs it at once; torchtitan's default); always: every "
+                                         "layer (least memory); never: none, and the weights stay gathered across the "
+                                         "step's micro-batches too (ZeRO-2-like: one all-gather per layer per step "
+                                         "instead of two per micro-batch; + 2 bytes x this rank's parameters per GPU)",
+                                         "parallel")
+    fsdp_grad_sync: str = _f("micro-batch", "--fsdp: when gradients are reduce-scattered. micro-batch: after every "
+                             "micro-batch's backward, summed into the sharded fp32 gradient (least memory); step: "
+                             "accumulated unsharded in fp32 over the step's micro-batches and reduce-scattered once, on "
+                             "the last one (GAS - 1 fewer reduce-scatters; + 4 bytes x this rank's parameters per GPU)",
+                             "parallel")
+    fsdp_reduce_dtype: str = _f("fp32", "--fsdp: dtype gradients are reduce-scattered in. fp32: summed in fp32 (as "
+                                "ZeRO-1); bf16: half the bytes on the wire, each DP rank's gradient rounded to bf16 "
+                                "before the sum (Megatron's --grad-reduce-in-bf16); not with --fsdp-grad-sync step "
+                                "(FSDP2 would accumulate the micro-batches in bf16)", "parallel")
+    fsdp_prefetch: int = _f(0, "--fsdp: layers whose all-gather is issued ahead of the one computing, in forward and "
+                            "backward. 0: FSDP2's implicit prefetch (the next layer's all-gather is issued when the "
+                            "host reaches it); N >= 1: explicit, issued when this layer starts (N more layers' bf16 "
+                            "weights held)", "parallel")
 
     # --- kernels (empty: the op's register.toml default; TEMPER_OP_<OP> overrides)
     op_attention: str = _f("", "attention kernel version (see engine/ops/attention/register.toml)", "kernels")
@@ -405,13 +431,16 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     _choice(cfg, "optimizer", OPTIMIZERS)
     _choice(cfg, "activation_checkpointing", RECOMPUTE)
     _choice(cfg, "fp8", FP8_RECIPES)
+    _choice(cfg, "fsdp_reshard_after_forward", FSDP_RESHARD)
+    _choice(cfg, "fsdp_grad_sync", FSDP_GRAD_SYNC)
+    _choice(cfg, "fsdp_reduce_dtype", FSDP_REDUCE_DTYPES)
     _finite(cfg)
     _positive(cfg, "num_steps", "vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "ffn_hidden_size", "seq_length", "micro_batch_size", "tp", "keep_last",
               "log_every", "lr", "init_std", "dim_model_base", "skip_spike_window", "skip_spike_max_consecutive",
               "rope_theta", "scale_emb", "scale_depth", "tp_fwd_chunks")
     _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_samples",
-              "save_every", "save_last", "weight_decay", "grad_clip", "peak_tflops", "rms_norm_eps", "adam_eps",
+              "fsdp_prefetch", "save_every", "save_last", "weight_decay", "grad_clip", "peak_tflops", "rms_norm_eps", "adam_eps",
               allow_zero=True)
     if not cfg.ddp_bucket_mb > 0:
         raise ConfigError("--ddp-bucket-mb", cfg.ddp_bucket_mb, "use a positive size in MB (160 is Megatron's 40M elements)", "is out of range")
@@ -532,13 +561,26 @@ def _check_fp8_shapes(cfg: EngineConfig) -> None:
 
 
 ZERO1_FIELDS = ("ddp_bucket_mb", "overlap_grad_reduce", "overlap_param_gather")
+FSDP_FIELDS = tuple(name for name in _FIELDS if name.startswith("fsdp_"))
 
 
 def _check_fsdp(cfg: EngineConfig, world_size: int, dp: int) -> bool:
     """--fsdp against the launch and the other data-parallel knobs; returns --grad-accum-fusion as it will run
     (off under --fsdp: FSDP2 owns the unsharded gradient that the fused weight-gradient GEMMs would write)."""
     if not cfg.fsdp:
+        for name in FSDP_FIELDS:
+            if getattr(cfg, name) != _FIELDS[name].default:
+                raise ConfigError(flag_name(name), getattr(cfg, name), "add --fsdp, or leave it out",
+                                  "configures FSDP2, and this run uses the ZeRO-1 optimizer (no --fsdp)")
         return cfg.grad_accum_fusion
+    if cfg.fsdp_reduce_dtype == "bf16" and cfg.fsdp_grad_sync == "step":
+        raise ConfigError("--fsdp-reduce-dtype", cfg.fsdp_reduce_dtype, "use --fsdp-reduce-dtype fp32 with "
+                          "--fsdp-grad-sync step, or --fsdp-grad-sync micro-batch", "would make FSDP2 accumulate "
+                          "the step's micro-batch gradients in bf16 (--fsdp-grad-sync step accumulates in the "
+                          "reduce dtype)")
+    if cfg.fsdp_prefetch >= cfg.num_layers:
+        raise ConfigError("--fsdp-prefetch", cfg.fsdp_prefetch, f"use 0 to {cfg.num_layers - 1} (the layers after "
+                          f"the first; 1 or 2 is usual)", f"reaches past the model's {cfg.num_layers} decoder layers")
     if cfg.optimizer != "adamw":
         raise ConfigError("--optimizer", cfg.optimizer, "use --optimizer adamw with --fsdp, or leave out --fsdp "
                           "(the ZeRO-1 optimizer runs Muon)", "is not supported with --fsdp (Muon orthogonalises whole "

@@ -4,6 +4,7 @@ Why and how: docs/engine/training.md, section `engine/plan.py`.
 """
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -13,7 +14,8 @@ from engine.errors import ConfigError
 from engine.flops import PEAK_TFLOPS, flops_per_token
 from engine.model.layers import kv_head_range
 
-__all__ = ["Layout", "plan", "memory_bytes", "mfu_estimate", "plan_lines", "HEADROOM"]
+__all__ = ["Layout", "plan", "predict", "memory_bytes", "mfu_estimate", "dp_bytes", "seconds_per_dp_byte", "plan_lines",
+           "HEADROOM", "FSDP_OPTIONS"]
 
 HEADROOM = 0.05  # a layout fits when its predicted peak is at most (1 - HEADROOM) x the card's memory
 GIB = 2**30
@@ -24,6 +26,14 @@ RECOMPUTE = ("none", "selective", "full")
 # measured MFU, 4 x H200, MiniCPM4-8B, mbs 2, seq 4096 (bench/results/mfu_8b_4gpu_fsdp_h200x4.json)
 _MEASURED = {("zero1", 1): 0.588, ("zero1", 2): 0.531, ("fsdp", 1): 0.497, ("fsdp", 2): 0.461}
 _SELECTIVE = {1: 0.85, 2: 0.75}
+_MEASURED_AT = {"preset": "minicpm4-8b", "seq_length": 4096, "micro_batch_size": 2, "global_batch_size": 16, "gpus": 4,
+                "peak_tflops": PEAK_TFLOPS["H200"]}
+# The --fsdp variants plan(fsdp_knobs=...) ranks, as (--fsdp-reshard-after-forward, --fsdp-reduce-dtype): off, FSDP2's
+# defaults (measured); exact, also `never` (the same sums); all, also the bf16 reduce-scatter (bf16 sums). Off by
+# default until bench/ops_session.sh fsdp-tune has measured them. --fsdp-grad-sync step is modelled (memory_bytes,
+# dp_bytes) but not ranked: `never` saves more bytes for less memory. --fsdp-prefetch is not modelled.
+FSDP_OPTIONS = {"off": (("default", "fp32"),), "exact": (("default", "fp32"), ("never", "fp32")),
+                "all": (("default", "fp32"), ("never", "fp32"), ("default", "bf16"), ("never", "bf16"))}
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,14 @@ class Layout:
     mfu: float
     measured: bool  # the MFU estimate is a measured point, not an extrapolation
     fits: bool
+    reshard: str = ""  # --fsdp: --fsdp-reshard-after-forward
+    reduce: str = ""  # --fsdp: --fsdp-reduce-dtype
+
+    @property
+    def label(self) -> str:
+        """zero1, fsdp, or fsdp with its knobs away from their defaults (fsdp/never, fsdp/bf16, fsdp/never/bf16)."""
+        knobs = [k for k, default in ((self.reshard, "default"), (self.reduce, "fp32")) if k and k != default]
+        return "/".join([self.mode, *knobs])
 
 
 def _local_params(cfg: EngineConfig, tp: int) -> tuple[int, int, int]:
@@ -51,25 +69,64 @@ def _local_params(cfg: EngineConfig, tp: int) -> tuple[int, int, int]:
     return cfg.num_layers * layer + root, layer, root
 
 
-def memory_bytes(cfg: EngineConfig, tp: int, dp: int, mode: str, recompute: str) -> float:
-    """Predicted peak bytes per GPU (the model: docs/engine/training.md, engine/plan.py)."""
-    p, layer, root = _local_params(cfg, tp)
-    if mode == "fsdp":
-        state = 16 * p / dp + 2 * (root - cfg.hidden_size) + 3 * 2 * layer
+def memory_bytes(cfg: EngineConfig, dp: int) -> float:
+    """Predicted peak bytes per GPU of the resolved `cfg` on `dp` data-parallel ranks (the model:
+    docs/engine/training.md, engine/plan.py): TP, --fsdp and its knobs, GAS, recompute as `cfg` says."""
+    p, layer, root = _local_params(cfg, cfg.tp)
+    if cfg.fsdp:
+        reshard = cfg.fsdp_reshard_after_forward
+        gathered = p - root + 2 * layer if reshard == "never" else 3 * layer
+        state = 16 * p / dp + 2 * (root - cfg.hidden_size) + 2 * gathered
+        if cfg.fsdp_grad_sync == "step" and cfg.grad_accum_steps > 1:
+            state += 4 * p  # the unsharded fp32 gradients accumulated over the micro-batches
     else:
         state = 6 * p + 12 * p / dp
-    h, f = cfg.hidden_size, cfg.ffn_hidden_size // tp
-    lo, hi = kv_head_range(cfg.num_kv_heads, 0, tp)
-    q = cfg.num_heads // tp * cfg.head_dim
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size // cfg.tp
+    lo, hi = kv_head_range(cfg.num_kv_heads, 0, cfg.tp)
+    q = cfg.num_heads // cfg.tp * cfg.head_dim
     qkv = q + 2 * (hi - lo) * cfg.head_dim
     tokens = cfg.micro_batch_size * cfg.seq_length
     none = 2 * tokens * (5 * h + 2 * qkv + q + 3 * f)
+    recompute = cfg.activation_checkpointing
     per_layer = {"none": none, "selective": 2 * tokens * (4 * h + qkv), "full": 2 * tokens * 2 * h}[recompute]
     return state + cfg.num_layers * per_layer + (none if recompute == "full" else 0)
 
 
+def dp_bytes(cfg: EngineConfig) -> float:
+    """Bytes of one step's data-parallel collectives per GPU of the resolved `cfg` (buffer sizes: parameter
+    all-gathers in bf16, gradient reduce-scatters in the reduce dtype)."""
+    p, layer, root = _local_params(cfg, cfg.tp)
+    if not cfg.fsdp:
+        return 2 * p + 4 * p  # one all-gather after the step, one fp32 reduce-scatter on the last micro-batch
+    gas, reshard = cfg.grad_accum_steps, cfg.fsdp_reshard_after_forward
+    # gathered again in backward: the layers resharded after forward (the root never is)
+    again = {"always": p - root, "default": p - root - layer, "never": 0}[reshard]
+    forward = 1 if reshard == "never" else gas  # never: the weights stay gathered across the micro-batches
+    reduces = 1 if cfg.fsdp_grad_sync == "step" else gas
+    return 2 * (forward * p + gas * again) + reduces * {"fp32": 4, "bf16": 2}[cfg.fsdp_reduce_dtype] * p
+
+
+@functools.cache
+def seconds_per_dp_byte() -> float:
+    """Step seconds per byte of data-parallel collectives x (DP - 1) / DP (the share each rank sends), fitted (least
+    squares through 0) to the two measured gaps between --fsdp and ZeRO-1 (TP 1 x DP 4, GAS 2; TP 2 x DP 2, GAS 4):
+    the model charges FSDP2's whole measured cost over ZeRO-1 to the bytes it moves."""
+    at = _MEASURED_AT
+    base = build_config({"preset": at["preset"], "seq_length": at["seq_length"]})
+    gaps, sizes = [], []
+    for tp in (1, 2):
+        zero1 = resolve(dataclasses.replace(base, tp=tp, micro_batch_size=at["micro_batch_size"],
+                                            global_batch_size=at["global_batch_size"], grad_accum_steps=0), at["gpus"])
+        dp = at["gpus"] // tp
+        work = flops_per_token(zero1) * zero1.tokens_per_step / (at["gpus"] * at["peak_tflops"] * 1e12)
+        gaps.append(work / _MEASURED[("fsdp", tp)] - work / _MEASURED[("zero1", tp)])
+        sizes.append((dp_bytes(dataclasses.replace(zero1, fsdp=True)) - dp_bytes(zero1)) * (dp - 1) / dp)
+    return sum(g * b for g, b in zip(gaps, sizes)) / sum(b * b for b in sizes)
+
+
 def mfu_estimate(tp: int, mode: str, mbs: int, recompute: str) -> tuple[float, bool]:
-    """(MFU, whether it is a measured point) for a layout (docs/engine/training.md says where the numbers come from)."""
+    """(MFU, whether it is a measured point) for a layout (docs/engine/training.md says where the numbers come from);
+    predict() uses the fsdp values only at measured points."""
     base_tp = min(tp, 2)
     value = _MEASURED[(mode, base_tp)] * 0.9 ** max(0, int(math.log2(tp)) - 1)
     measured = tp <= 2 and mbs == 2 and recompute != "full"
@@ -82,42 +139,67 @@ def mfu_estimate(tp: int, mode: str, mbs: int, recompute: str) -> tuple[float, b
     return value, measured
 
 
+def predict(cfg: EngineConfig, gpus: int, peak_tflops: float = PEAK_TFLOPS["H100"]) -> tuple[float, float, float, bool]:
+    """(peak GiB per GPU, step seconds, MFU, whether the MFU is a measured point) of the resolved `cfg` on `gpus` GPUs.
+    --fsdp: the measured point where there is one (FSDP2's defaults), else ZeRO-1's time at that point plus the extra
+    bytes of data-parallel collectives it moves (seconds_per_dp_byte; never less than ZeRO-1's)."""
+    dp = gpus // cfg.tp
+    work = flops_per_token(cfg) * cfg.tokens_per_step / (gpus * peak_tflops * 1e12)
+    point = (cfg.micro_batch_size, cfg.activation_checkpointing)
+    mfu, measured = mfu_estimate(cfg.tp, "zero1", *point)
+    step = work / mfu
+    if cfg.fsdp:
+        plain = dataclasses.replace(cfg, fsdp_reshard_after_forward="default", fsdp_grad_sync="micro-batch",
+                                    fsdp_reduce_dtype="fp32", fsdp_prefetch=0)
+        fsdp_mfu, fsdp_measured = mfu_estimate(cfg.tp, "fsdp", *point)
+        if fsdp_measured and cfg == plain:
+            step = work / fsdp_mfu
+        else:
+            extra = (dp_bytes(cfg) - dp_bytes(dataclasses.replace(cfg, fsdp=False))) * (dp - 1) / dp
+            step += seconds_per_dp_byte() * max(extra, 0.0)
+            measured = False
+    return memory_bytes(cfg, dp) / GIB, step, work / step, measured
+
+
 def plan(preset: str, gpus: int, gpu_mem_gib: float, seq_length: int = 0, global_batch: int = 0,
-         peak_tflops: float = PEAK_TFLOPS["H100"]) -> list[Layout]:
-    """Every layout `resolve` accepts, fastest first. seq_length 0: the preset's; global_batch 0: 4 samples per GPU."""
+         peak_tflops: float = PEAK_TFLOPS["H100"], fsdp_knobs: str = "off") -> list[Layout]:
+    """Every layout `resolve` accepts, fastest first. seq_length 0: the preset's; global_batch 0: 4 samples per GPU.
+    fsdp_knobs: which --fsdp variants besides FSDP2's defaults to rank (FSDP_OPTIONS; unmeasured, predicted from the
+    bytes they save)."""
     if gpus < 1:
         raise ConfigError("--gpus", gpus, "use a positive number of GPUs", "is out of range")
     if not gpu_mem_gib > 0:
         raise ConfigError("--gpu-mem-gib", gpu_mem_gib, "use the card's memory in GiB, e.g. 80 or 141", "is out of range")
     base = build_config({"preset": preset, **({"seq_length": seq_length} if seq_length else {})})
     batch = global_batch or 4 * gpus
+    if fsdp_knobs not in FSDP_OPTIONS:
+        raise ConfigError("--fsdp-knobs", fsdp_knobs, f"use one of: {', '.join(FSDP_OPTIONS)}", "is not a valid choice")
+    options = [("zero1", "", "")] + [("fsdp", reshard, reduce) for reshard, reduce in FSDP_OPTIONS[fsdp_knobs]]
     out: list[Layout] = []
     for tp in TPS:
-        for mode in ("zero1", "fsdp"):
+        for mode, reshard, reduce in options:
             for mbs in MBS:
                 for recompute in RECOMPUTE:
+                    knobs = {"fsdp_reshard_after_forward": reshard, "fsdp_reduce_dtype": reduce} if reshard else {}
                     try:
                         cfg = resolve(dataclasses.replace(base, tp=tp, fsdp=mode == "fsdp", micro_batch_size=mbs,
                                                           global_batch_size=batch, grad_accum_steps=0,
-                                                          activation_checkpointing=recompute), gpus)
+                                                          activation_checkpointing=recompute, **knobs), gpus)
                     except ConfigError:
                         continue  # a layout the engine refuses (TP vs heads, batch split, --fsdp at DP 1)
-                    dp = gpus // tp
-                    peak = memory_bytes(cfg, tp, dp, mode, recompute) / GIB
-                    mfu, measured = mfu_estimate(tp, mode, mbs, recompute)
-                    step = flops_per_token(cfg) * cfg.tokens_per_step / (gpus * peak_tflops * 1e12 * mfu)
-                    out.append(Layout(tp, dp, mode, mbs, cfg.grad_accum_steps, recompute, peak, step, mfu, measured,
-                                      peak <= (1 - HEADROOM) * gpu_mem_gib))
+                    peak, step, mfu, measured = predict(cfg, gpus, peak_tflops)
+                    out.append(Layout(tp, gpus // tp, mode, mbs, cfg.grad_accum_steps, recompute, peak, step, mfu,
+                                      measured, peak <= (1 - HEADROOM) * gpu_mem_gib, reshard, reduce))
     if not out:
         raise ConfigError("--gpus", gpus, f"use a GPU count that --global-batch {batch} splits into (a multiple of TP x "
                           f"DP x mbs)", f"admits no layout of {preset}")
     if not any(x.fits for x in out):
         least = min(out, key=lambda x: x.peak_gib)
         raise ConfigError("--gpu-mem-gib", gpu_mem_gib, f"use more GPUs or cards with more memory (the least any layout "
-                          f"needs is {least.peak_gib:.1f} GiB per GPU: TP {least.tp} x DP {least.dp} {least.mode}, mbs "
+                          f"needs is {least.peak_gib:.1f} GiB per GPU: TP {least.tp} x DP {least.dp} {least.label}, mbs "
                           f"{least.mbs}, recompute {least.recompute})", f"fits no layout of {preset} on {gpus} GPU(s) "
                           f"with {HEADROOM:.0%} headroom")
-    return sorted(out, key=lambda x: (not x.fits, x.step_s))
+    return sorted(out, key=lambda x: (not x.fits, x.step_s, x.peak_gib))  # a tie: the smaller one
 
 
 def plan_lines(layouts: list[Layout], gpu_mem_gib: float, as_json: bool = False) -> list[str]:
@@ -126,12 +208,12 @@ def plan_lines(layouts: list[Layout], gpu_mem_gib: float, as_json: bool = False)
     if as_json:
         return [json.dumps({"gpu_mem_gib": gpu_mem_gib, "headroom": HEADROOM, "fastest": dataclasses.asdict(best),
                             "layouts": [dataclasses.asdict(x) for x in layouts]}, indent=1)]
-    lines = [f"{'TP':>3}{'DP':>4} {'mode':<6}{'mbs':>4}{'GAS':>5} {'recompute':<10}{'peak GiB':>9}{'step s':>8}"
+    lines = [f"{'TP':>3}{'DP':>4} {'mode':<16}{'mbs':>4}{'GAS':>5} {'recompute':<10}{'peak GiB':>9}{'step s':>8}"
              f"{'MFU':>7}  fits (<= {(1 - HEADROOM) * gpu_mem_gib:.1f} GiB)"]
     for x in layouts:
-        lines.append(f"{x.tp:>3}{x.dp:>4} {x.mode:<6}{x.mbs:>4}{x.gas:>5} {x.recompute:<10}{x.peak_gib:>9.1f}"
+        lines.append(f"{x.tp:>3}{x.dp:>4} {x.label:<16}{x.mbs:>4}{x.gas:>5} {x.recompute:<10}{x.peak_gib:>9.1f}"
                      f"{x.step_s:>8.3f}{x.mfu:>7.3f}{'' if x.measured else ' est'}  {'yes' if x.fits else 'no'}")
-    lines.append(f"fastest that fits: TP {best.tp} x DP {best.dp} {best.mode}, mbs {best.mbs}, GAS {best.gas}, recompute "
+    lines.append(f"fastest that fits: TP {best.tp} x DP {best.dp} {best.label}, mbs {best.mbs}, GAS {best.gas}, recompute "
                  f"{best.recompute}: {best.peak_gib:.1f} GiB, {best.step_s:.3f} s/step, MFU {best.mfu:.3f}"
                  + ("" if best.measured else " (estimated)"))
     return lines

@@ -148,7 +148,7 @@ class Trainer:
         self.grad_sync: GradSync | None = None
         self.param_gather: ParamGather | None = None
         if cfg.fsdp:
-            shard_model(self.model, par, dtype)
+            shard_model(self.model, par, dtype, cfg)
         tp_grads = self.model.tp_grads()  # after --fsdp's sharding: the parameters as trained
         if cfg.fsdp:
             self.optimizer: MixedPrecisionAdamW | ShardedAdamW = ShardedAdamW(
@@ -313,7 +313,9 @@ class Trainer:
                 count = None
             if self.grad_sync is not None:
                 self.grad_sync.start_micro_batch(last=i == len(micro) - 1)
-            (loss / valid).backward()  # --fsdp: FSDP2 reduce-scatters each micro-batch's gradients (summed)
+            else:
+                self.fsdp.start_micro_batch(last=i == len(micro) - 1)
+            (loss / valid).backward()  # --fsdp: FSDP2 reduce-scatters the gradients (summed; --fsdp-grad-sync)
             loss_sum += loss.detach()
         if self.fsdp is not None:
             self.fsdp.finish_grads()

@@ -34,23 +34,39 @@ def device_mesh(par: ParallelState) -> "DeviceMesh":
                                  mesh_dim_names=("dp", "tp"))
 
 
-def shard_model(model: nn.Module, par: ParallelState, compute_dtype: torch.dtype) -> None:
-    """fully_shard each decoder layer, then the root, over the dp sub-mesh. The model holds fp32 parameters."""
+def shard_model(model: nn.Module, par: ParallelState, compute_dtype: torch.dtype, cfg: EngineConfig) -> None:
+    """fully_shard each decoder layer, then the root, over the dp sub-mesh. The model holds fp32 parameters.
+
+    --fsdp-reshard-after-forward picks which layers free their gathered weights after forward, --fsdp-prefetch how
+    many layers' all-gathers are issued ahead (explicitly; 0 leaves FSDP2's implicit one), --fsdp-reduce-dtype the
+    gradients' dtype on the wire (the sharded gradient stays fp32)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # (see device_mesh)
 
     mesh = device_mesh(par)["dp"]
     policy = MixedPrecisionPolicy(param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
-                                  reduce_dtype=torch.float32)
-    last = len(model.layers) - 1
-    for i, layer in enumerate(model.layers):
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+                                  reduce_dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.fsdp_reduce_dtype])
+    layers = list(model.layers)
+    for i, layer in enumerate(layers):
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=_reshard(cfg.fsdp_reshard_after_forward,
+                                                                                       i, len(layers)))
+    fully_shard(model, mesh=mesh, mp_policy=policy)  # the root: FSDP2 never reshards it after forward
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # SUM, not the average over DP: the loss is divided by the global token count already. Forced to a
             # plain SUM collective (gloo has no PREMUL_SUM).
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+    if cfg.fsdp_prefetch:
+        n = cfg.fsdp_prefetch
+        model.set_modules_to_forward_prefetch(layers[:n])
+        for i, layer in enumerate(layers):
+            layer.set_modules_to_forward_prefetch(layers[i + 1:i + 1 + n])
+            layer.set_modules_to_backward_prefetch(layers[max(0, i - n):i][::-1])
+
+
+def _reshard(policy: str, index: int, count: int) -> bool:
+    """reshard_after_forward of decoder layer `index` of `count` under --fsdp-reshard-after-forward `policy`."""
+    return {"always": True, "never": False, "default": index < count - 1}[policy]
 
 
 def _rows(numel_rows: int, dp_rank: int, dp_size: int) -> tuple[int, int]:
@@ -91,6 +107,16 @@ class ShardedAdamW:
 
     def zero_grads(self) -> None:
         self.adam.zero_grad(set_to_none=True)
+
+    def start_micro_batch(self, last: bool) -> None:
+        """Before a micro-batch's forward: what FSDP2 does at the end of its backward. --fsdp-grad-sync step
+        accumulates unsharded gradients until the last micro-batch, which reduce-scatters their sum;
+        --fsdp-reshard-after-forward never keeps the gathered weights until the last backward (they do not change
+        within a step)."""
+        sync = last or self.cfg.fsdp_grad_sync == "micro-batch"
+        self.model.set_requires_gradient_sync(sync)
+        self.model.set_is_last_backward(sync)  # FSDP2's micro-batching: no reduce-scatter to wait for before then
+        self.model.set_reshard_after_backward(last or self.cfg.fsdp_reshard_after_forward != "never")
 
     @torch.no_grad()
     def finish_grads(self) -> None:

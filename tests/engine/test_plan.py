@@ -7,12 +7,14 @@ global batch 32 (bench/results/mfu_8b_4gpu_production4_h200x4.json): within 10 %
 benchmark found fastest. A plan that cannot fit is one line, exit 2.
 """
 
+import dataclasses
 import json
 
 import pytest
 
-from engine.cli import main
-from engine.plan import plan
+from engine.cli import build_parser, config_from_args, main
+from engine.config import EngineConfig, build_config, resolve
+from engine.plan import GIB, dp_bytes, memory_bytes, plan, predict, seconds_per_dp_byte
 from tests.engine.helpers import REPO
 
 RESULTS = REPO / "bench" / "results" / "mfu_8b_4gpu_fsdp_h200x4.json"
@@ -24,11 +26,15 @@ def _measured() -> list[dict]:
     return [r for r in json.loads(RESULTS.read_text())["results"] if "error" not in r]
 
 
+def _config_of(run: dict) -> EngineConfig:
+    """The config a benchmark row trained with: its own command line through the engine's CLI, resolved on 4 GPUs."""
+    argv = run["cmd"]
+    return resolve(config_from_args(build_parser().parse_args(argv[argv.index("pretrain"):])), 4)
+
+
 def _layout_of(run: dict) -> tuple[int, str, str]:
-    flags = run["cmd"]
-    tp = int(flags[flags.index("--tp") + 1]) if "--tp" in flags else 1
-    recompute = flags[flags.index("--activation-checkpointing") + 1] if "--activation-checkpointing" in flags else "none"
-    return tp, "fsdp" if "--fsdp" in flags else "zero1", recompute
+    cfg = _config_of(run)
+    return cfg.tp, "fsdp" if cfg.fsdp else "zero1", cfg.activation_checkpointing
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +50,8 @@ def test_predicted_peaks_are_within_ten_percent_of_the_measured_ones(h200x4):
         (row,) = [x for x in h200x4 if (x.tp, x.mode, x.mbs, x.recompute) == (tp, mode, 2, recompute)]
         measured = run["peak_alloc_gib_rank0"]
         assert abs(row.peak_gib - measured) / measured < 0.10, (run["name"], row.peak_gib, measured)
+        cfg = _config_of(run)  # the row's own flags give the same prediction
+        assert memory_bytes(cfg, 4 // cfg.tp) / GIB == row.peak_gib, run["name"]
 
 
 def test_the_pick_is_what_the_benchmark_found_fastest(h200x4):
@@ -61,6 +69,62 @@ def test_the_80gb_pick_peaked_within_ten_percent_of_its_prediction_at_production
     assert _layout_of(run) == (best.tp, best.mode, best.recompute) and best.mbs == 2 and best.gas == 8
     measured = run["peak_alloc_gib_rank0"]
     assert abs(best.peak_gib - measured) / measured < 0.10, (best.peak_gib, measured)
+
+
+def _eight_b(tp: int, **fields) -> EngineConfig:
+    """MiniCPM4-8B at the measured cadence (mbs 2, seq 4096, global batch 16) on 4 GPUs; `fields` override."""
+    base = build_config({"preset": "minicpm4-8b", "seq_length": 4096})
+    return resolve(dataclasses.replace(base, **{"tp": tp, "micro_batch_size": 2, "global_batch_size": 16,
+                                                "grad_accum_steps": 0, **fields}), 4)
+
+
+def test_one_bandwidth_explains_both_measured_fsdp_gaps():
+    """The time model charges --fsdp's measured cost over ZeRO-1 to the bytes its collectives move. A single
+    seconds-per-byte must explain TP 1 x DP 4 (GAS 2) and TP 2 x DP 2 (GAS 4) alike, within 10 %: if it did not,
+    the byte accounting of dp_bytes (what FSDP2 gathers and reduces per micro-batch) would be wrong."""
+    k = seconds_per_dp_byte()
+    for tp, (zero1_mfu, fsdp_mfu) in ((1, (0.588, 0.497)), (2, (0.531, 0.461))):
+        zero1, dp = _eight_b(tp), 4 // tp
+        work = 50526093312.0 * zero1.tokens_per_step / (4 * 989e12)  # flops_per_token of the measured runs' JSON
+        gap = work / fsdp_mfu - work / zero1_mfu
+        predicted = k * (dp_bytes(dataclasses.replace(zero1, fsdp=True)) - dp_bytes(zero1)) * (dp - 1) / dp
+        assert abs(predicted - gap) / gap < 0.10, (tp, predicted, gap)
+
+
+def test_fsdp_knobs_trade_memory_for_bytes_as_fsdp2_does():
+    """What each knob costs and saves, in the model, against FSDP2's mechanics at TP 1 x DP 4 (GAS 2): `never` holds
+    every layer's bf16 weights (2 bytes a parameter) and gathers once a step instead of 2 x (forward + backward);
+    `step` holds the fp32 unsharded gradient (4 bytes a parameter) and reduce-scatters once; bf16 halves the
+    reduce-scatter; with all of it, the bytes are ZeRO-1's."""
+    plain = _eight_b(1, fsdp=True)
+    p = 32 * 236986368 + 601886720  # TP 1's parameters: 32 layers + embedding, LM head (vocabulary padded) and norm
+    never = dataclasses.replace(plain, fsdp_reshard_after_forward="never")
+    step = dataclasses.replace(plain, fsdp_grad_sync="step")
+    # the layers' weights, less the three layers the default holds already (the root is gathered either way)
+    assert 0.85 < (memory_bytes(never, 4) - memory_bytes(plain, 4)) / (2 * p) < 1.0
+    assert memory_bytes(step, 4) - memory_bytes(plain, 4) == 4 * p
+    assert memory_bytes(dataclasses.replace(step, grad_accum_steps=1), 4) == memory_bytes(
+        dataclasses.replace(plain, grad_accum_steps=1), 4)  # one micro-batch: nothing to accumulate
+    assert dp_bytes(plain) - dp_bytes(step) == 4 * p  # one fp32 reduce-scatter fewer
+    assert dp_bytes(never) == 2 * p + 2 * 4 * p  # one all-gather, two fp32 reduce-scatters
+    both = dataclasses.replace(never, fsdp_grad_sync="step")
+    assert dp_bytes(both) == dp_bytes(_eight_b(1))
+    assert dp_bytes(dataclasses.replace(never, fsdp_reduce_dtype="bf16")) == dp_bytes(_eight_b(1))
+    # and the step time follows the bytes: GAS 1 (mbs 4) gathers and reduces half as often as GAS 2
+    assert predict(_eight_b(1, fsdp=True, micro_batch_size=4), 4)[1] < predict(plain, 4)[1]
+    assert predict(both, 4)[1] == predict(_eight_b(1), 4)[1]  # ZeRO-1's bytes: ZeRO-1's time
+
+
+def test_unmeasured_fsdp_knobs_are_ranked_only_when_asked(h200x4):
+    """FSDP2's defaults are measured; the knobs are predictions until bench/ops_session.sh fsdp-tune measures them."""
+    assert {(x.reshard, x.reduce) for x in h200x4 if x.mode == "fsdp"} == {("default", "fp32")}
+    every = plan("minicpm4-8b", 4, 141.0, seq_length=4096, global_batch=16, fsdp_knobs="all")
+    knobs = {(x.reshard, x.reduce) for x in every if x.mode == "fsdp"}
+    assert knobs == {("default", "fp32"), ("never", "fp32"), ("default", "bf16"), ("never", "bf16")}
+    zero1 = {(x.tp, x.mbs, x.recompute): x.step_s for x in every if x.mode == "zero1"}
+    for x in every:  # none is predicted faster than ZeRO-1 at its point, none is marked measured
+        if x.mode == "fsdp" and (x.reshard, x.reduce) != ("default", "fp32") and (x.tp, x.mbs, x.recompute) in zero1:
+            assert x.step_s >= zero1[(x.tp, x.mbs, x.recompute)] and not x.measured, x
 
 
 def test_every_fitting_layout_has_the_headroom_and_the_rest_do_not(h200x4):

@@ -1,7 +1,8 @@
 """--fsdp on GPUs (NCCL, bf16 all-gathers, fp32 reduce-scatters, CuTeDSL op versions; two layers of MiniCPM4-8B at
 the benchmark's shapes, so bench/ops_session.sh's warmed kernels serve): deterministic mode gives the
 same bits run to run, and a resume continues bit for bit. Needs 2 CUDA GPUs (`-m gpu`); TP 1 x DP 2 and TP 2 x DP 2
-when 4 are there. Bitwise: every [LOSS] field but time and MFU is the same string."""
+when 4 are there, and TP 1 x DP 2 with the speed knobs (the streams they reorder must not change a bit). Bitwise: every
+[LOSS] field but time and MFU is the same string."""
 
 import pytest
 import torch
@@ -16,13 +17,18 @@ COMMON = ["pretrain", "--preset", "minicpm4-8b", "--num-layers", "2", "--device"
 NO_SAVE = ["--save-every", "0", "--no-save-final"]  # only the first run writes (2-layer 8B: ~10 GB a checkpoint)
 
 
+# every --fsdp speed knob away from its default but --fsdp-reduce-dtype (GAS 2 at TP 1 x DP 2: two micro-batches)
+KNOBS = ["--fsdp-reshard-after-forward", "never", "--fsdp-grad-sync", "step", "--fsdp-prefetch", "1"]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", [(2, 1), (4, 2)], ids=["tp1xdp2", "tp2xdp2"])
+@pytest.mark.parametrize("layout", [(2, 1, ()), (4, 2, ()), (2, 1, tuple(KNOBS))],
+                         ids=["tp1xdp2", "tp2xdp2", "tp1xdp2-knobs"])
 def test_fsdp_is_bitwise_run_to_run_and_across_a_resume(layout, tmp_path) -> None:
-    nproc, tp = layout
+    nproc, tp, knobs = layout
     if torch.cuda.device_count() < nproc:
         pytest.skip(f"needs {nproc} CUDA GPUs")
-    args = [*COMMON, "--tp", str(tp)]
+    args = [*COMMON, "--tp", str(tp), *knobs]
     a = torchrun(nproc, *args, "--run-dir", str(tmp_path / "a"), timeout=900)
     b = torchrun(nproc, *args, *NO_SAVE, "--run-dir", str(tmp_path / "b"), timeout=900)
     first = [deterministic_fields(x) for x in loss_lines(a.stdout)]

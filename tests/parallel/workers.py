@@ -26,7 +26,7 @@ from engine.evaluate import evaluate
 from engine.model import batch_documents
 from engine.train import Trainer
 
-__all__ = ["RECAST", "BASE", "make_config", "single_run", "launch", "spawn", "run_trainer", "fixed_tokens", "TickClock", "spawn_runs"]
+__all__ = ["RECAST", "FSDP_PROBE", "BASE", "make_config", "single_run", "launch", "spawn", "run_trainer", "fixed_tokens", "TickClock", "spawn_runs"]
 
 # tiny preset, fp32 on CPU, short sequences: a 20-step trajectory takes about a second per process.
 BASE: dict[str, Any] = dict(preset="tiny", device="cpu", compute_dtype="fp32", seq_length=64, micro_batch_size=4,
@@ -35,6 +35,11 @@ BASE: dict[str, Any] = dict(preset="tiny", device="cpu", compute_dtype="fp32", s
 
 # A scenario override (not a config field): run it on tensorwise FP8's recast path (tests/engine/fp8_recast.py).
 RECAST = "_fp8_recast"
+# A scenario override (not a config field): instead of training, one step of an --fsdp run watched (fsdp_probe).
+FSDP_PROBE = "_fsdp_probe"
+# The collectives FSDP2 issues (torch 2.13 names them *_single; earlier releases *_tensor)
+_FSDP_COLLECTIVES = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
+                     "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter"}
 
 
 def make_config(overrides: dict[str, Any], world: int, run_dir: str):
@@ -83,6 +88,62 @@ def run_trainer(trainer: Trainer, steps: int) -> dict[str, Any]:
     return out
 
 
+def fsdp_probe(trainer: Trainer) -> dict[str, Any]:
+    """One step of an --fsdp run, micro-batch by micro-batch, watched: the all-gathers and reduce-scatters FSDP2
+    issues in each forward and backward, how many all-gathers were issued when each decoder layer's forward starts
+    (its own, the ones before it, and those prefetched), which layers hold sharded weights (DTensors) after each
+    forward and backward and that none does while it computes, whether every sharded gradient exists, and the dtypes
+    the gradients were reduce-scattered in."""
+    from torch.distributed.tensor import DTensor
+
+    layers = list(trainer.model.layers)
+    counts = {"all_gather": 0, "reduce_scatter": 0}
+    reduced: set[str] = set()  # the dtypes gradients were reduce-scattered in
+    originals = {name: getattr(dist, name) for name in _FSDP_COLLECTIVES if hasattr(dist, name)}
+
+    def counted(name: str):
+        def call(*args, **kwargs):
+            counts[_FSDP_COLLECTIVES[name]] += 1
+            if _FSDP_COLLECTIVES[name] == "reduce_scatter":
+                reduced.add(str(next(t.dtype for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))))
+            return originals[name](*args, **kwargs)
+        return call
+
+    def sharded() -> list[bool]:
+        return [isinstance(next(layer.parameters()), DTensor) for layer in layers]
+
+    at_forward: list[tuple[int, bool]] = []
+    hooks = [layer.register_forward_pre_hook(lambda m, a, i=i: at_forward.append((counts["all_gather"], sharded()[i])))
+             for i, layer in enumerate(layers)]
+    out: dict[str, Any] = {"forward": [], "backward": [], "at_forward": [], "after_forward": [], "after_backward": [],
+                            "grads": []}
+    trainer.fsdp.zero_grads()
+    micro = trainer.loader.next_step()
+    try:
+        for name in originals:
+            setattr(dist, name, counted(name))
+        for i, (inputs, labels) in enumerate(micro):
+            trainer.fsdp.start_micro_batch(last=i == len(micro) - 1)
+            before = dict(counts)
+            at_forward.clear()
+            loss = trainer.model(inputs, labels)
+            out["forward"].append({k: counts[k] - before[k] for k in counts})
+            out["at_forward"].append([(n - before["all_gather"], own) for n, own in at_forward])
+            out["after_forward"].append(sharded())
+            before = dict(counts)
+            loss.backward()
+            out["backward"].append({k: counts[k] - before[k] for k in counts})
+            out["after_backward"].append(sharded())
+            out["grads"].append(all(p.grad is not None for _, p in trainer.fsdp.named))
+        out["reduce_dtypes"] = sorted(reduced)
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+        for hook in hooks:
+            hook.remove()
+    return out
+
+
 def single_run(overrides: dict[str, Any], steps: int, save_to: str = "") -> dict[str, Any]:
     """One process; with `save_to`, a checkpoint of the last step is written under that run dir."""
     with tempfile.TemporaryDirectory() as tmp, _path(overrides):
@@ -108,7 +169,7 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: 
                 replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
                 par = init_parallel(env, cfg.tp, "cpu", kv_replicas=replicas)
                 trainer = Trainer(cfg, par, torch.float32, launcher="spawn")
-                results[name] = run_trainer(trainer, steps)
+                results[name] = fsdp_probe(trainer) if overrides.get(FSDP_PROBE) else run_trainer(trainer, steps)
                 results[name]["layout"] = (par.tp_size, par.dp_size)
                 results[name]["placement"] = _placement(par, world)
                 trainer.metrics.close()
@@ -120,7 +181,7 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: 
 
 
 def _config_fields(overrides: dict) -> dict:
-    return {k: v for k, v in overrides.items() if k != RECAST}
+    return {k: v for k, v in overrides.items() if k not in (RECAST, FSDP_PROBE)}
 
 
 def _path(overrides: dict):
