@@ -13,6 +13,12 @@
 #   bash bench/ops_session.sh fp8      one GPU, no wheels: the --fp8 GPU tests, then the 4-layer 8B slice bf16 vs --fp8
 #                                      tensorwise (kept FP8 copies) vs rowwise, both with --op-fp8-cast compiled
 #                                      (FP8_EAGER=1: also tensorwise with the eager cast; all other ops baseline), one job
+#   bash bench/ops_session.sh fp8-profile  one GPU, CuTeDSL wheels staged: where an FP8 step's time goes. The 4-layer 8B
+#                                      slice profiled (bench/profile_step.py: kernel families, casts, GEMMs by shape
+#                                      with TFLOP/s, idle gaps charged to the host) bf16 and --fp8 tensorwise, every op
+#                                      baseline, then the same two with the CuTeDSL defaults (gemm_fc1 baseline under
+#                                      --fp8: its fused versions have no FP8 path), and an MFU job of those two (the
+#                                      issue's 1.35x is against bf16 at its best); markdown and JSON to $OUT
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
 #   bash bench/ops_session.sh fsdp-test  four GPUs: warm the 8B kernels (TP 1 and 2, mbs 2, seq 4096), then the --fsdp
@@ -100,6 +106,18 @@ case "${1:-check}" in
       --variant "fp8-tensorwise-recast=--fp8 tensorwise --op-fp8-cast compiled" --out "$OUT/fp8_fp8-tensorwise-recast.json" \
       2>&1 | tail -2
     python3 bench/fp8_cast_table.py --out "$OUT/mfu_8b4l_fp8_cast.json" "$OUT"/fp8_bf16.json "$OUT"/fp8_fp8-*.json
+    ;;
+  fp8-profile)
+    nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
+    for v in "bf16-baseline=$BASELINE_OPS --op-rope baseline" "fp8-baseline=$BASELINE_OPS --op-rope baseline --fp8 tensorwise" \
+             "bf16-defaults=" "fp8-defaults=--op-gemm-fc1 baseline --fp8 tensorwise"; do
+      stamp "profile of the slice: ${v%%=*}"
+      timeout 150 python3 bench/profile_step.py --steps 2 --warmup 3 --title "8B slice ${v%%=*}" --md "$OUT/profile_fp8_${v%%=*}.md" \
+        --json "$OUT/profile_fp8_${v%%=*}.json" -- $SLICE ${v#*=} 2>&1 | grep -v -i warn | tail -3
+    done
+    stamp "MFU of the slice at the CuTeDSL defaults: bf16 vs --fp8 tensorwise (one job)"
+    timeout 200 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --variant bf16-defaults= \
+      --variant fp8-defaults="--op-gemm-fc1 baseline --fp8 tensorwise" --out "$OUT/mfu_8b4l_fp8_defaults.json" 2>&1 | tail -5
     ;;
   fsdp-test)
     warm minicpm4-8b 1
