@@ -23,7 +23,8 @@ busy power over tokens/s), which orders rows that all ran at the power limit.
 
 Peers (--peer NAME[:LAYOUT], each variant in its own process so one's memory and compile caches do not touch
 the next): `torch-compile` (two variants: `bf16` weights without fp32 master, and `amp`, fp32 weights +
-bf16 autocast; one GPU; bench/peers/compiled.py), `torchtitan` (FSDP2 + TP; bench/peers/titan.py),
+bf16 autocast; one GPU; bench/peers/compiled.py), `torchao-fp8` (the same loop on bf16 weights with torchao's
+float8 training linears, variants `tensorwise` and `rowwise`: the bar for --fp8; one GPU), `torchtitan` (FSDP2 + TP; bench/peers/titan.py),
 `megatron-core` (distributed optimizer + TP/SP; bench/peers/megatron.py). Each runs at a layout of its own, not
 the engine variant's: LAYOUT is comma-separated key=value pairs, tp, dp, sp (on|off), ac (none|selective|full),
 compile (on|off), mbs, async_tp (on|off, torchtitan), e.g. `--peer torchtitan:dp=4,ac=selective --peer megatron-core:tp=2,dp=2,ac=selective`

@@ -17,8 +17,11 @@
 #                                      slice profiled (bench/profile_step.py: kernel families, casts, GEMMs by shape
 #                                      with TFLOP/s, idle gaps charged to the host) bf16 and --fp8 tensorwise, every op
 #                                      baseline, then the same two with the CuTeDSL defaults (gemm_fc1 baseline under
-#                                      --fp8: its fused versions have no FP8 path), and an MFU job of those two (the
-#                                      issue's 1.35x is against bf16 at its best); markdown and JSON to $OUT
+#                                      --fp8: its fused versions have no FP8 path); markdown and JSON to $OUT
+#   bash bench/ops_session.sh fp8-peer  one GPU, CuTeDSL wheels (and torchao, in .gpu/b) staged: the slice at the CuTeDSL
+#                                      defaults, bf16 vs --fp8 tensorwise (the 1.35x is against bf16 at its best),
+#                                      beside the torch-compile loop (bf16, amp) and the torchao float8 + compile loop
+#                                      (`--peer torchao-fp8`: tensorwise, rowwise; the issue's >= 1.10x), one job
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
 #   bash bench/ops_session.sh fsdp-test  four GPUs: warm the 8B kernels (TP 1 and 2, mbs 2, seq 4096), then the --fsdp
@@ -115,9 +118,13 @@ case "${1:-check}" in
       timeout 150 python3 bench/profile_step.py --steps 2 --warmup 3 --title "8B slice ${v%%=*}" --md "$OUT/profile_fp8_${v%%=*}.md" \
         --json "$OUT/profile_fp8_${v%%=*}.json" -- $SLICE ${v#*=} 2>&1 | grep -v -i warn | tail -3
     done
-    stamp "MFU of the slice at the CuTeDSL defaults: bf16 vs --fp8 tensorwise (one job)"
-    timeout 200 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --variant bf16-defaults= \
-      --variant fp8-defaults="--op-gemm-fc1 baseline --fp8 tensorwise" --out "$OUT/mfu_8b4l_fp8_defaults.json" 2>&1 | tail -5
+    ;;
+  fp8-peer)
+    stamp "the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise, beside torch.compile and torchao float8 (one job)"
+    nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
+    timeout 560 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --peer-timeout 90 \
+      --variant bf16-defaults= --variant fp8-defaults="--op-gemm-fc1 baseline --fp8 tensorwise" \
+      --peer torch-compile --peer torchao-fp8 --out "$OUT/mfu_8b4l_fp8_peers.json" 2>&1 | grep -v "^\[" | tail -10
     ;;
   fsdp-test)
     warm minicpm4-8b 1

@@ -7,6 +7,7 @@ trains, each peer counts the matmul parameters of the model it actually built an
 engine.flops.matmul_params, so a peer with other shapes fails instead of reporting a flattering ratio.
 """
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from engine.cli import build_parser, config_from_args
 from engine.config import EngineConfig, resolve
-from engine.flops import flops_per_token, matmul_params, mfu, peak_flops
+from engine.flops import flops_per_token, matmul_params, mfu, peak_flops, peak_fp8_flops
 
 __all__ = ["engine_config", "check_matmul_params", "linear_params", "synthetic_batches", "time_steps", "summarize"]
 
@@ -83,8 +84,9 @@ def _peak_mem_per_rank(device: torch.device) -> list[float]:
 
 
 def summarize(name: str, cfg: EngineConfig, times: list[float], losses: list[float], device: torch.device,
-              world: int, **extra) -> dict:
-    """The peer's result record, in the fields the engine's runs use (bench/mfu.py prints both alike)."""
+              world: int, fp8: bool = False, **extra) -> dict:
+    """The peer's result record, in the fields the engine's runs use (bench/mfu.py prints both alike). fp8: the peer's
+    linears run in FP8, so its MFU is also given against the FP8 dense peak, as a --fp8 engine row's."""
     med = statistics.median(times)
     tokens = cfg.tokens_per_step
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -93,5 +95,7 @@ def summarize(name: str, cfg: EngineConfig, times: list[float], losses: list[flo
             "tokens_per_step": tokens, "flops_per_token": flops_per_token(cfg), "median_step_s": med,
             "step_s_spread": [min(times), max(times)], "tokens_per_s": tokens / med,
             "mfu": mfu(cfg, tokens, med, world, peak), "peak_tflops": peak / 1e12,
+            "mfu_fp8_peak": (mfu(cfg, tokens, med, world, peak_fp8_flops(dataclasses.replace(cfg, fp8="tensorwise"), dev_name))
+                             if fp8 else None),
             "peak_mem_gib_per_gpu": _peak_mem_per_rank(device), "losses": losses, "final_loss": losses[-1],
             "step_times_s": times, **extra}

@@ -11,6 +11,11 @@ Variants (bench/mfu.py runs each in its own process):
 - `bf16`: bf16 weights, gradients and Adam moments; no fp32 master copy (less memory, less precision).
 - `amp`:  fp32 weights + bf16 autocast: the engine's precision (fp32 master, bf16 matmuls).
 - `fp32`: everything fp32 (the CPU reference check).
+
+Peer `torchao-fp8` is the same loop with its decoder linears (QKV, O, FC1, FC2; not the LM head: the engine's --fp8
+scope) swapped for torchao's float8 training linears (`convert_to_float8_training`, recipe `tensorwise` or
+`rowwise`: dynamic scaling, E4M3 forward, the recipe's gradient format) on the `bf16` variant's weights, before
+torch.compile: the "torchao float8 + torch.compile loop" a user gets for free, which issue 32's FP8 is held to.
 """
 
 import math
@@ -21,9 +26,10 @@ from torch import nn
 
 from engine.config import EngineConfig
 
-__all__ = ["PeerDecoder", "VARIANTS", "load_engine_weights", "matmul_weights", "build_step"]
+__all__ = ["PeerDecoder", "VARIANTS", "FP8_RECIPES", "load_engine_weights", "matmul_weights", "to_float8", "build_step"]
 
 VARIANTS = ("bf16", "amp", "fp32")
+FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's recipe names (torchao.float8.Float8LinearRecipeName)
 
 
 def rope_tables(head_dim: int, theta: float, seq: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,9 +118,24 @@ def load_engine_weights(model: PeerDecoder, engine_state: dict[str, torch.Tensor
         params[dst].copy_(engine_state[src])
 
 
-def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, compile_model: bool = True, seed: int = 0):
+def to_float8(model: PeerDecoder, recipe: str) -> None:
+    """Swap the decoder's linears for torchao's float8 training linears (in place; the weights stay the same
+    Parameters). The LM head stays bf16, as under the engine's --fp8."""
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"torchao-fp8 variant {recipe!r}: use one of {', '.join(FP8_RECIPES)}")
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as err:
+        raise ImportError(f"the torchao-fp8 peer needs torchao (pip install torchao; on the GPU image the staged "
+                          f"wheel, ../shared/gpu/README.md): {err}") from err
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda module, fqn: fqn.startswith("layers."))
+
+
+def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, compile_model: bool = True, seed: int = 0,
+               fp8: str = ""):
     """(model, step): step() runs one optimizer step over the engine's cadence (GAS micro-batches) and
-    returns its mean loss per token."""
+    returns its mean loss per token. fp8: a torchao float8 recipe for the decoder's linears (to_float8), or ""."""
     from bench.peers.common import check_matmul_params, linear_params, synthetic_batches
 
     if variant not in VARIANTS:
@@ -128,6 +149,8 @@ def build_step(cfg: EngineConfig, variant: str, device: torch.device, *, compile
     for p in model.parameters():
         if p.dim() == 2:
             nn.init.normal_(p, std=cfg.init_std / math.sqrt(cfg.hidden_size / cfg.dim_model_base))
+    if fp8:
+        to_float8(model, fp8)
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],

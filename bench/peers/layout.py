@@ -10,11 +10,11 @@ carries one: comma-separated `key=value` pairs after a colon,
 keys (a key left out takes the default in brackets):
     tp       tensor-parallel size [the engine's --tp]
     dp       data-parallel size [job GPUs / tp]; torchtitan shards it with FSDP2, megatron-core with its
-             distributed optimizer; torch-compile has none (dp=1)
+             distributed optimizer; torch-compile and torchao-fp8 have none (dp=1)
     sp       sequence parallel, on|off [on when tp > 1 for the peers that have it]; torchtitan's TP always is
     ac       activation checkpointing: none | selective | full [none]; torchtitan: its op-level SAC policy /
              whole blocks; megatron-core: recompute_granularity selective (core attention) / full (uniform, 1)
-    compile  torch.compile, on|off [on for torchtitan (per block) and torch-compile; megatron-core has none]
+    compile  torch.compile, on|off [on for torchtitan (per block), torch-compile and torchao-fp8; megatron-core has none]
     mbs      micro-batch size [the engine's --micro-batch-size]
     async_tp torchtitan's async TP (Inductor's micro-pipelined TP over symmetric memory, as its 70B / 405B recipes
              run it), on|off [off]; needs tp > 1 and compile=on
@@ -26,15 +26,17 @@ A layout that cannot run is refused before any job starts: one line naming --pee
 
 from dataclasses import asdict, dataclass
 
-__all__ = ["PeerLayout", "LayoutError", "PEERS", "PEER_VARIANTS", "parse_peer", "resolve_layout", "layout_flags",
+__all__ = ["PeerLayout", "LayoutError", "PEERS", "PEER_VARIANTS", "ONE_GPU", "parse_peer", "resolve_layout", "layout_flags",
            "row_name"]
 
 # variants each peer runs (one process each); "" is the peer's only one
-PEER_VARIANTS = {"torch-compile": ["bf16", "amp"], "torchtitan": [""], "megatron-core": [""]}
+PEER_VARIANTS = {"torch-compile": ["bf16", "amp"], "torchao-fp8": ["tensorwise", "rowwise"], "torchtitan": [""],
+                 "megatron-core": [""]}
 PEERS = tuple(PEER_VARIANTS)
+ONE_GPU = ("torch-compile", "torchao-fp8")  # the plain-PyTorch loop (bench/peers/compiled.py): no layout but compile
 KEYS = ("tp", "dp", "sp", "ac", "compile", "mbs", "async_tp")
 AC_MODES = ("none", "selective", "full")
-DP_MODE = {"torch-compile": "none", "torchtitan": "fsdp2", "megatron-core": "distributed-optimizer"}
+DP_MODE = {"torch-compile": "none", "torchao-fp8": "none", "torchtitan": "fsdp2", "megatron-core": "distributed-optimizer"}
 DP_SHORT = {"torchtitan": "fsdp", "megatron-core": "distopt"}
 
 
@@ -116,22 +118,22 @@ def resolve_layout(spec: str, cfg, nproc: int) -> tuple[str, PeerLayout]:
     Raises LayoutError (the first problem, with its fix) for a layout the peer or the shapes cannot run."""
     peer, given = parse_peer(spec)
     global_batch, seq_length = cfg.global_batch_size, cfg.seq_length
-    tp = given.get("tp", cfg.tp if peer != "torch-compile" else 1)
+    tp = given.get("tp", cfg.tp if peer not in ONE_GPU else 1)
     if nproc % tp:
         raise LayoutError(spec, f"tp={tp} does not divide the job's {nproc} GPUs", f"use a divisor of {nproc}")
     dp = given.get("dp", nproc // tp)
     if tp * dp != nproc:
         raise LayoutError(spec, f"tp={tp} x dp={dp} = {tp * dp} processes, the job has {nproc} GPUs",
                           f"set dp={nproc // tp} (every row of one job runs on the same GPUs)")
-    if peer == "torch-compile" and (tp, dp) != (1, 1):
-        raise LayoutError(spec, "torch-compile is a one-GPU peer", "run it in a job of one GPU (tp=1, dp=1)")
+    if peer in ONE_GPU and (tp, dp) != (1, 1):
+        raise LayoutError(spec, f"{peer} is a one-GPU peer", "run it in a job of one GPU (tp=1, dp=1)")
     for name, width in (("--num-heads", cfg.num_heads), ("--ffn-hidden-size", cfg.ffn_hidden_size)):
         if width % tp:
             raise LayoutError(spec, f"tp={tp} does not divide {name} {width}", f"use a tp that divides {width}")
     if cfg.num_kv_heads % tp:  # the peers split whole KV heads over TP (the engine also replicates them)
         raise LayoutError(spec, f"tp={tp} does not divide --num-kv-heads {cfg.num_kv_heads}",
                           f"use a tp that divides {cfg.num_kv_heads}")
-    sp_default = tp > 1 and peer != "torch-compile"
+    sp_default = tp > 1 and peer not in ONE_GPU
     sp = given.get("sp", sp_default)
     if sp and tp == 1:
         raise LayoutError(spec, "sp=on needs tp > 1 (there is no TP group to split the sequence over)",
@@ -143,8 +145,8 @@ def resolve_layout(spec: str, cfg, nproc: int) -> tuple[str, PeerLayout]:
         raise LayoutError(spec, f"sp=on splits --seq-length {seq_length} over tp={tp}, which does not divide it",
                           "use a tp that divides the sequence length")
     ac = given.get("ac", "none")
-    if peer == "torch-compile" and ac != "none":
-        raise LayoutError(spec, "torch-compile has no activation checkpointing", "leave out ac")
+    if peer in ONE_GPU and ac != "none":
+        raise LayoutError(spec, f"{peer} has no activation checkpointing", "leave out ac")
     compile_default = peer != "megatron-core"
     compile_ = given.get("compile", compile_default)
     if peer == "megatron-core" and compile_:
@@ -171,7 +173,7 @@ def layout_flags(layout: PeerLayout) -> list[str]:
 
 
 def row_name(peer: str, variant: str, layout: PeerLayout) -> str:
-    """The table's name of a peer row: peer, variant, and the layout for the peers that have one (torch-compile runs
-    on one GPU, its name stays `torch-compile bf16`)."""
+    """The table's name of a peer row: peer, variant, and the layout for the peers that have one (the one-GPU loops'
+    names stay `torch-compile bf16`, `torchao-fp8 tensorwise`)."""
     name = peer + (f" {variant}" if variant else "")
-    return name if peer == "torch-compile" else f"{name} {layout.short(peer)}"
+    return name if peer in ONE_GPU else f"{name} {layout.short(peer)}"

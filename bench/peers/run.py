@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from bench.peers.common import engine_config, summarize, time_steps
-from bench.peers.layout import PEERS, PeerLayout, layout_flags, resolve_layout, row_name
+from bench.peers.layout import ONE_GPU, PEERS, PeerLayout, layout_flags, resolve_layout, row_name
 from engine.atomic_files import write_text_atomic
 from engine.runinfo import device_name
 
@@ -35,7 +35,7 @@ def _versions(peer: str) -> dict[str, str]:
     from importlib import metadata
 
     out = {"torch": torch.__version__}
-    for dist_name in {"torchtitan": ["torchtitan"], "megatron-core": ["megatron-core"]}.get(peer, []):
+    for dist_name in {"torchtitan": ["torchtitan"], "megatron-core": ["megatron-core"], "torchao-fp8": ["torchao"]}.get(peer, []):
         try:
             out[dist_name] = metadata.version(dist_name)
         except metadata.PackageNotFoundError:
@@ -48,6 +48,9 @@ def _build(peer: str, variant: str, cfg, device: torch.device, layout: PeerLayou
     if peer == "torch-compile":
         from bench.peers.compiled import build_step
         return build_step(cfg, variant or "amp", device, compile_model=layout.compile)[1], {}
+    if peer == "torchao-fp8":
+        from bench.peers.compiled import build_step
+        return build_step(cfg, "bf16", device, compile_model=layout.compile, fp8=variant or "tensorwise")[1], {}
     if peer == "torchtitan":
         from bench.peers.titan import build_step
         _, step, notes = build_step(cfg, variant, device, layout, attn_backend=attn_backend)
@@ -106,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda":
             torch.cuda.set_device(local)
         device = torch.device(args.device, local) if args.device == "cuda" else torch.device("cpu")
-        if world > 1 or args.peer != "torch-compile":
+        if world > 1 or args.peer not in ONE_GPU:
             dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
         step, notes = _build(args.peer, args.variant, cfg, device, layout, args.attn_backend)
         times, losses = time_steps(step, steps=args.steps, warmup=args.warmup, device=device)
-        result = summarize(name, cfg, times, losses, device, world, peer=args.peer, variant=args.variant,
+        result = summarize(name, cfg, times, losses, device, world, fp8=args.peer == "torchao-fp8", peer=args.peer,
+                           variant=args.variant,
                            layout=layout.record(args.peer), versions={**_versions(args.peer), **notes},
                            **({"attn_backend": args.attn_backend} if args.peer == "torchtitan" else {}))
         if args.profile_json:

@@ -68,7 +68,7 @@ def test_names_say_the_layout():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("nemo:tp=2", "'nemo' is not a peer; use one of torch-compile, torchtitan, megatron-core"),
+    ("nemo:tp=2", "'nemo' is not a peer; use one of torch-compile, torchao-fp8, torchtitan, megatron-core"),
     ("torchtitan:pp=2", "'pp=2' is not a key=value of the layout; use keys tp, dp, sp, ac, compile, mbs, async_tp"),
     ("torchtitan:tp", "'tp' is not a key=value"),
     ("torchtitan:tp=two", "tp='two' is not a positive integer; write e.g. tp=2"),
@@ -83,6 +83,8 @@ def test_names_say_the_layout():
     ("megatron-core:tp=1,sp=on", "sp=on needs tp > 1"),
     ("megatron-core:compile=on", "megatron-core does not torch.compile its model"),
     ("torch-compile", "torch-compile is a one-GPU peer; run it in a job of one GPU (tp=1, dp=1)"),
+    ("torchao-fp8", "torchao-fp8 is a one-GPU peer; run it in a job of one GPU (tp=1, dp=1)"),
+    ("torchao-fp8:tp=1,dp=4,ac=selective", "torchao-fp8 is a one-GPU peer"),
     ("torchtitan:mbs=3", "the global batch of 16 sequences does not split into mbs=3 x dp=4; use an mbs that divides 4"),
     ("torchtitan:async_tp=on", "async_tp=on is torchtitan's, with tp > 1 and compile=on"),
     ("torchtitan:tp=2,compile=off,async_tp=on", "async_tp=on is torchtitan's, with tp > 1 and compile=on"),
