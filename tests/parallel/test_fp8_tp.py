@@ -1,4 +1,5 @@
-"""--fp8 at TP 2 (two real gloo processes, the CPU emulation of torch._scaled_mm) against the single process.
+"""--fp8 at TP 2 (two real gloo processes, the CPU emulation of torch._scaled_mm) against the single process, and
+under --fsdp at DP 2 against ZeRO-1 (test_fp8_under_fsdp_matches_zero1).
 
 The TP paths (column-parallel QKV with its overlapped backward, the MLP region carrying FC2's FP8 wgrad,
 row-parallel O / FC2 with the chunked forward, sequence parallelism, overlap off) each scale their own shard
@@ -28,6 +29,14 @@ SCENARIOS = [
     # SP without fusion: the row-parallel layers' FP8 linear has no sink (before 2026-11-27: no autograd, it raised)
     ("tp2_rowwise_sp_unfused", {"fp8": "rowwise", "tp": 2, "sequence_parallel": True, "grad_accum_fusion": False}, 5),
 ]
+# --fsdp with --fp8 (DP 2): the FP8 GEMMs on FSDP2's all-gathered weights, against ZeRO-1 at the same DP (the same
+# data split and the same FP8 operands: each rank scales its own micro-batch either way).
+# Tensorwise only: the recipes differ inside the linear, not in what FSDP2 gathers or reduces.
+DP_SCENARIOS = [
+    ("dp2_zero1", FP8, 3),
+    ("dp2_fsdp", {**FP8, "fsdp": True}, 3),
+    ("dp2_fsdp_off", {"fsdp": True}, 3),
+]
 
 
 def rel(a: float, b: float) -> float:
@@ -43,7 +52,7 @@ def runs(tmp_path_factory):
                   "off": single_run({}, 5)}
     finally:
         torch.set_num_threads(threads)
-    return single, spawn(2, SCENARIOS, tmp_path_factory.mktemp("fp8_world2"))
+    return single, spawn(2, SCENARIOS + DP_SCENARIOS, tmp_path_factory.mktemp("fp8_world2"))
 
 
 @pytest.mark.parametrize("name", [s[0] for s in SCENARIOS])
@@ -55,3 +64,14 @@ def test_fp8_tp2_matches_the_single_process(runs, name):
         assert math.isfinite(loss) and rel(loss, ref_loss) < 2e-3 and rel(norm, ref_norm) < 1e-2, name
     assert ((got["logits"] - ref["logits"]).norm() / ref["logits"].norm()).item() < 5e-2, name
     assert max(rel(a[1], b[1]) for a, b in zip(got["steps"], single["off"]["steps"])) > 1e-4, name  # FP8 is on
+
+
+def test_fp8_under_fsdp_matches_zero1(runs):
+    """--fsdp --fp8 against ZeRO-1 --fp8 at DP 2: the same sums of the same FP8 products (observed: equal to ~1e-15,
+    fp32 on CPU; tolerance 1e-6, the fp32 noise of a differently ordered reduction), and FP8 is on under FSDP (the
+    grad norm >= 1e-4 from --fsdp without --fp8, as the TP test's check)."""
+    _, world = runs
+    fsdp, zero1, off = world["dp2_fsdp"], world["dp2_zero1"], world["dp2_fsdp_off"]
+    for (loss, norm), (ref_loss, ref_norm) in zip(fsdp["steps"], zero1["steps"], strict=True):
+        assert rel(loss, ref_loss) < 1e-6 and rel(norm, ref_norm) < 1e-6
+    assert max(rel(a[1], b[1]) for a, b in zip(fsdp["steps"], off["steps"])) > 1e-4
