@@ -1,5 +1,5 @@
 """What the GPU benchmark scripts share: the relative error they check with, the event timer, the launcher,
-the nvidia-smi poller.
+the nvidia-smi poller, and who else is on the GPUs.
 
 METHOD.md (device tool): compare with ||x - ref|| / ||ref|| in float64 (non-finite never passes),
 time with device events after a warm-up call, take the median, rotate among input sets so repeated
@@ -7,6 +7,7 @@ calls do not measure the cache.
 """
 
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["rel_err", "median_call_ms", "torchrun", "launcher", "GpuPoller"]
+__all__ = ["rel_err", "median_call_ms", "torchrun", "launcher", "GpuPoller", "others_on_gpus", "parse_compute_apps"]
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -98,3 +99,37 @@ class GpuPoller:
         return {"used_gib": [max(s[0] for s in g) / 1024 for g in gpus],
                 "sm_mhz": [statistics.median(s[1] for s in g) for g in busy],
                 "power_w": [statistics.median(s[2] for s in g) for g in busy]}
+
+
+def parse_compute_apps(apps_csv: str, gpus_csv: str, visible: str | None = None) -> list[str]:
+    """One line per process holding a GPU ("GPU 1: pid 4242 python3, 27503 MiB"), from nvidia-smi's
+    `--query-compute-apps=gpu_uuid,pid,process_name,used_memory` and `--query-gpu=index,uuid` CSV (noheader,
+    nounits), kept to the GPUs `visible` names (CUDA_VISIBLE_DEVICES: indices or UUIDs; None: every GPU)."""
+    index = {}
+    for line in gpus_csv.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            index[parts[1]] = parts[0]
+    keep = None if visible is None else {v.strip() for v in visible.split(",") if v.strip()}
+    out = []
+    for line in apps_csv.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4 or parts[0] not in index:
+            continue
+        uuid, pid, name, mib = parts
+        if keep is not None and not keep & {index[uuid], uuid}:
+            continue
+        out.append(f"GPU {index[uuid]}: pid {pid} {os.path.basename(name)}, {mib} MiB")
+    return sorted(out)
+
+
+def others_on_gpus() -> list[str]:
+    """The processes holding this job's GPUs now (parse_compute_apps); [] without nvidia-smi. A benchmark row timed
+    beside them is not a clean measurement: their memory and power share the card."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    query = [[exe, "--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv,noheader,nounits"],
+             [exe, "--query-gpu=index,uuid", "--format=csv,noheader,nounits"]]
+    apps, gpus = (subprocess.run(q, capture_output=True, text=True, timeout=30).stdout for q in query)
+    return parse_compute_apps(apps, gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -38,6 +38,9 @@ shows MFU8, against the dense FP8 peak, twice bf16's: `mfu_fp8_peak` in the JSON
 that cannot import or run is reported with the reason; the others still run. So is a run that hangs: a peer
 past --peer-timeout (an engine run past --engine-timeout) is stopped with all its processes, torchrun's
 workers included (harness/jobs/process.py), and the job goes on to the next row.
+A job does not start while other processes hold its GPUs (nvidia-smi's compute apps on the GPUs
+CUDA_VISIBLE_DEVICES names): a row timed beside them measures the sharing. --shared-gpus times anyway, and every row
+that shared them records who in `gpus_shared_with`.
 
 Engine variants of one job share seed and data: `loss diff` is each one's largest relative per-step
 loss difference from the first (TP 2 against TP 1: ~1e-3 in bf16, tolerance 1e-2). Prints a table last (ratio = the engine's first variant's tokens/s / the row's, which is the MFU ratio) and writes JSON (--out),
@@ -61,7 +64,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import GpuPoller, launcher, torchrun  # noqa: E402
+from bench.common import GpuPoller, launcher, others_on_gpus, torchrun  # noqa: E402
 from harness.jobs.process import Lines, Process  # noqa: E402  (the one process runner)
 from bench.peers.common import engine_config  # noqa: E402
 from bench.peers.layout import PEER_VARIANTS, LayoutError, PeerLayout, parse_peer, resolve_layout, row_name  # noqa: E402
@@ -385,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--png", default="", help="sweep plot (default: next to --out, or mfu_sweep.png)")
     p.add_argument("--plot", nargs="+", default=[], metavar="JSON",
                    help="only draw --png from sweeps' --out JSON files, their points together (a GPU image lacks matplotlib)")
+    p.add_argument("--shared-gpus", action="store_true",
+                   help="time even when other processes hold the GPUs (each row records them); default: refuse to start")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     if args.plot:
@@ -400,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
             layouts = peer_layouts(args.peer, common, args.nproc)
     except LayoutError as err:
         print(f"bench/mfu.py: {err}", file=sys.stderr)
+        return 2
+    if (others := others_on_gpus()) and not args.shared_gpus:
+        print(f"bench/mfu.py: other processes hold the GPUs ({'; '.join(others)}): a row timed beside them measures the "
+              f"sharing; wait for them to end, or pass --shared-gpus (each row then records them)", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else None
 
@@ -421,7 +430,11 @@ def main(argv: list[str] | None = None) -> int:
         runs += [lambda p=peer, v=v, g=given, lay=layout: run_peer(p, v, common, args, (g, lay))
                  for peer, given, layout in layouts for v in PEER_VARIANTS[peer]]
         for run in runs:
+            others = others_on_gpus()
             results.append(run())
+            if others := sorted(set(others) | set(others_on_gpus())):  # before or after the row: it shared the GPUs
+                results[-1]["gpus_shared_with"] = others
+                print(f"[{results[-1]['name']}] shared the GPUs with: {'; '.join(others)}", flush=True)
             save(results)
     engines = [r for r in results if r.get("kind") == "engine" and "error" not in r]
     if not args.sweep:

@@ -1,5 +1,5 @@
 """bench/common.py's nvidia-smi poller: what it keeps from the CSV lines nvidia-smi prints; the energy per token
-bench/mfu.py derives from its power samples."""
+bench/mfu.py derives from its power samples; the other processes on a job's GPUs."""
 
 import pytest
 
@@ -37,3 +37,27 @@ def test_energy_per_token_sums_the_gpus_power_over_the_rows_tokens_per_second():
     assert energy_mj_per_token({"power_w": [600.0, 700.0], "tokens_per_s": 1e5}) == pytest.approx(13.0)
     assert energy_mj_per_token({"power_w": [], "tokens_per_s": 1e5}) is None  # no nvidia-smi: no number
     assert energy_mj_per_token({"power_w": [600.0]}) is None  # a failed row has no tokens/s
+
+
+# nvidia-smi's CSV as it prints it, for the case of 2026-11-27 on a 4 x H200 host: two judgings held GPUs 1 and 2 and a
+# peers4 row went void beside them (docs/benchmarks.md, "Peers at their best layouts"); bench/mfu.py now refuses to
+# start beside such processes.
+APPS = """GPU-7b0e5e9c-1111-2222-3333-444444444444, 52117, /opt/torch/.venv/bin/python3, 27502
+GPU-9c1d2e3f-5555-6666-7777-888888888888, 52120, python3, 27502
+"""
+GPUS = """0, GPU-0a0a0a0a-0000-0000-0000-000000000000
+1, GPU-7b0e5e9c-1111-2222-3333-444444444444
+2, GPU-9c1d2e3f-5555-6666-7777-888888888888
+3, GPU-3d3d3d3d-3333-3333-3333-333333333333
+"""
+
+
+def test_the_processes_on_this_jobs_gpus_are_named_by_gpu_index():
+    from bench.common import parse_compute_apps
+
+    both = ["GPU 1: pid 52117 python3, 27502 MiB", "GPU 2: pid 52120 python3, 27502 MiB"]
+    assert parse_compute_apps(APPS, GPUS) == both
+    assert parse_compute_apps(APPS, GPUS, visible="0,1") == both[:1]  # CUDA_VISIBLE_DEVICES by index
+    assert parse_compute_apps(APPS, GPUS, visible="GPU-9c1d2e3f-5555-6666-7777-888888888888") == both[1:]  # or by UUID
+    assert parse_compute_apps(APPS, GPUS, visible="3") == []
+    assert parse_compute_apps("No running processes found\n", GPUS) == []
