@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("milestone")
     gate.add_argument("--patch", type=Path, default=None, metavar="FILE", help="a diff to judge on the base instead")
     gate.add_argument("--base", default="HEAD", metavar="REV", help="the commit to judge against (default: HEAD)")
-    gate.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
+    gate.add_argument("--json", action="store_true",
+                      help="print the verdict as JSON on stdout (progress stays on stderr; --quiet drops it)")
     gate.add_argument("--quiet", action="store_true", help="no progress lines on stderr (the verdict is still printed)")
     gate.add_argument("--unsandboxed", action="store_true", help=_UNSANDBOXED)
     gate.add_argument("--judge-seed", type=int, default=None, metavar="N",
@@ -185,7 +186,7 @@ def _resume(args: argparse.Namespace) -> int:
 def _gate(args: argparse.Namespace) -> int:
     from harness.gate import gate_candidate
 
-    verdict, run_dir = gate_candidate(args.milestone, patch=args.patch, base=args.base, progress=_progress(args.quiet or args.json),
+    verdict, run_dir = gate_candidate(args.milestone, patch=args.patch, base=args.base, progress=_progress(args.quiet),
                                       unsandboxed=args.unsandboxed, judge_seed=args.judge_seed, draw=args.draw)
     from harness.judge import verdict_text
     if args.json:

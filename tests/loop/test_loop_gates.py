@@ -65,6 +65,7 @@ def test_temper_gate_judges_patches_and_the_checkout_without_touching_it(home: P
     assert verdict["accepted"] and [g["name"] for g in verdict["gates"]] == ["protected", "guards", "pytest"]
     assert all(g["passed"] for g in verdict["gates"])
     assert (Path(verdict["run_dir"]) / "report.html").is_file()
+    assert "gate     pytest pass" in proc.stderr  # --json keeps stdout for the verdict; progress stays on stderr
 
     proc = temper(home, "gate", "loop-tiny", "--patch", str(bad))
     assert proc.returncode == 1
