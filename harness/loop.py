@@ -96,8 +96,6 @@ class Loop:
         self.ctx = ToolContext(root=workspace.worktree, shell_timeout_s=self.options.shell_timeout_s,
                                run_gates=self._dry_run, read_job_log=gates.read_log, env=child_env())
 
-    # ------------------------------------------------------------------ entry
-
     def run(self) -> str:
         """Run until a final status (accepted, rejected, budget_exhausted, error); Ctrl-C records interrupted."""
         try:
@@ -131,8 +129,6 @@ class Loop:
     def _ensure_prompt(self) -> None:
         if not any(m.role == "user" for m in self.record.messages()):
             self._tell(milestone_prompt(self.milestone, self.ws.worktree))
-
-    # ------------------------------------------------------------------ API agents
 
     def _run_chat(self) -> str:
         self._ensure_prompt()
@@ -241,8 +237,6 @@ class Loop:
                 return self._submit_message(turn, result.call_id)
         return ""
 
-    # ------------------------------------------------------------------ CLI agents
-
     def _run_cli(self) -> str:
         assert isinstance(self.agent, SubprocessAgent)
         self._ensure_prompt()
@@ -275,8 +269,6 @@ class Loop:
         if len(users) > 1:
             parts.append("# Your previous attempt was rejected\n\nYour changes so far are still in the working tree.\n\n" + users[-1])
         return "\n\n---\n\n".join(parts)
-
-    # ------------------------------------------------------------------ attempts
 
     def _dry_run(self) -> str:
         """The agent's run_gates: the public gates (no held-out tests, the public draw), never an attempt. Dry runs are

@@ -58,8 +58,6 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any], str]:
     return {}, f"arguments must be a JSON object, got {type(raw).__name__}"
 
 
-# ---------------------------------------------------------------- conversation -> wire
-
 
 def _entries(anthropic: bool, message: Message) -> list[dict[str, Any]]:
     """The wire messages of one neutral message (none when it would be empty: the APIs reject empty content)."""
@@ -123,8 +121,6 @@ def build_request(provider: str, model: str, system: str, messages: list[Message
     return request
 
 
-# ---------------------------------------------------------------- wire -> turn
-
 
 def _call(call_id: str, name: str, raw: Any) -> ToolCall:
     arguments, error = parse_arguments(raw)
@@ -186,8 +182,6 @@ def parse_response(provider: str, response: Any, model: str, name: str = "") -> 
                        output_tokens=u.completion_tokens or 0, cache_read_tokens=cached, cache_write_tokens=written)
     return AgentTurn(choice.message.content or refusal or "", tuple(calls), stop, usage, response.model or model)
 
-
-# ---------------------------------------------------------------- the agent
 
 
 class ApiAgent:
