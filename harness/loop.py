@@ -10,7 +10,7 @@ base, judged in the judge's own checkout, then committed on the run's branch wit
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from harness.agents import ChatAgent, SubprocessAgent
 from harness.judge import GateError, GateRunner, verdict_text
