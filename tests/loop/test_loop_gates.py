@@ -520,6 +520,9 @@ def test_gate_subprocesses_never_see_api_keys(runner: GateRunner, home: Path, tm
 
 def test_no_sandbox_no_judging_unless_asked_and_then_the_verdict_says_so(home: Path, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the sandbox cannot start the judge refuses, naming --unsandboxed; asked to, it judges and every verdict
+    says so (here a patch refused at once; an accepted verdict that says so, through `temper run --unsandboxed`:
+    tests/loop/test_loop_backends.py::test_cli_agent_gets_the_prompt_then_the_feedback_and_is_gated)."""
     milestone = load_milestone(home / "milestones/loop-tiny.toml", root=home)
     base = git(home, "rev-parse", "HEAD").strip()
 
@@ -533,9 +536,10 @@ def test_no_sandbox_no_judging_unless_asked_and_then_the_verdict_says_so(home: P
                                                              "or judge unsandboxed on purpose (--unsandboxed)")
     with pytest.raises(GateError, match="refuses to run candidate code without its sandbox.*--unsandboxed"):
         runner(False).judge("", attempt=1)
-    verdict = runner(True).judge(unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW)).read_text(),
-                                 attempt=1)
-    assert verdict.accepted and any(f.startswith("unsandboxed") for f in verdict.flags)
+    protected = unified_diff(home, tmp_path, lambda t: (t / "engine/model_spec.toml").write_text("x\n")).read_text()
+    verdict = runner(True).judge(protected, attempt=1)
+    assert not verdict.accepted and verdict.failed_gate is verdict.gates[0]
+    assert any(f.startswith("unsandboxed") for f in verdict.flags)
 
 
 @pytest.mark.slow  # ~85 s on 2 cores; the replay plan (plan_replay) and its bit-for-bit check: tests/judge/test_exactstep.py
