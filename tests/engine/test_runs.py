@@ -25,16 +25,27 @@ def eight_steps(tmp_path_factory):
     return run_dir, run_engine("pretrain", *EIGHT, "--run-dir", str(run_dir))
 
 
-def test_same_seed_prints_identical_loss_lines(eight_steps, tmp_path):
+@pytest.fixture(scope="session")
+def seed_7_without_run_dir(tmp_path_factory):
+    """A 2-step run with --seed 7 and no --run-dir, started in a folder of its own: (that folder, the process). Another
+    seed for the determinism test, the default output folders for the header test."""
+    cwd = tmp_path_factory.mktemp("no_run_dir")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "engine", "pretrain", *TINY_FAST, "--num-steps", "2", "--eval-samples", "0",
+                           "--seed", "7"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return cwd, proc
+
+
+def test_same_seed_prints_identical_loss_lines(eight_steps, seed_7_without_run_dir, tmp_path):
     a = eight_steps[1]
     b = run_engine("pretrain", *EIGHT, "--run-dir", str(tmp_path / "b"))
     la, lb = loss_lines(a.stdout), loss_lines(b.stdout)
     assert len(la) == 8
     assert [deterministic_fields(x) for x in la] == [deterministic_fields(x) for x in lb]
     assert eval_lines(a.stdout) == eval_lines(b.stdout)
-    # another seed: another initialisation and data order, so another first loss and grad norm (2 steps suffice)
-    c = run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--eval-samples", "0", "--seed", "7",
-                   "--run-dir", str(tmp_path / "c"), "--no-save-final")
+    # another seed: another initialisation and data order, so another first loss and grad norm
+    c = seed_7_without_run_dir[1]
     assert deterministic_fields(loss_lines(c.stdout)[0])[1:3] != deterministic_fields(la[0])[1:3]
 
 
@@ -54,12 +65,9 @@ def test_val_loss_does_not_depend_on_the_batch_split(tmp_path):
         assert abs(float(fa["val_loss"]) - float(fb["val_loss"])) / float(fb["val_loss"]) < 1e-6, (a, b)
 
 
-def test_without_run_dir_the_header_says_where_outputs_go(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "engine", "pretrain", *TINY_FAST, "--num-steps", "2", "--eval-samples", "0"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    where = tmp_path.resolve() / "outputs" / "tiny"
+def test_without_run_dir_the_header_says_where_outputs_go(seed_7_without_run_dir):
+    cwd, proc = seed_7_without_run_dir
+    where = cwd.resolve() / "outputs" / "tiny"
     header = [line for line in proc.stdout.splitlines() if line.startswith("[RUN] outputs")]
     assert header == [f"[RUN] outputs run_dir={where} save_dir={where / 'checkpoints'} "
                       f"(no --run-dir: outputs/tiny under the current folder)"]
