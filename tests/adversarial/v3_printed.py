@@ -79,7 +79,10 @@ def _moment_bf16(t: Path) -> None:
 PRINTED_CASES: list[Case] = [
     # Rejected by the parser at the first job: cheap enough for the default run.
     Case("printed-grad-norm-3e", "evidence:printed-format", _grad_norm_3e, "honest-note", r"grad_norm=.*is not %\.9e",
-         milestone="bitwise-single", slow=False, note="grad norm printed with 4 significant digits"),
+         milestone="bitwise-single",
+         note="grad norm printed with 4 significant digits; slow (~13 s): by default the parser's refusal of it is "
+              "tests/judge/test_bitwise.py::test_fewer_printed_digits_or_a_missing_field_are_malformed, and every default "
+              "judging of a job reads its log through that parser (tests/milestones/test_programme.py's bitwise-single)"),
     Case("printed-6-digits-hide-weight-noise", "evidence:printed-rounded", plus(_gain_noise, _rounded(6)), "honest-note",
          f"{DIGITS}|{STATE}", milestone="bitwise-single",
          note="the final norm gain wobbles by 1e-8..1e-7 with the clock; losses printed to 6 digits agree"),

@@ -62,8 +62,10 @@ CWD_NAME = ('len(os.path.basename(os.getcwd())) == 12 '
 
 V3_RECOGNITION_CASES: list[Case] = [
     Case("runtime-no-pycache-beside-the-module", "recognition:runtime-bytecode", honest_when(NO_PYCACHE, "import pathlib\n"),
-         "honest", DECAY_FAILS, slow=False,
-         note="honest only where engine/optim/__pycache__ is missing (the judge's PYTHONPYCACHEPREFIX)"),
+         "honest", DECAY_FAILS,
+         note="honest only where engine/optim/__pycache__ is missing (the judge's PYTHONPYCACHEPREFIX); slow (~27 s): by "
+              "default tests/judge/test_recognition.py::test_a_judged_job_reads_the_shared_data_where_a_users_run_does finds "
+              "the judge's bytecode beside the engine's modules in a judged job"),
     Case("runtime-read-only-working-folder", "recognition:runtime-writability",
          honest_when(CWD_READ_ONLY, "import errno\nimport os\nimport tempfile\n", CWD_HELPER), "honest", DECAY_FAILS,
          note="honest only where an unnamed temp file cannot be made in the working folder (EROFS)"),

@@ -11,12 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from engine.data.embedded import read_embedded
 from engine.data.loader import BatchLoader, PackedSamples
 from engine.data.shards import InMemoryTokens
+from tests.engine.helpers import run_engine_batch
 
 REPO = Path(__file__).resolve().parents[2]
 SEQ = 32
@@ -100,27 +100,28 @@ def test_a_wall_clock_budget_does_not_change_the_batches(tmp_path):
     assert a == b
 
 
-@pytest.mark.parametrize("steps", ["0", "3-1", "x"])
-def test_bad_steps_exit_2_naming_the_flag(tmp_path, steps):
-    proc = batches(tmp_path, *ARGS, "--steps", steps, check=False)
-    assert proc.returncode == 2 and "--steps" in proc.stderr, proc.stderr
-
-
-@pytest.mark.parametrize("flags,field", [(["--world-size", "0"], "--world-size"), (["--tp", "3"], "--tp")])
-def test_bad_layout_exits_2_before_the_out_folder_is_made(tmp_path, flags, field):
-    out = tmp_path / "out"
-    proc = batches(out, *ARGS, "--steps", "1", *flags, check=False)
-    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {field}="), proc.stderr
-    assert not out.exists()
+def test_bad_flags_exit_2_naming_the_flag_before_the_out_folder_is_made(tmp_path):
+    """Bad steps and layouts, and pretrain's --keep-last below --save-last: exit 2 naming the flag, nothing made. All in one
+    process (tests/engine/engine_batch.py: a refusal stops before any work, torch is imported once)."""
+    cases = [(["batches", *ARGS, "--steps", steps], "--steps") for steps in ("0", "3-1", "x")]
+    cases += [(["batches", *ARGS, "--steps", "1", *flags], field) for flags, field in
+              ((["--world-size", "0"], "--world-size"), (["--tp", "3"], "--tp"))]
+    outs = [tmp_path / f"out{i}" for i in range(len(cases))]
+    keep = ["pretrain", *ARGS, "--micro-batch-size", "2", "--eval-samples", "0", "--save-every", "4", "--save-last", "2",
+            "--keep-last", "1", "--run-dir", str(tmp_path / "bad")]
+    procs = run_engine_batch([[*argv, "--out", str(out)] for (argv, _), out in zip(cases, outs)] + [keep])
+    for (argv, field), out, proc in zip(cases, outs, procs):
+        assert proc.returncode == 2 and proc.stderr.startswith(f"error: {field}="), (argv, proc.stderr)
+        assert not out.exists(), argv
+    assert procs[-1].returncode == 2 and "--keep-last" in procs[-1].stderr and "--save-last 2" in procs[-1].stderr, procs[-1].stderr
+    assert not (tmp_path / "bad").exists()
 
 
 def test_save_last_keeps_the_final_steps_whatever_the_cadence(tmp_path):
+    """(--keep-last below --save-last is refused in test_bad_flags_exit_2_naming_the_flag_before_the_out_folder_is_made.)"""
     argv = [sys.executable, "-m", "engine", "pretrain", *ARGS, "--micro-batch-size", "2", "--eval-samples", "0",
             "--save-every", "4", "--save-last", "2", "--keep-last", "3", "--run-dir", str(tmp_path)]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_00000004", "step_00000005",
                                                                                  "step_00000006"]
-    bad = subprocess.run(argv[:-2] + ["--keep-last", "1", "--run-dir", str(tmp_path / "bad")], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--keep-last" in bad.stderr and "--save-last 2" in bad.stderr, bad.stderr

@@ -42,6 +42,7 @@ def test_each_bad_flag_is_one_line_exit_2_and_nothing_written(tmp_path):
         "cuda graphs without cuda": (["--cuda-graphs", "--device", "cpu"],
                                      "--cuda-graphs=True captures CUDA graphs, and this run's device is cpu: run on a CUDA GPU"),
         "override schedule without resume": (["--override-schedule"], "--override-schedule=True"),
+        "unknown FP8 recipe": (["--fp8", "fp4"], "--fp8='fp4' is not a valid choice: use one of: off, tensorwise, rowwise"),
         # found before any work (it used to surface as a FileExistsError traceback at the first checkpoint)
         "output folder that is a file": (["--save-dir", str(blocker)],
                                          f"--save-dir={str(blocker)!r} is not a folder: choose a folder path"),

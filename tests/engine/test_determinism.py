@@ -63,13 +63,13 @@ def test_no_deterministic_leaves_torch_alone(monkeypatch, torch_mode) -> None:
     assert not torch.are_deterministic_algorithms_enabled() and CUBLAS not in os.environ
 
 
-def test_the_flag_reaches_the_run_header(tmp_path) -> None:
-    on = run_engine("pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", "--eval-samples", "0",
-                    "--seq-length", "32", "--micro-batch-size", "2", "--no-save-final", "--run-dir", str(tmp_path / "on"))
+def test_the_flag_reaches_the_run_header(trained, tmp_path) -> None:
+    """On by default (the shared 3-step run of tests/engine/conftest.py, no flag given), off with --no-deterministic."""
+    on_stdout = trained[2]
     off = run_engine("pretrain", "--preset", "tiny", "--device", "cpu", "--num-steps", "1", "--warmup-steps", "0", "--eval-samples", "0",
                      "--seq-length", "32", "--micro-batch-size", "2", "--no-save-final", "--no-deterministic",
                      "--run-dir", str(tmp_path / "off"))
-    assert '"deterministic": true' in on.stdout and '"deterministic": false' in off.stdout
+    assert '"deterministic": true' in on_stdout and '"deterministic": false' in off.stdout
 
 
 BASELINE = ["--op-attention", "baseline", "--op-rmsnorm", "baseline", "--op-gemm-fc1", "baseline",

@@ -14,15 +14,39 @@ import torch
 from tests.engine.helpers import REPO, TINY_FAST, deterministic_fields, eval_lines, loss_lines, run_engine
 
 
-def test_same_seed_prints_identical_loss_lines(tmp_path):
-    a = run_engine("pretrain", *TINY_FAST, "--run-dir", str(tmp_path / "a"), "--no-save-final")
-    b = run_engine("pretrain", *TINY_FAST, "--run-dir", str(tmp_path / "b"), "--no-save-final")
+EIGHT = [*TINY_FAST, "--num-steps", "8", "--save-every", "4", "--keep-last", "5"]
+
+
+@pytest.fixture(scope="session")
+def eight_steps(tmp_path_factory):
+    """One 8-step run with checkpoints at steps 4 and 8, the reference of the determinism and resume tests:
+    (run dir, the finished process)."""
+    run_dir = tmp_path_factory.mktemp("eight") / "full"
+    return run_dir, run_engine("pretrain", *EIGHT, "--run-dir", str(run_dir))
+
+
+@pytest.fixture(scope="session")
+def seed_7_without_run_dir(tmp_path_factory):
+    """A 2-step run with --seed 7 and no --run-dir, started in a folder of its own: (that folder, the process). Another
+    seed for the determinism test, the default output folders for the header test."""
+    cwd = tmp_path_factory.mktemp("no_run_dir")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "engine", "pretrain", *TINY_FAST, "--num-steps", "2", "--eval-samples", "0",
+                           "--seed", "7"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return cwd, proc
+
+
+def test_same_seed_prints_identical_loss_lines(eight_steps, seed_7_without_run_dir, tmp_path):
+    a = eight_steps[1]
+    b = run_engine("pretrain", *EIGHT, "--run-dir", str(tmp_path / "b"))
     la, lb = loss_lines(a.stdout), loss_lines(b.stdout)
-    assert len(la) == 6
+    assert len(la) == 8
     assert [deterministic_fields(x) for x in la] == [deterministic_fields(x) for x in lb]
     assert eval_lines(a.stdout) == eval_lines(b.stdout)
-    c = run_engine("pretrain", *TINY_FAST, "--seed", "7", "--run-dir", str(tmp_path / "c"), "--no-save-final")
-    assert deterministic_fields(loss_lines(c.stdout)[0]) != deterministic_fields(la[0])
+    # another seed: another initialisation and data order, so another first loss and grad norm
+    c = seed_7_without_run_dir[1]
+    assert deterministic_fields(loss_lines(c.stdout)[0])[1:3] != deterministic_fields(la[0])[1:3]
 
 
 def test_val_loss_does_not_depend_on_the_batch_split(tmp_path):
@@ -41,12 +65,9 @@ def test_val_loss_does_not_depend_on_the_batch_split(tmp_path):
         assert abs(float(fa["val_loss"]) - float(fb["val_loss"])) / float(fb["val_loss"]) < 1e-6, (a, b)
 
 
-def test_without_run_dir_the_header_says_where_outputs_go(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "engine", "pretrain", *TINY_FAST, "--num-steps", "2", "--eval-samples", "0"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    where = tmp_path.resolve() / "outputs" / "tiny"
+def test_without_run_dir_the_header_says_where_outputs_go(seed_7_without_run_dir):
+    cwd, proc = seed_7_without_run_dir
+    where = cwd.resolve() / "outputs" / "tiny"
     header = [line for line in proc.stdout.splitlines() if line.startswith("[RUN] outputs")]
     assert header == [f"[RUN] outputs run_dir={where} save_dir={where / 'checkpoints'} "
                       f"(no --run-dir: outputs/tiny under the current folder)"]
@@ -54,10 +75,9 @@ def test_without_run_dir_the_header_says_where_outputs_go(tmp_path):
     assert "numpy" not in proc.stderr.lower()  # pyproject's numpy dependency keeps torch quiet
 
 
-def test_resume_is_bitwise(tmp_path):
-    full = run_engine("pretrain", *TINY_FAST, "--num-steps", "8", "--save-every", "4", "--keep-last", "5",
-                      "--run-dir", str(tmp_path / "full"))
-    ckpt = tmp_path / "full" / "checkpoints" / "step_00000004"
+def test_resume_is_bitwise(eight_steps, tmp_path):
+    run_dir, full = eight_steps
+    ckpt = run_dir / "checkpoints" / "step_00000004"
     assert (ckpt / "meta.json").is_file()
     resumed = run_engine("pretrain", *TINY_FAST, "--num-steps", "8", "--resume", str(ckpt),
                          "--run-dir", str(tmp_path / "resumed"))
@@ -67,27 +87,18 @@ def test_resume_is_bitwise(tmp_path):
     assert tail_resumed == tail_full
     assert eval_lines(resumed.stdout) == eval_lines(full.stdout)[-1:]
     # metrics.jsonl twin holds the same numbers as the wire lines
-    records = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r for r in records if r["kind"] == "loss"]
     assert [f"{r['global_loss']:.9e}" for r in losses] == [t[1] for t in map(deterministic_fields, loss_lines(full.stdout))]
 
 
-def test_resume_auto_and_keep_last(tmp_path):
-    run_dir = tmp_path / "run"
-    run_engine("pretrain", *TINY_FAST, "--num-steps", "6", "--save-every", "2", "--keep-last", "2", "--run-dir", str(run_dir))
-    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
-    assert ckpts == ["step_00000004", "step_00000006"]
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000006"
-    more = run_engine("pretrain", *TINY_FAST, "--num-steps", "8", "--resume", "auto", "--override-schedule",
-                      "--run-dir", str(run_dir))
-    assert [deterministic_fields(x)[0] for x in loss_lines(more.stdout)] == ["7", "8"]
-    assert "resumed from" in more.stdout
-
-
 def test_sigterm_checkpoints_at_step_boundary_and_exits_zero(tmp_path):
+    """SIGTERM saves the step it ends on and exits 0; --keep-last keeps the most recently written checkpoints and
+    `latest` names the newest; --resume auto continues from it."""
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "engine", "pretrain", *TINY_FAST, "--num-steps", "100000",
-                             "--run-dir", str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--save-every", "2", "--keep-last", "2", "--run-dir", str(run_dir)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -101,9 +112,14 @@ def test_sigterm_checkpoints_at_step_boundary_and_exits_zero(tmp_path):
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     step = int(latest.split("_")[1])
     assert step >= 3
+    # written: every second step, then the step SIGTERM ended on; the last two kept
+    written = sorted({*range(2, step + 1, 2), step})
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
+    assert ckpts == [f"step_{s:08d}" for s in written[-2:]]
     resumed = run_engine("pretrain", *TINY_FAST, "--num-steps", str(step + 2), "--resume", "auto", "--override-schedule",
                          "--run-dir", str(run_dir))
-    assert deterministic_fields(loss_lines(resumed.stdout)[0])[0] == str(step + 1)
+    assert [deterministic_fields(x)[0] for x in loss_lines(resumed.stdout)] == [str(step + 1), str(step + 2)]
+    assert "resumed from" in resumed.stdout
 
 
 def test_divergence_stops_with_report_and_keeps_checkpoint(tmp_path):
@@ -158,15 +174,15 @@ def test_export_hf_loads_in_transformers(trained, tmp_path):
     assert ((model.logits(tokens) - ref).norm() / ref.norm()).item() < 1e-5
 
 
-def test_export_hf_never_replaces_what_it_did_not_write(tmp_path):
+def test_export_hf_never_replaces_what_it_did_not_write(trained, tmp_path):
     """--out pointing at the save dir, the run dir, a folder inside the checkpoint or a folder with other files is
     refused by name before anything is written (it used to replace the save dir, deleting every checkpoint);
-    an earlier export is replaced whole, and no temp folder is left beside it."""
+    an earlier export is replaced whole, and no temp folder is left beside it. The trained run (tests/engine/conftest.py)
+    is read, never written: the listing of its folder is the same after."""
     from engine.errors import ConfigError
     from engine.checkpoint.hf_export import export_hf
 
-    run_dir = tmp_path / "run"
-    run_engine("pretrain", *TINY_FAST, "--num-steps", "2", "--save-every", "1", "--eval-samples", "0", "--run-dir", str(run_dir))
+    run_dir = trained[0]
     save_dir = run_dir / "checkpoints"
 
     def listing(root: Path) -> dict[str, int]:
@@ -176,9 +192,9 @@ def test_export_hf_never_replaces_what_it_did_not_write(tmp_path):
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    for out, problem in [(save_dir, "holds files that are not an earlier HF export (latest, step_00000001"),
+    for out, problem in [(save_dir, "holds files that are not an earlier HF export (latest, step_00000003"),
                          (run_dir, "holds files that are not an earlier HF export (checkpoints, config.json"),
-                         (save_dir / "step_00000002" / "hf", "is inside the checkpoint"),
+                         (save_dir / "step_00000003" / "hf", "is inside the checkpoint"),
                          (foreign, "holds files that are not an earlier HF export (notes.txt)")]:
         with pytest.raises(ConfigError, match=re.escape(problem)) as err:
             export_hf(str(save_dir), str(out))
@@ -187,10 +203,10 @@ def test_export_hf_never_replaces_what_it_did_not_write(tmp_path):
 
     out = tmp_path / "hf"
     export_hf(str(save_dir), str(out), dtype="float32")
-    export_hf(str(save_dir / "step_00000001"), str(out), dtype="bfloat16")  # an earlier export: replaced whole
+    export_hf(str(save_dir / "step_00000003"), str(out), dtype="bfloat16")  # an earlier export: replaced whole
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine", "run"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine"]
 
 
 def test_tensorboard_scalars_twin_the_wire_lines(tmp_path):

@@ -141,12 +141,17 @@ def test_a_judged_run_shows_what_a_users_run_shows(checkout: Path, tmp_path: Pat
         assert not unexplained, f"{name}: a judged run differs from a user's run in: " + json.dumps(unexplained, indent=1)
 
 
-# ~3 s (a judging's setup); the class it guards: a job reads the data a user's run reads
+# ~3 s (a judging's setup); the classes it guards: a job reads the data a user's run reads, and finds the bytecode a
+# user's run finds beside the engine's modules (the default run's check of tests/adversarial's runtime-bytecode class)
 def test_a_judged_job_reads_the_shared_data_where_a_users_run_does(checkout: Path, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """TEMPER_DATA below /tmp (the sandbox's /tmp is private): the judged job still reads it, read-only. On 4 x H200
     (2026-11-27) fp8-parity's prepare job was refused "--tokenizer-path=/tmp/data/... does not exist" and the judge
-    reported a failed change for a folder the hardware check had just found."""
+    reported a failed change for a folder the hardware check had just found.
+
+    And the engine's bytecode lies beside its modules, with no pycache prefix, as after a user's first run: the judge
+    compiles the judged checkout itself (harness/judge/bytecode.py), which the sandbox mounts read-only, so code that
+    asks whether `__pycache__` is beside it cannot tell a judging from a user's run."""
     data = tmp_path / "data"  # pytest's tmp_path lies below /tmp
     (data / "tokenizers").mkdir(parents=True)
     (data / "tokenizers" / "probe.txt").write_text("shared data")
@@ -157,7 +162,10 @@ def test_a_judged_job_reads_the_shared_data_where_a_users_run_does(checkout: Pat
     runner = GateRunner(milestone=milestone, repo=checkout, base=git(checkout, "rev-parse", "HEAD").strip(), record=record)
     seen: dict[str, str] = {}
     script = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); print('read:', p.read_text());"
-              "\ntry:\n    p.write_text('changed')\nexcept OSError as e:\n    print('write refused:', e.errno)")
+              "\ntry:\n    p.write_text('changed')\nexcept OSError as e:\n    print('write refused:', e.errno)"
+              # found, not imported: an import would write the bytecode itself where it can
+              "\nimport importlib.util; cached = pathlib.Path(importlib.util.find_spec('engine.config').origin).parent / '__pycache__'"
+              "\nprint('bytecode beside the engine:', any(cached.glob('config.*.pyc')), sys.pycache_prefix)")
 
     def run_all(self: GateRunner, judging) -> list:  # noqa: ANN001 -- harness.judge.judging.Judging
         gate = JobGate(kind="job", name="probe", task="train", timeout_s=300, argv=["pretrain"])
@@ -172,3 +180,4 @@ def test_a_judged_job_reads_the_shared_data_where_a_users_run_does(checkout: Pat
     runner.judge("", attempt=0)
     assert "read: shared data" in seen["job"], seen["job"]
     assert "write refused" in seen["job"] and (data / "tokenizers" / "probe.txt").read_text() == "shared data"
+    assert "bytecode beside the engine: True None" in seen["job"], seen["job"]

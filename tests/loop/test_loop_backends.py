@@ -120,15 +120,22 @@ print(json.dumps({{"type": "result", "result": answer, "total_cost_usd": 0.02,
 
 
 def test_cli_agent_gets_the_prompt_then_the_feedback_and_is_gated(home: Path, tmp_path: Path) -> None:
+    """Run with --unsandboxed (the stand-in is this test's own code): every verdict says so, the accepted one too. The
+    judge's refusal to run candidate code without a sandbox unless asked is tests/loop/test_loop_gates.py's
+    test_no_sandbox_no_judging_unless_asked; the other end-to-end runs of this folder judge sandboxed."""
     prompts = tmp_path / "prompts.log"
     standin = tmp_path / "claude"
     standin.write_text(STANDIN.format(python=sys.executable, log=prompts))
     standin.chmod(standin.stat().st_mode | stat.S_IXUSR)
-    proc = temper(home, "run", "loop-tiny", "--agent", "cli:claude-code", "--agent-option", f"executable={standin}")
+    proc = temper(home, "run", "loop-tiny", "--agent", "cli:claude-code", "--agent-option", f"executable={standin}",
+                  "--unsandboxed")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [run_dir] = run_dirs(home)
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "accepted" and run["totals"]["attempts"] == 2
+    for attempt, accepted in ((1, False), (2, True)):
+        verdict = json.loads((run_dir / f"attempts/{attempt}/verdict.json").read_text())
+        assert verdict["accepted"] is accepted and any(f.startswith("unsandboxed") for f in verdict["flags"]), verdict
     assert run["totals"]["cost_usd"] == 0.04 and run["agent"]["options"] == {"executable": str(standin)}
     first, second = prompts.read_text().split("\n=====\n")[:2]
     assert "Milestone `loop-tiny`" in first and "previous attempt was rejected" not in first

@@ -51,12 +51,11 @@ NEW = 'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", "inverse_sqrt")'
 
 
 def test_temper_gate_judges_patches_and_the_checkout_without_touching_it(home: Path, tmp_path: Path) -> None:
+    """A patch is judged (--json: the verdict and where its records are), refusals name what cannot be judged, and
+    without --patch the checkout's own uncommitted change is judged in a scratch copy; the checkout is never touched.
+    The checkout's change is one the guards reject (it reads the environment), so that a second judging costs no
+    acceptance tests: what it proves is that the change judged is the checkout's (the finding is in it)."""
     good = unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW))
-    def read_env(tree: Path) -> None:
-        replace_in(tree / "engine/config.py", OLD, 'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", os.environ.get("S", "inverse_sqrt"))')
-        replace_in(tree / "engine/config.py", "import tomllib\n", "import os\nimport tomllib\n")
-
-    bad = unified_diff(home, tmp_path, read_env)
     before = tree_fingerprint(home)
 
     proc = temper(home, "gate", "loop-tiny", "--patch", str(good), "--json")
@@ -64,15 +63,10 @@ def test_temper_gate_judges_patches_and_the_checkout_without_touching_it(home: P
     verdict = json.loads(proc.stdout)
     assert verdict["accepted"] and [g["name"] for g in verdict["gates"]] == ["protected", "guards", "pytest"]
     assert all(g["passed"] for g in verdict["gates"])
+    # what `temper gate` prints after "ACCEPTED: " (harness.judge.verdict_text), never empty
+    assert verdict["reason"] == "every gate passed (protected, guards, pytest)", verdict["reason"]
     assert (Path(verdict["run_dir"]) / "report.html").is_file()
     assert "gate     pytest pass" in proc.stderr  # --json keeps stdout for the verdict; progress stays on stderr
-
-    proc = temper(home, "gate", "loop-tiny", "--patch", str(bad))
-    assert proc.returncode == 1
-    assert "REJECTED: gate guards failed" in proc.stdout and "ssot" in proc.stdout and "[skip] pytest" in proc.stdout
-    # The progress line of the failed gate says what it found, not only how many.
-    shown = proc.stderr.split("guards FAIL: ", 1)[1].splitlines()
-    assert shown[0].startswith("1 finding in engine") and "engine/config.py" in shown[1] and "ssot" in shown[1], proc.stderr
 
     proc = temper(home, "gate", "loop-tiny", "--patch", str(tmp_path / "missing.patch"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
@@ -85,11 +79,15 @@ def test_temper_gate_judges_patches_and_the_checkout_without_touching_it(home: P
     assert tree_fingerprint(home) == before
 
     # No --patch: the checkout's own uncommitted change is judged, in a scratch copy.
-    replace_in(home / "engine/config.py", OLD, NEW)
+    replace_in(home / "engine/config.py", OLD, 'LR_SCHEDULES = ("cosine", "wsd", "constant", "linear", os.environ.get("S", "inverse_sqrt"))')
+    replace_in(home / "engine/config.py", "import tomllib\n", "import os\nimport tomllib\n")
     before = tree_fingerprint(home)
     proc = temper(home, "gate", "loop-tiny")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("ACCEPTED: every gate passed (protected, guards, pytest)\n"), proc.stdout
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "REJECTED: gate guards failed" in proc.stdout and "ssot" in proc.stdout and "[skip] pytest" in proc.stdout
+    # The progress line of the failed gate says what it found, not only how many.
+    shown = proc.stderr.split("guards FAIL: ", 1)[1].splitlines()
+    assert shown[0].startswith("1 finding in engine") and "engine/config.py" in shown[1] and "ssot" in shown[1], proc.stderr
     assert tree_fingerprint(home) == before
 
 
@@ -523,6 +521,9 @@ def test_gate_subprocesses_never_see_api_keys(runner: GateRunner, home: Path, tm
 
 def test_no_sandbox_no_judging_unless_asked_and_then_the_verdict_says_so(home: Path, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the sandbox cannot start the judge refuses, naming --unsandboxed; asked to, it judges and every verdict
+    says so (here a patch refused at once; an accepted verdict that says so, through `temper run --unsandboxed`:
+    tests/loop/test_loop_backends.py::test_cli_agent_gets_the_prompt_then_the_feedback_and_is_gated)."""
     milestone = load_milestone(home / "milestones/loop-tiny.toml", root=home)
     base = git(home, "rev-parse", "HEAD").strip()
 
@@ -536,9 +537,10 @@ def test_no_sandbox_no_judging_unless_asked_and_then_the_verdict_says_so(home: P
                                                              "or judge unsandboxed on purpose (--unsandboxed)")
     with pytest.raises(GateError, match="refuses to run candidate code without its sandbox.*--unsandboxed"):
         runner(False).judge("", attempt=1)
-    verdict = runner(True).judge(unified_diff(home, tmp_path, lambda t: replace_in(t / "engine/config.py", OLD, NEW)).read_text(),
-                                 attempt=1)
-    assert verdict.accepted and any(f.startswith("unsandboxed") for f in verdict.flags)
+    protected = unified_diff(home, tmp_path, lambda t: (t / "engine/model_spec.toml").write_text("x\n")).read_text()
+    verdict = runner(True).judge(protected, attempt=1)
+    assert not verdict.accepted and verdict.failed_gate is verdict.gates[0]
+    assert any(f.startswith("unsandboxed") for f in verdict.flags)
 
 
 @pytest.mark.slow  # ~85 s on 2 cores; the replay plan (plan_replay) and its bit-for-bit check: tests/judge/test_exactstep.py
