@@ -155,7 +155,7 @@ def test_timeout_kills_torchrun_workers_outside_the_group(tmp_path: Path) -> Non
     worker = tmp_path / "stubborn.py"
     worker.write_text(IGNORE_TERM)
     spec = JobSpec(name="trhang", argv=[str(worker)], torchrun=True, nproc=2, cwd=tmp_path,
-                   log_path=tmp_path / "h.log", timeout_s=20, kill_grace_s=1)
+                   log_path=tmp_path / "h.log", timeout_s=12, kill_grace_s=1)  # both workers up first (~3-6 s loaded)
     job = launch(spec)
     deadline = time.monotonic() + 120
     while spec.log_path.read_text().count("worker up") < 2 and time.monotonic() < deadline:

@@ -120,6 +120,9 @@ def test_the_demo_removes_its_worktree_and_branch_however_it_ends(tmp_path: Path
     assert len(run_dirs(home)) == 2 and not any((d / "worktree").exists() for d in run_dirs(home))
 
 
+@pytest.mark.slow  # ~49 s (two bitwise-single jobs judged); the default run keeps the setup patch as the judge's base
+# (tests/loop/test_setup_base.py), a replayed agent's repair accepted (tests/loop/test_loop_replay.py) and bitwise-single
+# accepted end to end with the judge's seed (tests/milestones/test_programme.py, PASS)
 def test_a_replayed_agent_repairs_the_data_order_and_passes_a_programme_milestone(tmp_path: Path) -> None:
     """A growth milestone other than the demo, end to end: the setup patch plants the wall clock in the data
     order, the recorded agent finds and removes it, and bitwise-single's gates (two jobs with the judge's
