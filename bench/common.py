@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -123,13 +124,21 @@ def parse_compute_apps(apps_csv: str, gpus_csv: str, visible: str | None = None)
     return sorted(out)
 
 
-def others_on_gpus() -> list[str]:
+def others_on_gpus(settle_s: float = 3.0) -> list[str]:
     """The processes holding this job's GPUs now (parse_compute_apps); [] without nvidia-smi. A benchmark row timed
-    beside them is not a clean measurement: their memory and power share the card."""
+    beside them is not a clean measurement: their memory and power share the card. A process seen is looked for
+    again after `settle_s`: the driver lists a process that just exited (the previous row's) for a moment."""
     exe = shutil.which("nvidia-smi")
     if not exe:
         return []
     query = [[exe, "--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv,noheader,nounits"],
              [exe, "--query-gpu=index,uuid", "--format=csv,noheader,nounits"]]
-    apps, gpus = (subprocess.run(q, capture_output=True, text=True, timeout=30).stdout for q in query)
-    return parse_compute_apps(apps, gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    def seen() -> list[str]:
+        apps, gpus = (subprocess.run(q, capture_output=True, text=True, timeout=30).stdout for q in query)
+        return parse_compute_apps(apps, gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    if not seen():
+        return []
+    time.sleep(settle_s)
+    return seen()
