@@ -109,7 +109,7 @@ class ShardedAdamW:
         self.adam.zero_grad(set_to_none=True)
 
     def start_micro_batch(self, last: bool) -> None:
-        """Before a micro-batch's forward: what FSDP2 does at the end of its backward. --fsdp-grad-sync step
+        """Before a micro-batch's backward (engine/train.py): what FSDP2 does at the end of it. --fsdp-grad-sync step
         accumulates unsharded gradients until the last micro-batch, which reduce-scatters their sum;
         --fsdp-reshard-after-forward never keeps the gathered weights until the last backward (they do not change
         within a step)."""
