@@ -179,10 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--seq-length", type=int, default=0, help="tokens per sample (0: the preset's)")
     plan.add_argument("--global-batch", type=int, default=0, help="samples per optimizer step (0: 4 per GPU)")
     plan.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak per GPU (default: H100 / H200)")
-    plan.add_argument("--fsdp-knobs", choices=["off", "exact", "all"], default="off",
-                      help="--fsdp variants to rank besides FSDP2's defaults, predicted from the bytes they save "
-                           "(unmeasured): exact adds --fsdp-reshard-after-forward never (the same sums), all also "
-                           "--fsdp-reduce-dtype bf16 (gradients rounded to bf16 before the sum)")
+    plan.add_argument("--fsdp-knobs", choices=["off", "exact", "all"], default="exact",
+                      help="--fsdp variants to rank besides FSDP2's defaults (off: none; measured on 4 x H200, "
+                           "docs/benchmarks.md \"FSDP tuning\"): exact adds --fsdp-reshard-after-forward never (the "
+                           "same sums), all also --fsdp-reduce-dtype bf16 (gradients rounded to bf16 before the sum)")
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
     batches = sub.add_parser("batches", help="write the token batches given optimizer steps of a run train on",

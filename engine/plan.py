@@ -14,7 +14,7 @@ from engine.errors import ConfigError
 from engine.flops import PEAK_TFLOPS, flops_per_token
 from engine.model.layers import kv_head_range
 
-__all__ = ["Layout", "plan", "predict", "memory_bytes", "mfu_estimate", "dp_bytes", "seconds_per_dp_byte", "plan_lines",
+__all__ = ["Layout", "plan", "predict", "memory_bytes", "mfu_estimate", "dp_bytes", "fsdp_time_model", "plan_lines",
            "HEADROOM", "FSDP_OPTIONS"]
 
 HEADROOM = 0.05  # a layout fits when its predicted peak is at most (1 - HEADROOM) x the card's memory
@@ -23,15 +23,27 @@ TPS = (1, 2, 4, 8)
 MBS = (1, 2, 4)
 RECOMPUTE = ("none", "selective", "full")
 
-# measured MFU, 4 x H200, MiniCPM4-8B, mbs 2, seq 4096 (bench/results/mfu_8b_4gpu_fsdp_h200x4.json)
-_MEASURED = {("zero1", 1): 0.588, ("zero1", 2): 0.531, ("fsdp", 1): 0.497, ("fsdp", 2): 0.461}
+# measured MFU, 4 x H200, MiniCPM4-8B, mbs 2, seq 4096, global batch 16 (bench/results/mfu_8b_4gpu_fsdp_h200x4.json,
+# mfu_8b_4gpu_fsdp_tune_h200x4.json, mfu_8b_4gpu_recheck_h200x4.json: ZeRO-1 and FSDP2's defaults the mean of the runs)
+_MEASURED = {("zero1", 1): 0.589, ("zero1", 2): 0.533, ("fsdp", 1): 0.498, ("fsdp", 2): 0.461}
 _SELECTIVE = {1: 0.85, 2: 0.75}
 _MEASURED_AT = {"preset": "minicpm4-8b", "seq_length": 4096, "micro_batch_size": 2, "global_batch_size": 16, "gpus": 4,
                 "peak_tflops": PEAK_TFLOPS["H200"]}
+# --fsdp measured away from its defaults at _MEASURED_AT (bench/results/mfu_8b_4gpu_fsdp_tune_h200x4.json): (TP, the
+# fields that differ from their defaults) -> MFU. With the two defaults above, what fsdp_time_model() is fitted to.
+_FSDP_MEASURED = (
+    (1, {"fsdp_prefetch": 1}, 0.509),
+    (1, {"fsdp_reshard_after_forward": "never"}, 0.534),
+    (1, {"fsdp_grad_sync": "step"}, 0.511),
+    (1, {"fsdp_reduce_dtype": "bf16"}, 0.515),
+    (1, {"fsdp_prefetch": 1, "fsdp_reshard_after_forward": "never", "fsdp_grad_sync": "step"}, 0.558),
+    (2, {"fsdp_prefetch": 1, "fsdp_reshard_after_forward": "never", "fsdp_grad_sync": "step"}, 0.519),
+    (1, {"fsdp_prefetch": 1, "fsdp_reduce_dtype": "bf16"}, 0.525),
+)
 # The --fsdp variants plan(fsdp_knobs=...) ranks, as (--fsdp-reshard-after-forward, --fsdp-reduce-dtype): off, FSDP2's
-# defaults (measured); exact, also `never` (the same sums); all, also the bf16 reduce-scatter (bf16 sums). Off by
-# default until bench/ops_session.sh fsdp-tune has measured them. --fsdp-grad-sync step is modelled (memory_bytes,
-# dp_bytes) but not ranked: `never` saves more bytes for less memory. --fsdp-prefetch is not modelled.
+# defaults only; exact (the default), also `never` (the same sums); all, also the bf16 reduce-scatter (bf16 sums).
+# --fsdp-grad-sync step is modelled (memory_bytes, dp_bytes, the time model) but not ranked: `never` saves more
+# bytes for less memory. --fsdp-prefetch is in the time model (measured) but not ranked.
 FSDP_OPTIONS = {"off": (("default", "fp32"),), "exact": (("default", "fp32"), ("never", "fp32")),
                 "all": (("default", "fp32"), ("never", "fp32"), ("default", "bf16"), ("never", "bf16"))}
 
@@ -78,7 +90,9 @@ def memory_bytes(cfg: EngineConfig, dp: int) -> float:
         gathered = p - root + 2 * layer if reshard == "never" else 3 * layer
         state = 16 * p / dp + 2 * (root - cfg.hidden_size) + 2 * gathered
         if cfg.fsdp_grad_sync == "step" and cfg.grad_accum_steps > 1:
-            state += 4 * p  # the unsharded fp32 gradients accumulated over the micro-batches
+            # the unsharded fp32 gradients accumulated over the micro-batches, held from the first backward; the
+            # sharded fp32 gradient (in 16 P / d) exists only after the last one's reduce-scatter, past the peak
+            state += 4 * p - 4 * p / dp
     else:
         state = 6 * p + 12 * p / dp
     h, f = cfg.hidden_size, cfg.ffn_hidden_size // cfg.tp
@@ -106,22 +120,56 @@ def dp_bytes(cfg: EngineConfig) -> float:
     return 2 * (forward * p + gas * again) + reduces * {"fp32": 4, "bf16": 2}[cfg.fsdp_reduce_dtype] * p
 
 
-@functools.cache
-def seconds_per_dp_byte() -> float:
-    """Step seconds per byte of data-parallel collectives x (DP - 1) / DP (the share each rank sends), fitted (least
-    squares through 0) to the two measured gaps between --fsdp and ZeRO-1 (TP 1 x DP 4, GAS 2; TP 2 x DP 2, GAS 4):
-    the model charges FSDP2's whole measured cost over ZeRO-1 to the bytes it moves."""
+def _at_measured(tp: int, **fields) -> EngineConfig:
+    """The resolved config of a measured point (_MEASURED_AT) at TP `tp`, `fields` overridden."""
     at = _MEASURED_AT
     base = build_config({"preset": at["preset"], "seq_length": at["seq_length"]})
-    gaps, sizes = [], []
-    for tp in (1, 2):
-        zero1 = resolve(dataclasses.replace(base, tp=tp, micro_batch_size=at["micro_batch_size"],
-                                            global_batch_size=at["global_batch_size"], grad_accum_steps=0), at["gpus"])
-        dp = at["gpus"] // tp
-        work = flops_per_token(zero1) * zero1.tokens_per_step / (at["gpus"] * at["peak_tflops"] * 1e12)
-        gaps.append(work / _MEASURED[("fsdp", tp)] - work / _MEASURED[("zero1", tp)])
-        sizes.append((dp_bytes(dataclasses.replace(zero1, fsdp=True)) - dp_bytes(zero1)) * (dp - 1) / dp)
-    return sum(g * b for g, b in zip(gaps, sizes)) / sum(b * b for b in sizes)
+    return resolve(dataclasses.replace(base, tp=tp, micro_batch_size=at["micro_batch_size"],
+                                       global_batch_size=at["global_batch_size"], grad_accum_steps=0, **fields),
+                   at["gpus"])
+
+
+def _fsdp_terms(cfg: EngineConfig, dp: int, zero1_step: float) -> tuple[float, float, float]:
+    """The time model's three regressors for --fsdp `cfg`: the extra bytes of DP collectives over ZeRO-1's x (DP - 1)
+    / DP (the share each rank sends), ZeRO-1's step time (FSDP2's own cost scales with the work: copy-in / copy-out
+    around each collective, the DTensor optimizer, no gradient-accumulation fusion), and that time again where
+    --fsdp-prefetch is on (the all-gathers no longer queue behind the layer's kernels on one hardware queue)."""
+    extra = (dp_bytes(cfg) - dp_bytes(dataclasses.replace(cfg, fsdp=False))) * (dp - 1) / dp
+    return extra, zero1_step, zero1_step if cfg.fsdp_prefetch else 0.0
+
+
+@functools.cache
+def _fsdp_points() -> tuple[tuple[EngineConfig, float], ...]:
+    """The measured --fsdp points as (resolved config, MFU): FSDP2's defaults at TP 1 and 2, and _FSDP_MEASURED."""
+    points = [(tp, {}, _MEASURED[("fsdp", tp)]) for tp in (1, 2)] + list(_FSDP_MEASURED)
+    return tuple((_at_measured(tp, fsdp=True, **fields), mfu) for tp, fields, mfu in points)
+
+
+def _point(cfg: EngineConfig) -> tuple:
+    """What identifies a measured point: the model, the layout, the batch and the --fsdp knobs."""
+    return (cfg.num_layers, cfg.hidden_size, cfg.ffn_hidden_size, cfg.padded_vocab_size, cfg.tp, cfg.fsdp,
+            cfg.micro_batch_size, cfg.seq_length, cfg.global_batch_size, cfg.activation_checkpointing,
+            cfg.fsdp_reshard_after_forward, cfg.fsdp_grad_sync, cfg.fsdp_reduce_dtype, cfg.fsdp_prefetch)
+
+
+@functools.cache
+def fsdp_time_model() -> tuple[float, float, float]:
+    """(seconds per DP byte, FSDP2's overhead as a share of ZeRO-1's step, the share prefetch saves): least squares
+    over the nine measured --fsdp points (_fsdp_points) of the gap to ZeRO-1's time at the same point. Fitted
+    residuals: within 0.025 s of 1.5-1.8 s steps (tests/engine/test_plan.py)."""
+    import torch  # the engine's one dependency; a 3-column least squares
+
+    rows, gaps = [], []
+    for cfg, mfu in _fsdp_points():
+        work = flops_per_token(cfg) * cfg.tokens_per_step / (_MEASURED_AT["gpus"] * _MEASURED_AT["peak_tflops"] * 1e12)
+        zero1_step = work / _MEASURED[("zero1", cfg.tp)]
+        rows.append(_fsdp_terms(cfg, _MEASURED_AT["gpus"] // cfg.tp, zero1_step))
+        gaps.append(work / mfu - zero1_step)
+    a = torch.tensor(rows, dtype=torch.float64)
+    b = torch.tensor(gaps, dtype=torch.float64).unsqueeze(1)
+    scale = a.abs().max(dim=0).values  # the columns differ by 1e11: solve in units of each column's largest
+    x = torch.linalg.lstsq(a / scale, b).solution.squeeze(1) / scale
+    return tuple(float(v) for v in x)
 
 
 def mfu_estimate(tp: int, mode: str, mbs: int, recompute: str) -> tuple[float, bool]:
@@ -141,31 +189,30 @@ def mfu_estimate(tp: int, mode: str, mbs: int, recompute: str) -> tuple[float, b
 
 def predict(cfg: EngineConfig, gpus: int, peak_tflops: float = PEAK_TFLOPS["H100"]) -> tuple[float, float, float, bool]:
     """(peak GiB per GPU, step seconds, MFU, whether the MFU is a measured point) of the resolved `cfg` on `gpus` GPUs.
-    --fsdp: the measured point where there is one (FSDP2's defaults), else ZeRO-1's time at that point plus the extra
-    bytes of data-parallel collectives it moves (seconds_per_dp_byte; never less than ZeRO-1's)."""
+    --fsdp: the measured point where there is one, else ZeRO-1's time at that point plus fsdp_time_model()'s gap (the
+    extra bytes of data-parallel collectives, FSDP2's own overhead, less what prefetch saves; never below ZeRO-1's)."""
     dp = gpus // cfg.tp
     work = flops_per_token(cfg) * cfg.tokens_per_step / (gpus * peak_tflops * 1e12)
     point = (cfg.micro_batch_size, cfg.activation_checkpointing)
     mfu, measured = mfu_estimate(cfg.tp, "zero1", *point)
     step = work / mfu
     if cfg.fsdp:
-        plain = dataclasses.replace(cfg, fsdp_reshard_after_forward="default", fsdp_grad_sync="micro-batch",
-                                    fsdp_reduce_dtype="fp32", fsdp_prefetch=0)
-        fsdp_mfu, fsdp_measured = mfu_estimate(cfg.tp, "fsdp", *point)
-        if fsdp_measured and cfg == plain:
-            step = work / fsdp_mfu
+        at = gpus == _MEASURED_AT["gpus"]
+        measured_mfu = next((m for c, m in _fsdp_points() if at and _point(c) == _point(cfg)), None)
+        if measured_mfu is not None:
+            step = work / measured_mfu
         else:
-            extra = (dp_bytes(cfg) - dp_bytes(dataclasses.replace(cfg, fsdp=False))) * (dp - 1) / dp
-            step += seconds_per_dp_byte() * max(extra, 0.0)
+            per_byte, overhead, prefetch = fsdp_time_model()
+            extra, zero1_step, with_prefetch = _fsdp_terms(cfg, dp, step)
+            step += max(per_byte * extra + overhead * zero1_step + prefetch * with_prefetch, 0.0)
             measured = False
     return memory_bytes(cfg, dp) / GIB, step, work / step, measured
 
 
 def plan(preset: str, gpus: int, gpu_mem_gib: float, seq_length: int = 0, global_batch: int = 0,
-         peak_tflops: float = PEAK_TFLOPS["H100"], fsdp_knobs: str = "off") -> list[Layout]:
+         peak_tflops: float = PEAK_TFLOPS["H100"], fsdp_knobs: str = "exact") -> list[Layout]:
     """Every layout `resolve` accepts, fastest first. seq_length 0: the preset's; global_batch 0: 4 samples per GPU.
-    fsdp_knobs: which --fsdp variants besides FSDP2's defaults to rank (FSDP_OPTIONS; unmeasured, predicted from the
-    bytes they save)."""
+    fsdp_knobs: which --fsdp variants besides FSDP2's defaults to rank (FSDP_OPTIONS)."""
     if gpus < 1:
         raise ConfigError("--gpus", gpus, "use a positive number of GPUs", "is out of range")
     if not gpu_mem_gib > 0:
