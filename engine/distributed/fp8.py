@@ -42,11 +42,18 @@ def quantize(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool = 
     return scaled_cast(t, scale, dtype), scale
 
 
-def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, transposed: bool = False) -> tuple:
     """The fp8_cast op's contract (engine/ops/fp8_cast/register.toml) in plain torch, its `baseline` version: a GEMM
     operand `t` (2-D, any strides: a transposed view for dgrad / wgrad) -> (FP8 copy, row-major contiguous; fp32
-    scale) as `quantize` of its contiguous copy."""
-    return quantize(t.contiguous(), dtype, dim, pow2)
+    scale) as `quantize` of its contiguous copy; `transposed` (one scale only) adds the row-major copy of the FP8
+    transpose, (q, scale, q^T), for the backward GEMM that takes the operand transposed."""
+    q, scale = quantize(t.contiguous(), dtype, dim, pow2)
+    if not transposed:
+        return q, scale
+    if dim is not None:
+        raise ValueError("a transposed FP8 copy needs one scale for the tensor (dim None): a per-row scale does not "
+                         "transpose")
+    return q, scale, q.t().contiguous()
 
 
 class Fp8Recipe(str):
@@ -67,20 +74,30 @@ class Fp8Recipe(str):
 
 @dataclass(frozen=True)
 class Fp8Operand:
-    """A GEMM operand already cast to FP8 with one scale (tensorwise): `q` (2-D, any strides) and its fp32 `scale`.
-    `.t()` is the FP8 copy of the operand's transpose, bit for bit what casting t^T gives: the amax, so the scale,
-    is the same, and the cast is elementwise. A GEMM takes it as is (row-major: an FP8 transpose copy, 1 byte an
-    element, where the view is transposed) instead of casting."""
+    """A GEMM operand already cast to FP8 with one scale (tensorwise): `q` (2-D, any strides) and its fp32 `scale`;
+    `qt`, where the cast wrote it, the row-major copy of q's transpose. `.t()` is the FP8 copy of the operand's
+    transpose, bit for bit what casting t^T gives: the amax, so the scale, is the same, and the cast is elementwise.
+    A GEMM takes it as is: row-major already where the cast wrote that layout (`qt`, or q stored transposed), else
+    transposed in FP8 (1 byte an element: eager torch moves single bytes slowly, so the linears ask the cast for the
+    layout their backward needs instead: docs/fp8.md)."""
 
     q: torch.Tensor
     scale: torch.Tensor
+    qt: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
         return self.q.shape
 
     def t(self) -> "Fp8Operand":
-        return Fp8Operand(self.q.t(), self.scale)
+        return Fp8Operand(self.qt, self.scale, self.q) if self.qt is not None else Fp8Operand(self.q.t(), self.scale)
+
+    def transposed_only(self) -> "Fp8Operand":
+        """The operand as backward keeps it when it needs only its transpose (x for wgrad, W for dgrad): the row-major
+        copy of q^T, seen as q (a column-major view); q's own row-major copy is not held. Needs `qt`."""
+        if self.qt is None:
+            raise ValueError("transposed_only needs the transpose the cast writes (fp8_copy(..., transposed=True))")
+        return Fp8Operand(self.qt.t(), self.scale)
 
 
 def keeps_fp8(recipe: str) -> bool:
@@ -96,14 +113,16 @@ def _cast_fn(recipe: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     return recipe.cast if isinstance(recipe, Fp8Recipe) else cast
 
 
-def fp8_copy(t: torch.Tensor, recipe: str, dtype: torch.dtype = E4M3) -> Fp8Operand:
-    """t's tensorwise FP8 copy (keeps_fp8 recipes), cast by the recipe's fp8_cast version."""
-    return Fp8Operand(*_cast_fn(recipe)(t, dtype, None, False))
+def fp8_copy(t: torch.Tensor, recipe: str, dtype: torch.dtype = E4M3, transposed: bool = False) -> Fp8Operand:
+    """t's tensorwise FP8 copy (keeps_fp8 recipes), cast by the recipe's fp8_cast version; `transposed`: the cast
+    writes the transpose's row-major copy as well (`qt`), in the same pass."""
+    return Fp8Operand(*_cast_fn(recipe)(t, dtype, None, False, transposed=transposed))
 
 
 def grad_operand(g2: torch.Tensor, recipe: str) -> "torch.Tensor | Fp8Operand":
-    """dy [n, out] as both backward GEMMs take it: cast once (E5M2) where the recipe keeps FP8 copies, else dy."""
-    return fp8_copy(g2, recipe, _grad_dtype(recipe)) if keeps_fp8(recipe) else g2
+    """dy [n, out] as both backward GEMMs take it: cast once (E5M2), in both layouts (dgrad takes dy, wgrad dy^T),
+    where the recipe keeps FP8 copies, else dy."""
+    return fp8_copy(g2, recipe, _grad_dtype(recipe), transposed=True) if keeps_fp8(recipe) else g2
 
 
 def rows(t: "torch.Tensor | Fp8Operand") -> "torch.Tensor | Fp8Operand":

@@ -66,13 +66,16 @@ class _ColumnParallelLinear(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         full = all_gather_new(x2, tp.group, tp.size)[0] if tp.sequence_parallel else x2
         if keeps_fp8(tp.fp8):
-            q_full, qw = fp8_copy(full, tp.fp8), fp8_copy(w, tp.fp8)
-            mine = q_full
+            # backward takes x^T (wgrad) and W^T (dgrad): the cast writes them beside the forward's layout
+            q_full = fp8_copy(full, tp.fp8, transposed=not tp.sequence_parallel)
+            qw = fp8_copy(w, tp.fp8, transposed=True)
             if tp.sequence_parallel:  # this rank's rows (a copy: a view would hold the whole gathered copy)
                 n = x2.shape[0]
                 rank = dist.get_rank(tp.group)
                 mine = Fp8Operand(q_full.q[rank * n:(rank + 1) * n].clone(), q_full.scale)
-            save_operands(ctx, mine, qw, w)
+            else:
+                mine = q_full.transposed_only()
+            save_operands(ctx, mine, qw.transposed_only(), w)
             y = linear(q_full, qw, tp.fp8, like=full)
         else:
             save_operands(ctx, x2, w, w)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from engine.distributed.fp8 import (fp8_copy, grad_operand, keeps_fp8, linear_dgrad, linear_forward, linear_wgrad, rows,
+from engine.distributed.fp8 import (Fp8Operand, fp8_copy, grad_operand, keeps_fp8, linear_dgrad, linear_forward, linear_wgrad, rows,
                                     save_operands, saved_operands)
 
 __all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear", "linear_grads",
@@ -146,9 +146,10 @@ def save_linear(ctx, x: torch.Tensor, w: torch.Tensor, fp8: str, keep_x: bool = 
     weight-gradient sink. Otherwise x and w (rowwise: cast again in backward)."""
     ctx.fp8, ctx.x_shape = fp8, x.shape
     keep = keeps_fp8(fp8)
-    x_op = fp8_copy(rows(x), fp8) if keep and keep_x else x
-    w_op = fp8_copy(w, fp8) if keep else w
-    save_operands(ctx, x_op, w_op, w)
+    x_op = fp8_copy(rows(x), fp8, transposed=True) if keep and keep_x else x
+    w_op = fp8_copy(w, fp8, transposed=True) if keep else w
+    # backward takes x^T (wgrad) and W^T (dgrad): keep those layouts only, as the cast wrote them
+    save_operands(ctx, *[o.transposed_only() if isinstance(o, Fp8Operand) else o for o in (x_op, w_op)], w)
     return x_op, w_op
 
 

@@ -20,9 +20,9 @@ from tests.parallel.workers import RECAST, single_run, spawn
 
 
 def counting(calls: list, cast_fn=cast):
-    def fn(t, dtype, dim, pow2):
-        calls.append((tuple(t.shape), t.is_contiguous(), dtype))
-        return cast_fn(t, dtype, dim, pow2)
+    def fn(t, dtype, dim, pow2, transposed=False):
+        calls.append((tuple(t.shape), t.is_contiguous(), dtype, transposed))
+        return cast_fn(t, dtype, dim, pow2, transposed=transposed)
     return fn
 
 
@@ -38,7 +38,11 @@ def linear_step(recipe: str, fused: bool, device: str = "cpu", dtype: torch.dtyp
     if fused:
         attach_main_grad(w, MainGrad(torch.zeros_like(w, dtype=torch.float32)))
     saved: list = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.dtype, tuple(t.shape))) or t, lambda t: t):
+    def keep(t):  # (dtype, shape), and for a 2-D tensor whether it is stored transposed (its .t() row-major)
+        saved.append((t.dtype, tuple(t.shape), t.dim() == 2 and t.t().is_contiguous() and not t.is_contiguous()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         y = fused_linear(x, w, Fp8Recipe(recipe, counting(calls, cast_fn)))
     y.backward(dy)
     dw = main_grad_of(w).grad if fused else w.grad
@@ -54,9 +58,15 @@ def test_a_tensorwise_linear_saves_fp8_copies_casts_three_times_and_equals_the_r
     # kept: x, W (forward, E4M3) and dy once (E5M2); recast: x, W, then dy and W^T (dgrad), dy^T and x^T (wgrad)
     assert [c[2] for c in calls] == [E4M3, E4M3, E5M2]
     assert [c[2] for c in rcalls] == [E4M3, E4M3, E5M2, E4M3, E5M2, E4M3]
-    # saved: x's FP8 copy [64, 48] in place of the fp32 x, W's FP8 copy [80, 48], scales, and W (the parameter)
-    assert (E4M3, (64, 48)) in saved and (E4M3, (80, 48)) in saved and (torch.float32, (2, 32, 48)) not in saved
-    assert (torch.float32, (2, 32, 48)) in rsaved and not any(d in (E4M3, E5M2) for d, _ in rsaved)
+    # each kept cast also writes the transpose backward takes (x^T: wgrad, W^T: dgrad, dy^T: wgrad) in the same pass,
+    # so backward transposes no FP8 copy; the recast path asks for none
+    assert [c[3] for c in calls] == [True, True, True] and not any(c[3] for c in rcalls)
+    # saved: x's FP8 copy [64, 48] in place of the fp32 x and W's [80, 48], each stored transposed (the row-major
+    # copies of x^T and W^T, the layouts backward takes; the forward's row-major copies are not held), scales, W
+    assert (E4M3, (64, 48), True) in saved and (E4M3, (80, 48), True) in saved
+    assert not any(d == E4M3 and not transposed for d, _, transposed in saved)
+    assert not any(shape == (2, 32, 48) for _, shape, _ in saved)
+    assert (torch.float32, (2, 32, 48), False) in rsaved and not any(d in (E4M3, E5M2) for d, _, _ in rsaved)
 
 
 @pytest.mark.gpu
@@ -80,7 +90,7 @@ def test_on_cuda_the_fp8_copies_equal_the_recast_path(version, fused):
 def test_rowwise_keeps_recasting():
     """Per-row scales do not transpose to per-column ones: rowwise saves x and casts every backward operand."""
     *_, calls, saved = linear_step("rowwise", False)
-    assert len(calls) == 6 and (torch.float32, (2, 32, 48)) in saved and not any(d == E4M3 for d, _ in saved)
+    assert len(calls) == 6 and (torch.float32, (2, 32, 48), False) in saved and not any(d == E4M3 for d, _, _ in saved)
 
 
 FP8 = {"fp8": "tensorwise"}

@@ -52,6 +52,23 @@ def test_an_unknown_cast_version_is_refused_naming_the_known_ones():
         resolve_ops(EngineConfig(fp8="tensorwise", op_fp8_cast="fused"), "cpu")
 
 
+@pytest.mark.parametrize("fmt", FORMATS[:2], ids=["e4m3", "e5m2"])
+def test_the_baseline_cast_writes_the_transpose_row_major_bit_for_bit(fmt):
+    """The contract's `transposed` (one scale): q^T's row-major copy, the operand backward takes, equal to casting
+    t^T itself (the scale is t's amax either way, and the cast is elementwise)."""
+    t = operand(48, 80, torch.bfloat16)
+    q, s, qt = cast(t, *fmt, transposed=True)
+    qt_ref, s_ref = cast(t.t(), *fmt)
+    assert qt.is_contiguous() and qt.shape == (80, 48) and torch.equal(s, s_ref)
+    assert torch.equal(qt.view(torch.uint8), qt_ref.view(torch.uint8))
+    assert torch.equal(q.view(torch.uint8), cast(t, *fmt)[0].view(torch.uint8))
+
+
+def test_a_transposed_copy_with_row_scales_is_refused():
+    with pytest.raises(ValueError, match="per-row scale does not transpose"):
+        cast(operand(16, 16, torch.bfloat16), E4M3, -1, True, transposed=True)
+
+
 def test_a_format_the_compiled_cast_has_no_kernel_for_is_refused():
     from engine.ops.fp8_cast.compiled import cast as compiled_cast
     with pytest.raises(KernelLoadError, match="no compiled cast to torch.float8_e4m3fnuz.*--op-fp8-cast baseline"):
@@ -68,6 +85,12 @@ def test_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cpu(fmt):
         qb, sb = cast(view, *fmt)
         assert q.is_contiguous() and q.dtype == fmt[0] and q.shape == view.shape
         assert torch.equal(q.view(torch.uint8), qb.view(torch.uint8)) and torch.equal(s, sb)
+        if fmt[1] is None:  # one scale: the transpose's row-major copy from the same compiled pass
+            q2, s2, qt = compiled_cast(view, *fmt, transposed=True)
+            _, _, qtb = cast(view, *fmt, transposed=True)
+            assert qt.is_contiguous() and qt.shape == view.t().shape and torch.equal(s2, sb)
+            assert torch.equal(q2.view(torch.uint8), qb.view(torch.uint8))
+            assert torch.equal(qt.view(torch.uint8), qtb.view(torch.uint8))
 
 
 @pytest.mark.slow

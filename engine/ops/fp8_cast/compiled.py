@@ -9,7 +9,12 @@ the FP8 copy row-major, transposing on the way. The amax and the scale stay the 
 ulp; the compiled part (fp32 multiply, clamp, round-to-nearest-even cast) is exactly rounded in both, so the
 result equals the baseline bit for bit.
 
-One compiled function per FP8 format, with dynamic shapes and without duck shaping (an operand whose two sizes
+With `transposed` (tensorwise: the linears' x, W and dy, whose backward GEMMs take them transposed) the same compiled
+function writes the transpose's row-major copy too, from the one read of the operand: torch._scaled_mm takes only
+row-major x column-major operands on Hopper, and an eager transpose of the FP8 copy (a strided 1-byte copy) cost
+~150 ms a step on the 4-layer 8B slice (docs/fp8.md).
+
+One compiled function per FP8 format and layout set, with dynamic shapes and without duck shaping (an operand whose two sizes
 happen to be equal would otherwise compile a graph of its own), under a recompile limit of 64 instead of dynamo's 8
 (contiguous and transposed operands, tensor and row scales: a few graphs per format). Past the limit, and on any
 compile failure (no Triton, no C++ compiler), the cast raises (fullgraph: dynamo's hard failure; KernelLoadError at
@@ -29,42 +34,47 @@ RECOMPILE_LIMIT = 64
 ENTRY = "engine.ops.fp8_cast.compiled:cast"
 
 
-def _write_e4m3(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return scaled_cast(t, scale, E4M3).contiguous()
+def _writer(dtype: torch.dtype, transposed: bool):
+    def write(t: torch.Tensor, scale: torch.Tensor):
+        q = scaled_cast(t, scale, dtype)
+        return (q.contiguous(), q.t().contiguous()) if transposed else q.contiguous()
+    return torch.compile(write, dynamic=True, fullgraph=True)
 
 
-def _write_e5m2(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return scaled_cast(t, scale, E5M2).contiguous()
+# (format, with the transpose's row-major copy) -> the compiled write: both layouts come from one read of t
+_COMPILED = {(dtype, transposed): _writer(dtype, transposed) for dtype in (E4M3, E5M2) for transposed in (False, True)}
+_WORKS: set[tuple] = set()  # (format, transposed, device type) that compiled once
 
 
-_COMPILED = {E4M3: torch.compile(_write_e4m3, dynamic=True, fullgraph=True),
-             E5M2: torch.compile(_write_e5m2, dynamic=True, fullgraph=True)}
-_WORKS: set[tuple] = set()  # (format, device type) pairs that compiled once
-
-
-def _write(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _write(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transposed: bool):
     dynamo = torch._dynamo.config  # guard: allow public-surface -- see the imports
     shapes = torch.fx.experimental._config  # guard: allow public-surface -- see the imports
     with dynamo.patch(recompile_limit=RECOMPILE_LIMIT, force_parameter_static_shapes=False), \
             shapes.patch(use_duck_shape=False):
-        return _COMPILED[dtype](t.detach(), scale)  # a weight as a plain tensor: one graph for every shape
+        return _COMPILED[dtype, transposed](t.detach(), scale)  # a weight as a plain tensor: one graph for every shape
 
 
-def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fp8_cast contract (register.toml): the baseline's scale, the compiled scaled cast."""
-    if dtype not in _COMPILED:
+def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, transposed: bool = False) -> tuple:
+    """The fp8_cast contract (register.toml): the baseline's scale, the compiled scaled cast (with `transposed`, the
+    transpose's row-major copy written from the same read: (q, scale, q^T))."""
+    if (dtype, transposed) not in _COMPILED:
         raise KernelLoadError("fp8_cast", "compiled", ENTRY, f"no compiled cast to {dtype} (it has E4M3 and E5M2)",
                               "use --op-fp8-cast baseline")
+    if transposed and dim is not None:
+        raise ValueError("a transposed FP8 copy needs one scale for the tensor (dim None): a per-row scale does not "
+                         "transpose")
     scale = amax_scale(t, dtype, dim, pow2)
-    if (dtype, t.device.type) in _WORKS:
-        return _write(t, scale, dtype), scale
+    key = (dtype, transposed, t.device.type)
+    if key in _WORKS:
+        out = _write(t, scale, dtype, transposed)
+        return (out[0], scale, out[1]) if transposed else (out, scale)
     try:
-        q = _write(t, scale, dtype)
+        out = _write(t, scale, dtype, transposed)
     except Exception as err:  # re-raised with op and version: never the eager cast in its place
         raise KernelLoadError("fp8_cast", "compiled", ENTRY,
                               f"torch.compile could not build the cast on {t.device.type}: {type(err).__name__}: "
                               f"{str(err)[:500]}",
                               "install what inductor needs there (Triton on CUDA, a C++ compiler on CPU) or use "
                               "--op-fp8-cast baseline") from err
-    _WORKS.add((dtype, t.device.type))
-    return q, scale
+    _WORKS.add(key)
+    return (out[0], scale, out[1]) if transposed else (out, scale)
