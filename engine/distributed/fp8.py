@@ -61,9 +61,9 @@ class Fp8Recipe(str):
     recipe string wherever one is compared or passed on (TPComm.fp8, the linears, gemm_fc1's `fp8`); only
     scaled_mm_nt reads `.cast`. A plain string recipe casts with `cast` above (the baseline)."""
 
-    cast: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    cast: Callable[..., tuple]
 
-    def __new__(cls, name: str, cast_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> "Fp8Recipe":
+    def __new__(cls, name: str, cast_fn: Callable[..., tuple]) -> "Fp8Recipe":
         recipe = super().__new__(cls, name)
         recipe.cast = cast_fn
         return recipe
@@ -109,7 +109,7 @@ def keeps_fp8(recipe: str) -> bool:
     return recipe == "tensorwise"
 
 
-def _cast_fn(recipe: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+def _cast_fn(recipe: str) -> Callable[..., tuple]:
     return recipe.cast if isinstance(recipe, Fp8Recipe) else cast
 
 

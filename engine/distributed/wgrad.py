@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from engine.distributed.fp8 import (Fp8Operand, fp8_copy, grad_operand, keeps_fp8, linear_dgrad, linear_forward, linear_wgrad, rows,
-                                    save_operands, saved_operands)
+from engine.distributed.fp8 import (Fp8Operand, fp8_copy, grad_operand, keeps_fp8, linear_dgrad, linear_forward,
+                                    linear_wgrad, rows, save_operands, saved_operands)
 
 __all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear", "linear_grads",
            "save_linear", "saved_linear_grads", "linear_wgrad_to", "fused_linear", "fused_embedding"]

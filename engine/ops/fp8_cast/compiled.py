@@ -14,9 +14,9 @@ function writes the transpose's row-major copy too, from the one read of the ope
 row-major x column-major operands on Hopper, and an eager transpose of the FP8 copy (a strided 1-byte copy) cost
 ~150 ms a step on the 4-layer 8B slice (docs/fp8.md).
 
-One compiled function per FP8 format and layout set, with dynamic shapes and without duck shaping (an operand whose two sizes
-happen to be equal would otherwise compile a graph of its own), under a recompile limit of 64 instead of dynamo's 8
-(contiguous and transposed operands, tensor and row scales: a few graphs per format). Past the limit, and on any
+One compiled function per FP8 format and layout set, with dynamic shapes and without duck shaping (an operand whose
+two sizes happen to be equal would otherwise compile a graph of its own), under a recompile limit of 64 instead of
+dynamo's 8 (contiguous and transposed operands, tensor and row scales: a few graphs per format). Past the limit, and on any
 compile failure (no Triton, no C++ compiler), the cast raises (fullgraph: dynamo's hard failure; KernelLoadError at
 the first cast): never the eager cast in its place.
 """
