@@ -18,7 +18,8 @@
 #                                      with TFLOP/s, idle gaps charged to the host) bf16 and --fp8 tensorwise, every op
 #                                      baseline, then the same two with the CuTeDSL defaults (gemm_fc1 baseline under
 #                                      --fp8: its fused versions have no FP8 path); markdown and JSON to $OUT
-#   bash bench/ops_session.sh fp8-peer  one GPU, CuTeDSL wheels (and torchao, in .gpu/b) staged: the slice at the CuTeDSL
+#   bash bench/ops_session.sh fp8-peer  one GPU, CuTeDSL wheels (and torchao, in .gpu/b) staged: the FP8 GPU tests
+#                                      (bit for bit: ~90 s), then the slice at the CuTeDSL
 #                                      defaults, bf16 vs --fp8 tensorwise (the 1.35x is against bf16 at its best),
 #                                      beside the torch-compile loop (bf16, amp) and the torchao float8 + compile loop
 #                                      (`--peer torchao-fp8`: tensorwise, rowwise; the issue's >= 1.10x), one job
@@ -120,8 +121,11 @@ case "${1:-check}" in
     done
     ;;
   fp8-peer)
-    stamp "the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise, beside torch.compile and torchao float8 (one job)"
     nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
+    stamp "FP8 GPU tests first (the compiled cast, both layouts, == baseline; the kept copies == recasting, bit for bit)"
+    timeout 90 python3 -m pytest tests/ops/test_fp8_cast.py tests/engine/test_fp8_saved.py -m gpu -q -rA \
+      -p no:cacheprovider 2>&1 | tee "$OUT/fp8_gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
+    stamp "the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise, beside torch.compile and torchao float8 (one job)"
     timeout 560 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --peer-timeout 90 \
       --variant bf16-defaults= --variant fp8-defaults="--op-gemm-fc1 baseline --fp8 tensorwise" \
       --peer torch-compile --peer torchao-fp8 --out "$OUT/mfu_8b4l_fp8_peers.json" 2>&1 | grep -v "^\[" | tail -10
