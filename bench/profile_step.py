@@ -42,7 +42,7 @@ from bench.peers.common import engine_config  # noqa: E402
 from engine.atomic_files import write_text_atomic  # noqa: E402
 from engine.ops.dispatch import OP_NAMES  # noqa: E402
 
-__all__ = ["main", "family", "exposed_ms", "summarize_kernels", "gemm_flops", "gemms_by_shape", "idle_gaps",
+__all__ = ["main", "family", "exposed_ms", "exposed_pieces", "summarize_kernels", "gemm_flops", "gemms_by_shape", "idle_gaps",
            "markdown", "insert_section", "profile_steps", "FAMILIES"]
 
 STEP_MARK = "temper_profiled_step"  # the record_function around each profiled train_step
@@ -94,6 +94,18 @@ def exposed_ms(comm: list[tuple[float, float]], compute: list[tuple[float, float
     return exposed
 
 
+def exposed_pieces(comm: list[tuple[float, float, str]], compute: list[tuple[float, float]]) -> list[dict]:
+    """Each communication kernel's time with no compute kernel beside it: {name, at (its start), ms (exposed)}, for
+    the kernels that have some; where in the step the exposed time sits, and which collective it is."""
+    busy = _union(compute)
+    out = []
+    for start, end, name in comm:
+        covered = sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy if a < end and b > start)
+        if end - start - covered > 0:
+            out.append({"name": name, "at": start, "ms": end - start - covered})
+    return out
+
+
 def summarize_kernels(kernels: list[dict], steps: int) -> dict:
     """kernels: {name, dur, and ts (device timeline) or count (CPU op totals)} in microseconds. Per-step totals by family and by kernel name, exposed comm."""
     by_family: dict[str, float] = defaultdict(float)
@@ -105,13 +117,25 @@ def summarize_kernels(kernels: list[dict], steps: int) -> dict:
         by_name[k["name"]][0] += k["dur"]
         by_name[k["name"]][1] += k.get("count", 1)
         if "ts" in k:
-            (comm if fam == "communication" else compute).append((k["ts"], k["ts"] + k["dur"]))
+            (comm if fam == "communication" else compute).append((k["ts"], k["ts"] + k["dur"], k["name"]))
     total = sum(by_family.values())
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])
+    compute = [(a, b) for a, b, _ in compute]
+    pieces = exposed_pieces(comm, compute)
+    first = min((a for a, _ in compute), default=0.0)
+    by_collective: dict[str, float] = defaultdict(float)
+    for p in pieces:
+        by_collective[p["name"]] += p["ms"]
     return {"total_ms": total / 1e3 / steps,
             "families": {f: by_family.get(f, 0.0) / 1e3 / steps for f in FAMILIES},
             "top": [{"name": n, "family": family(n), "ms": t / 1e3 / steps, "calls": c / steps} for n, (t, c) in top],
-            "exposed_comm_ms": exposed_ms(comm, compute) / 1e3 / steps if comm else 0.0, "timeline": bool(compute)}
+            "exposed_comm_ms": exposed_ms([(a, b) for a, b, _ in comm], compute) / 1e3 / steps if comm else 0.0,
+            # where the exposed time is: by collective kernel, and the largest pieces (ms after the first compute
+            # kernel profiled; one profiled step: ms into it)
+            "exposed_by_collective": {n: t / 1e3 / steps for n, t in sorted(by_collective.items(), key=lambda kv: -kv[1])},
+            "exposed_largest": [{"name": p["name"], "at_ms": (p["at"] - first) / 1e3, "ms": p["ms"] / 1e3}
+                                for p in sorted(pieces, key=lambda p: -p["ms"])[:5]],
+            "timeline": bool(compute)}
 
 
 # Ops launching a GEMM kernel of their own (no aten matmul op around it) whose first two inputs are x [..., k] and a
@@ -228,6 +252,11 @@ def markdown(title: str, summary: dict, step_ms: float, top: int = 15) -> str:
     if summary["timeline"]:
         lines.append(f"| communication exposed (no compute kernel beside it) | {summary['exposed_comm_ms']:.2f} | "
                      f"{100 * summary['exposed_comm_ms'] / total:.1f} |")
+        if summary.get("exposed_largest"):
+            lines += ["", "Exposed communication by collective (ms / step): " + "; ".join(
+                f"`{n[:60]}` {t:.2f}" for n, t in list(summary["exposed_by_collective"].items())[:4]),
+                "", "Largest exposed pieces (ms after the first compute kernel profiled): " + "; ".join(
+                f"{p['ms']:.2f} ms at {p['at_ms']:.1f} ms (`{p['name'][:60]}`)" for p in summary["exposed_largest"])]
     lines += ["", "| kernel | family | calls / step | ms / step | % |", "| --- | --- | ---: | ---: | ---: |"]
     for k in summary["top"][:top]:
         name = k["name"] if len(k["name"]) <= 90 else k["name"][:87] + "..."

@@ -35,6 +35,21 @@ def test_exposed_communication_is_comm_time_without_compute_beside_it():
     assert summary["exposed_comm_ms"] == 0.5 and summary["families"]["GEMM"] == 2.5 and summary["total_ms"] == 4.5
 
 
+def test_exposed_communication_is_attributed_to_its_collective_and_place():
+    """Which collective is exposed, and where: a reduce-scatter after the last compute kernel (the end of a backward)
+    is all exposed; an all-gather under a GEMM is not; one half under a GEMM is half exposed."""
+    kernels = [{"name": "nvjet_gemm", "ts": 0.0, "dur": 10000.0},
+               {"name": "ncclDevKernel_AllGather_RING_LL", "ts": 2000.0, "dur": 3000.0},  # under the GEMM
+               {"name": "ncclDevKernel_ReduceScatter_Sum_f32", "ts": 8000.0, "dur": 4000.0},  # 2 ms past it
+               {"name": "ncclDevKernel_ReduceScatter_Sum_f32", "ts": 12000.0, "dur": 6000.0}]  # all past it
+    summary = summarize_kernels(kernels, steps=1)
+    assert summary["exposed_comm_ms"] == 8.0
+    assert summary["exposed_by_collective"] == {"ncclDevKernel_ReduceScatter_Sum_f32": 8.0}
+    assert [(p["at_ms"], p["ms"]) for p in summary["exposed_largest"]] == [(12.0, 6.0), (8.0, 2.0)]
+    text = markdown("t", summary, 18.0)
+    assert "Largest exposed pieces" in text and "6.00 ms at 12.0 ms" in text
+
+
 def test_gemm_kernels_are_grouped_by_their_launching_op_and_shapes():
     """A kernel is tied to the innermost op that launched it by "External id"; TFLOP/s = 2 m n k x calls / time. A
     GEMM kernel outside any recorded op (a library launching it itself) is grouped under its own name."""
