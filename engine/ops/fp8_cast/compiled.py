@@ -1,24 +1,10 @@
-"""fp8_cast compiled: the baseline cast (engine/distributed/fp8.py `cast`) with its elementwise part compiled by
-torch.compile.
+"""fp8_cast compiled: the baseline cast (engine/distributed/fp8.py `cast`) with its elementwise part (fp32 multiply,
+clamp, round-to-nearest-even cast; with `transposed`, the transpose's row-major copy too) compiled by torch.compile
+into one kernel that reads the operand once. The amax and the scale stay the baseline's eager code, so the result
+equals the baseline bit for bit. One compiled function per format and layout set, dynamic shapes, no duck shaping,
+a recompile limit of 64; any compile failure raises KernelLoadError, never the eager cast in its place.
 
-Why: in eager torch a cast is, after the amax, four passes over the operand (fp32 copy, multiply, clamp, cast) plus
-a bf16 transpose copy for dgrad / wgrad; inductor fuses them into one kernel that reads the operand once and writes
-the FP8 copy row-major, transposing on the way. The amax and the scale stay the baseline's own eager code
-(`amax_scale`: one reduction kernel and a few on the scalars or rows): Triton's fp32 division is approximate
-(div.full.f32) and eager torch's `max / amax` is a reciprocal and a multiply, so a compiled scale would differ by an
-ulp; the compiled part (fp32 multiply, clamp, round-to-nearest-even cast) is exactly rounded in both, so the
-result equals the baseline bit for bit.
-
-With `transposed` (tensorwise: the linears' x, W and dy, whose backward GEMMs take them transposed) the same compiled
-function writes the transpose's row-major copy too, from the one read of the operand: torch._scaled_mm takes only
-row-major x column-major operands on Hopper, and an eager transpose of the FP8 copy (a strided 1-byte copy) cost
-~150 ms a step on the 4-layer 8B slice (docs/fp8.md).
-
-One compiled function per FP8 format and layout set, with dynamic shapes and without duck shaping (an operand whose
-two sizes happen to be equal would otherwise compile a graph of its own), under a recompile limit of 64 instead of
-dynamo's 8 (contiguous and transposed operands, tensor and row scales: a few graphs per format). Past the limit, and on any
-compile failure (no Triton, no C++ compiler), the cast raises (fullgraph: dynamo's hard failure; KernelLoadError at
-the first cast): never the eager cast in its place.
+Why each of these: docs/fp8.md, "Speed: the casts fused" and "the cast writes the layout backward takes".
 """
 
 import torch
