@@ -41,6 +41,9 @@
 #                                      step goes (bench/profile_step.py: families, exposed communication, idle gaps) for
 #                                      ZeRO-1 DP 4, FSDP 4 as on main, FSDP 4 without CUDA_DEVICE_MAX_CONNECTIONS=1,
 #                                      and FSDP 4 with --fsdp-prefetch 1 (rank 0, one profiled step after 2)
+#   bash bench/ops_session.sh zero1-tune  four H200s (DP 4 needs > 80 GB): ZeRO-1 DP 4 with gradient buckets of
+#                                      160 (default), 80, 40 and 320 MB in one job, then its profile (exposed
+#                                      communication by collective and place in the step), ~6 minutes
 #   bash bench/ops_session.sh peers4   four GPUs: MiniCPM4-8B, seq 4096, global batch 16 x 4096, one job: the engine's
 #                                      best layouts (TP 2 x DP 2 ZeRO-1, DP 4 ZeRO-1, TP 1 x FSDP 4) beside torchtitan
 #                                      (FSDP 4 + SAC + compile; TP 2 x FSDP 2 + SAC + compile) and megatron-core (TP 2
@@ -177,6 +180,21 @@ case "${1:-check}" in
       grep -iE "^Step|exposed|idle|^\| (GEMM|attention|communication|optimizer|copies|elementwise)" \
         "$OUT/profile_8b_4gpu_$name.md" 2>/dev/null | head -12
     done
+    ;;
+  zero1-tune)
+    # ZeRO-1 DP 4 is the fastest layout on 141 GB cards (0.591) and 54 ms a step of its communication is exposed
+    # (docs/benchmarks.md "FSDP tuning"): which collective and where (the profile), and whether smaller gradient
+    # buckets shorten the reduce-scatter tail after the last backward (one job, then the profile; ~6 minutes).
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+    stamp "ZeRO-1 DP 4 with --ddp-bucket-mb 160 (default), 80, 40, 320 (one job)"
+    timeout 330 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 80 \
+      --variant dp4-zero1= --variant dp4-bucket80="--ddp-bucket-mb 80" --variant dp4-bucket40="--ddp-bucket-mb 40" \
+      --variant dp4-bucket320="--ddp-bucket-mb 320" --out "$OUT/mfu_8b_4gpu_zero1_buckets.json" 2>&1 | grep -v "^\[" | tail -8
+    stamp "profile dp4-zero1 (exposed communication by collective and place)"
+    CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 140 torchrun --standalone --nproc-per-node 4 bench/profile_step.py --steps 1 \
+      --warmup 2 --md "$OUT/profile_8b_4gpu_dp4-zero1.md" --json "$OUT/profile_8b_4gpu_dp4-zero1.json" -- $FOUR \
+      > "$OUT/profile_8b_4gpu_dp4-zero1.log" 2>&1; echo "rc=$?"
+    grep -E "^Step|exposed|Exposed|Largest exposed" "$OUT/profile_8b_4gpu_dp4-zero1.md" 2>/dev/null | head -8
     ;;
   peers4)
     stamp "8B on 4 GPUs: the engine's best layouts beside torchtitan and megatron-core at theirs (one job)"
