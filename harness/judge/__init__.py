@@ -26,8 +26,8 @@ __all__ = ["GateRunner", "GateError", "NeedsHardware", "check_requires", "check_
            "model_mismatches"]
 
 # Each name is imported from its module when first asked for (PEP 562), not when the package is: the pipeline imports
-# torch and pytest, seconds that `temper doctor`, `temper milestones` and a refused `temper run`, which need only
-# hardware.py, would otherwise pay.
+# pytest (and torch, when a job gate or judge_metrics first runs: gates/__init__.py), time that `temper doctor`,
+# `temper milestones` and a refused `temper run`, which need only hardware.py, would otherwise pay.
 _HOMES = {"GateRunner": "runner", "GateError": "runner", "verdict_text": "runner", "NeedsHardware": "hardware",
           "check_requires": "hardware", "check_data": "hardware", "JobOutcome": "judging", "judge_metrics": "gates.metrics",
           "model_mismatches": "gates.metrics"}

@@ -12,6 +12,10 @@ torch dtypes and tensors (raw bytes, harness/judge/tensorfile.py; never a pickle
 child's stdout and stderr go to a log, so nothing it prints reaches the judge's pipe. Whatever the child does, the
 test process reads a value of that grammar or fails; the child cannot run code in it. An exception in the child
 comes back as CandidateError (its type's names, its message, the traceback as text).
+
+torch and the tensor codec are imported when a value first holds a tensor or a dtype: a call that passes names and
+numbers (a constant of the engine's config) costs neither process torch's import (2 s). A value can hold a torch
+object only in a process that has imported torch, so encode looks for torch's types only there.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
-
-import torch
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from harness.settings import child_env, python_path
-from harness.judge.tensorfile import DTYPES, TensorFileError, decode_tensors, encode_tensors
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Candidate", "CandidateError", "encode", "decode", "MAX_FRAME"]
 
@@ -61,20 +66,29 @@ class CandidateError(Exception):
 # ---------------------------------------------------------------- the value grammar
 
 
+def _tensorfile() -> ModuleType:
+    """harness/judge/tensorfile.py (and torch), for the first value that holds a tensor or a dtype."""
+    from harness.judge import tensorfile
+
+    return tensorfile
+
+
 def encode(value: Any) -> bytes:
-    """One value of the grammar as a frame body: a JSON line (tensors by reference), then the tensors' bytes."""
+    """One value of the grammar as a frame body: a JSON line (tensors by reference), then the tensors' bytes (none
+    at all when it holds no tensor)."""
     tensors: dict[str, torch.Tensor] = {}
+    loaded = sys.modules.get("torch")  # None: this process holds no torch object
 
     def walk(v: Any) -> Any:
         if v is None or isinstance(v, (bool, int, float, str)):
             return v
-        if isinstance(v, torch.Tensor):
+        if loaded is not None and isinstance(v, loaded.Tensor):
             key = str(len(tensors))
             tensors[key] = v
             return {"$t": key}
-        if isinstance(v, torch.dtype):
+        if loaded is not None and isinstance(v, loaded.dtype):
             return {"$dtype": str(v).removeprefix("torch.")}
-        if isinstance(v, (tuple, torch.Size)):
+        if isinstance(v, tuple):  # torch.Size too
             return {"$tuple": [walk(x) for x in v]}
         if isinstance(v, list):
             return [walk(x) for x in v]
@@ -86,7 +100,7 @@ def encode(value: Any) -> bytes:
                         "lists, tuples, dicts, dtypes, tensors)")
 
     tree = json.dumps(walk(value), separators=(",", ":")).encode()
-    return tree + b"\n" + encode_tensors(tensors)
+    return tree + b"\n" + (_tensorfile().encode_tensors(tensors) if tensors else b"")
 
 
 def decode(body: bytes) -> Any:
@@ -94,8 +108,8 @@ def decode(body: bytes) -> Any:
     head, _, rest = body.partition(b"\n")
     try:
         tree = json.loads(head)
-        tensors = decode_tensors(rest, what="the candidate's answer")
-    except (ValueError, TensorFileError) as err:
+        tensors = _tensorfile().decode_tensors(rest, what="the candidate's answer") if rest else {}
+    except ValueError as err:  # TensorFileError too
         raise ValueError(f"not a value of the grammar: {err}") from None
 
     def walk(v: Any) -> Any:
@@ -107,8 +121,8 @@ def decode(body: bytes) -> Any:
             (tag, inner), = v.items()
             if tag == "$t" and isinstance(inner, str) and inner in tensors:
                 return tensors[inner]
-            if tag == "$dtype" and inner in DTYPES:
-                return DTYPES[inner]
+            if tag == "$dtype" and inner in _tensorfile().DTYPES:
+                return _tensorfile().DTYPES[inner]
             if tag == "$tuple" and isinstance(inner, list):
                 return tuple(walk(x) for x in inner)
             if tag == "$dict" and isinstance(inner, dict):

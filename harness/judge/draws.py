@@ -26,6 +26,8 @@ and raw uint16 shards), read-only to the job, and read by the judge's own eviden
 compares) get the same corpus.
 """
 
+from __future__ import annotations
+
 import array
 import hashlib
 import json
@@ -33,11 +35,12 @@ import random
 import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
-
-import torch
+from typing import TYPE_CHECKING, Any, Mapping
 
 from harness.spec import DrawVar, JobGate
+
+if TYPE_CHECKING:  # write_corpus's streams; a judging that runs no job never imports torch (2 s a process)
+    import torch
 
 __all__ = ["Draw", "DrawError", "draw_values", "load_override", "corpus_tokens", "write_corpus", "SMALL_SEEDS",
            "LARGE_SEEDS", "DRAW_FILE_ENV", "PUBLIC_SEED", "public_draw", "secret_seed"]

@@ -117,11 +117,12 @@ def _peer_processes() -> list[str]:
 
 def test_a_peer_past_its_timeout_is_stopped_with_its_workers_and_the_job_goes_on(tmp_path):
     """A hung peer (here: any peer given 2 s; torchrun and torch's import alone take longer) must not end the job
-    or keep GPUs busy: it is stopped with torchrun's workers, reported, and the next row still runs."""
-    proc, data = _mfu(tmp_path, "--peer", "torch-compile", "--peer-timeout", "2")
+    or keep GPUs busy: it is stopped with torchrun's workers, reported, and the next row still runs (peers only: the
+    engine's row is the test above's)."""
+    proc, data = _mfu(tmp_path, "--no-engine", "--peer", "torch-compile", "--peer-timeout", "2")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    engine, *peers = data["results"]
-    assert "error" not in engine and [p["name"] for p in peers] == ["torch-compile bf16", "torch-compile amp"]
+    peers = data["results"]
+    assert [p["name"] for p in peers] == ["torch-compile bf16", "torch-compile amp"]
     for peer in peers:
         assert peer["error"].endswith("stopped after --peer-timeout 2 s"), peer["error"][-300:]
     assert proc.stdout.count("failed: stopped after --peer-timeout 2 s") == 2

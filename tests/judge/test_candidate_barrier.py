@@ -173,3 +173,21 @@ def test_a_file_added_after_the_list_was_written_is_not_trusted(tmp_path):
             print("refused")
     """)
     assert out.stdout.strip() == "refused", out.stdout + out.stderr
+
+
+def test_a_call_of_names_and_numbers_imports_torch_in_neither_process(tmp_path):
+    """torch (2 s a process) comes with the first tensor or dtype: a test that asks the engine for a constant pays for
+    neither its own process's import nor the child's (tensors cross as before: the tests above)."""
+    (tmp_path / "names.py").write_text("NAMES = ('cosine', 'wsd')\n", encoding="utf-8")
+    script = textwrap.dedent(f"""
+        import sys
+        from harness.judge.candidate import Candidate
+        with Candidate({str(tmp_path)!r}, timeout_s=120) as c:
+            names = c.value("names:NAMES")
+            child = c.call("sys:modules.__contains__", "torch")
+            print(names, child, "torch" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(JUDGE_ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["('cosine', 'wsd') False False"], out.stdout

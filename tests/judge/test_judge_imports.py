@@ -4,6 +4,9 @@ harness module those import, read with `ast` (function-local imports and `import
 included), against the packages a milestone can make editable."""
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 __all__: list[str] = []
@@ -58,3 +61,15 @@ def test_the_check_sees_a_function_local_import(tmp_path: Path) -> None:
     sample.write_text("import os\n\ndef f():\n    from engine import config\n    import importlib\n"
                       "    return importlib.import_module('tests.x')\n")
     assert [name for _, name in _imports(sample)] == ["os", "engine", "engine.config", "importlib", "tests.x"]
+
+
+def test_a_judging_imports_torch_only_when_it_runs_a_job() -> None:
+    """The judge's pipeline (harness/judge/gates/__init__.py) imports the job and metrics gates, the train-claim checks
+    and torch (2 s) when a job first runs: a judging that ends before its jobs (a refused patch, a failed test) never
+    pays for it. Both gates still run: `RUNS` holds each kind."""
+    code = ("import sys; import harness.gate, harness.judge.runner, harness.report; "
+            "from harness.judge.gates import RUNS; "
+            "print(sorted(RUNS), sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split("\n")[0] == "['guards', 'job', 'metrics', 'protected', 'pytest'] []", out.stdout + out.stderr

@@ -74,11 +74,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.judge.candidate import Candidate
+
 
 @pytest.fixture(scope="module")
 def schedules():
-    from harness.judge.candidate import Candidate  # here, not at module level: it imports torch, which collecting never needs
-
     with Candidate(Path(__file__).resolve().parents[1]) as engine:
         return engine.value("engine.config:LR_SCHEDULES")
 

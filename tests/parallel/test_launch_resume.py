@@ -57,6 +57,7 @@ def test_tp2_dp2_matches_single_process(tp2dp2, single):
         assert rel(norm, ref_norm) < 1e-5, f"step {step}: grad norm {norm} vs {ref_norm}"
 
 
+@pytest.mark.slow  # ~15 s; by default test_resume_auto_at_tp2_dp2_skips_a_damaged_newest_checkpoint resumes step 4 bit for bit
 def test_resume_at_tp2_dp2_is_bitwise(tp2dp2, tmp_path):
     run_dir, lines, _ = tp2dp2
     ckpt = run_dir / "checkpoints" / "step_00000004"
@@ -129,17 +130,24 @@ def test_resume_with_another_tp_size_is_refused(tp2dp2, tmp_path):
     assert not Path(target).exists()
 
 
-def test_every_ranks_shards_are_checksummed_and_a_damaged_one_is_named(tp2dp2, tmp_path):
+def test_every_ranks_shards_are_checksummed(tp2dp2):
     """manifest.json covers the shards of all four ranks (each hashed by the rank that wrote it) plus
-    .metadata and meta.json; a same-size overwrite of rank 3's shard stops a resume at TP 2 x DP 2
-    before any step, naming that file."""
+    .metadata and meta.json. That a damaged shard of another rank than 0 is found by a resume at TP 2 x DP 2:
+    test_resume_auto_at_tp2_dp2_skips_a_damaged_newest_checkpoint (rank 2's)."""
     run_dir, _, stdout = tp2dp2
     assert "[CKPT] step=4 path=" in stdout and "(async)" in stdout
-    ckpt = tmp_path / "step_00000004"
-    shutil.copytree(run_dir / "checkpoints" / "step_00000004", ckpt)
+    ckpt = run_dir / "checkpoints" / "step_00000004"
     listed = json.loads((ckpt / "manifest.json").read_text())["files"]
     assert set(listed) == {p.name for p in ckpt.iterdir()} - {"manifest.json"}
     assert {name.split("_")[2] for name in listed if name.endswith(".distcp")} == {"0", "1", "2", "3"}
+
+
+@pytest.mark.slow  # ~12 s; by default the auto resume below finds rank 2's damaged shard, test_checkpoints.py an explicit one
+def test_an_explicit_resume_of_a_damaged_shard_names_it(tp2dp2, tmp_path):
+    """A same-size overwrite of rank 3's shard stops a resume at TP 2 x DP 2 before any step, naming that file."""
+    run_dir, _, _ = tp2dp2
+    ckpt = tmp_path / "step_00000004"
+    shutil.copytree(run_dir / "checkpoints" / "step_00000004", ckpt)
     shard = next(ckpt.glob("__3_*.distcp"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 3] ^= 0x01
@@ -150,10 +158,10 @@ def test_every_ranks_shards_are_checksummed_and_a_damaged_one_is_named(tp2dp2, t
     assert f"{ckpt.name}/{shard.name} bytes 0.." in proc.stderr and "fails verification" in proc.stderr, proc.stderr[-3000:]
 
 
-@pytest.mark.slow
 def test_resume_auto_at_tp2_dp2_skips_a_damaged_newest_checkpoint(tp2dp2, tmp_path):
     """Every rank walks rank 0's list of candidates, verifies its share, and all agree: step 8 (rank 2's
-    shard damaged) is skipped with one line, step 4 resumes bit for bit."""
+    shard damaged) is skipped with one line, step 4 resumes bit for bit (the async-saved checkpoint, on the same
+    layout)."""
     run_dir, lines, _ = tp2dp2
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
