@@ -172,11 +172,11 @@ def fsdp_time_model() -> tuple[float, float, float]:
     return tuple(float(v) for v in x)
 
 
-def mfu_estimate(tp: int, mode: str, mbs: int, recompute: str) -> tuple[float, bool]:
-    """(MFU, whether it is a measured point) for a layout (docs/engine/training.md says where the numbers come from);
-    predict() uses the fsdp values only at measured points."""
+def mfu_estimate(tp: int, mbs: int, recompute: str) -> tuple[float, bool]:
+    """(MFU, whether it is a measured point) of a ZeRO-1 layout (docs/engine/training.md says where the numbers come
+    from); --fsdp is ZeRO-1's time plus fsdp_time_model()'s gap, or its own measured point (predict)."""
     base_tp = min(tp, 2)
-    value = _MEASURED[(mode, base_tp)] * 0.9 ** max(0, int(math.log2(tp)) - 1)
+    value = _MEASURED[("zero1", base_tp)] * 0.9 ** max(0, int(math.log2(tp)) - 1)
     measured = tp <= 2 and mbs == 2 and recompute != "full"
     if recompute == "selective":
         value *= _SELECTIVE[base_tp]
@@ -194,7 +194,7 @@ def predict(cfg: EngineConfig, gpus: int, peak_tflops: float = PEAK_TFLOPS["H100
     dp = gpus // cfg.tp
     work = flops_per_token(cfg) * cfg.tokens_per_step / (gpus * peak_tflops * 1e12)
     point = (cfg.micro_batch_size, cfg.activation_checkpointing)
-    mfu, measured = mfu_estimate(cfg.tp, "zero1", *point)
+    mfu, measured = mfu_estimate(cfg.tp, *point)
     step = work / mfu
     if cfg.fsdp:
         at = gpus == _MEASURED_AT["gpus"]

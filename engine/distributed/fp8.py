@@ -12,7 +12,7 @@ from engine.config import FP8_RECIPES
 from engine.errors import ConfigError
 
 __all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "amax_scale", "scaled_cast", "quantize", "cast",
-           "keeps_fp8", "fp8_copy", "grad_operand", "rows", "save_operands", "saved_operands", "scaled_mm_nt",
+           "check_transposed", "keeps_fp8", "fp8_copy", "grad_operand", "rows", "save_operands", "saved_operands", "scaled_mm_nt",
            "linear_forward", "linear_dgrad", "linear_wgrad", "reference_linear_fp8", "check_fp8_device"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -47,13 +47,16 @@ def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, trans
     operand `t` (2-D, any strides: a transposed view for dgrad / wgrad) -> (FP8 copy, row-major contiguous; fp32
     scale) as `quantize` of its contiguous copy; `transposed` (one scale only) adds the row-major copy of the FP8
     transpose, (q, scale, q^T), for the backward GEMM that takes the operand transposed."""
+    check_transposed(transposed, dim)
     q, scale = quantize(t.contiguous(), dtype, dim, pow2)
-    if not transposed:
-        return q, scale
-    if dim is not None:
+    return (q, scale, q.t().contiguous()) if transposed else (q, scale)
+
+
+def check_transposed(transposed: bool, dim: int | None) -> None:
+    """The cast contract's one refusal: a transposed copy with a scale per row (every fp8_cast version asks it)."""
+    if transposed and dim is not None:
         raise ValueError("a transposed FP8 copy needs one scale for the tensor (dim None): a per-row scale does not "
                          "transpose")
-    return q, scale, q.t().contiguous()
 
 
 class Fp8Recipe(str):

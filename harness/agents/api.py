@@ -58,7 +58,6 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any], str]:
     return {}, f"arguments must be a JSON object, got {type(raw).__name__}"
 
 
-
 def _entries(anthropic: bool, message: Message) -> list[dict[str, Any]]:
     """The wire messages of one neutral message (none when it would be empty: the APIs reject empty content)."""
     if message.role == "user":
@@ -121,7 +120,6 @@ def build_request(provider: str, model: str, system: str, messages: list[Message
     return request
 
 
-
 def _call(call_id: str, name: str, raw: Any) -> ToolCall:
     arguments, error = parse_arguments(raw)
     text = raw if isinstance(raw, str) else json.dumps(raw) if raw is not None else ""
@@ -181,7 +179,6 @@ def parse_response(provider: str, response: Any, model: str, name: str = "") -> 
         usage = _usage(model, "", provider == "openai", input_tokens=max((u.prompt_tokens or 0) - cached - written, 0),
                        output_tokens=u.completion_tokens or 0, cache_read_tokens=cached, cache_write_tokens=written)
     return AgentTurn(choice.message.content or refusal or "", tuple(calls), stop, usage, response.model or model)
-
 
 
 class ApiAgent:

@@ -11,7 +11,7 @@ import torch
 import torch._dynamo.config  # guard: allow public-surface -- dynamo's recompile limit and duck shaping have no public setting
 import torch.fx.experimental._config  # guard: allow public-surface -- dynamo's recompile limit and duck shaping have no public setting
 
-from engine.distributed.fp8 import E4M3, E5M2, amax_scale, scaled_cast
+from engine.distributed.fp8 import E4M3, E5M2, amax_scale, check_transposed, scaled_cast
 from engine.errors import KernelLoadError
 
 __all__ = ["cast"]
@@ -46,17 +46,14 @@ def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, trans
     if (dtype, transposed) not in _COMPILED:
         raise KernelLoadError("fp8_cast", "compiled", ENTRY, f"no compiled cast to {dtype} (it has E4M3 and E5M2)",
                               "use --op-fp8-cast baseline")
-    if transposed and dim is not None:
-        raise ValueError("a transposed FP8 copy needs one scale for the tensor (dim None): a per-row scale does not "
-                         "transpose")
+    check_transposed(transposed, dim)
     scale = amax_scale(t, dtype, dim, pow2)
     key = (dtype, transposed, t.device.type)
-    if key in _WORKS:
-        out = _write(t, scale, dtype, transposed)
-        return (out[0], scale, out[1]) if transposed else (out, scale)
     try:
         out = _write(t, scale, dtype, transposed)
     except Exception as err:  # re-raised with op and version: never the eager cast in its place
+        if key in _WORKS:  # it compiled before: this failure is the call's own
+            raise
         raise KernelLoadError("fp8_cast", "compiled", ENTRY,
                               f"torch.compile could not build the cast on {t.device.type}: {type(err).__name__}: "
                               f"{str(err)[:500]}",
