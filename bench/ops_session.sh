@@ -15,13 +15,14 @@
 #                                      (FP8_EAGER=1: also tensorwise with the eager cast; all other ops baseline), one job
 #   bash bench/ops_session.sh fp8-profile  one GPU, CuTeDSL wheels staged: where an FP8 step's time goes. The 4-layer 8B
 #                                      slice profiled (bench/profile_step.py: kernel families, casts, GEMMs by shape
-#                                      with TFLOP/s, idle gaps charged to the host) bf16 and --fp8 tensorwise, every op
-#                                      baseline, then the same two with the CuTeDSL defaults (gemm_fc1 baseline under
-#                                      --fp8: its fused versions have no FP8 path); markdown and JSON to $OUT
+#                                      with TFLOP/s, idle gaps charged to the host) bf16 and --fp8 tensorwise at the
+#                                      CuTeDSL defaults (gemm_fc1 compiled under --fp8: the quack version has no FP8
+#                                      path); FP8_PROFILE_BASELINE=1: every op baseline first; markdown and JSON to $OUT
 #   bash bench/ops_session.sh fp8-peer  one GPU, CuTeDSL wheels (and torchao, in .gpu/b) staged: the FP8 GPU tests
-#                                      (bit for bit: ~90 s), then the slice at the CuTeDSL
-#                                      defaults, bf16 vs --fp8 tensorwise (the 1.35x is against bf16 at its best),
-#                                      beside the torch-compile loop (bf16, amp) and the torchao float8 + compile loop
+#                                      (bit for bit: ~90 s), the cast's two layouts two ways (bench/fp8_cast_layouts.py),
+#                                      then the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise (gemm_fc1
+#                                      compiled, and baseline) (the 1.35x is against bf16 at its best),
+#                                      beside the torchao float8 + compile loop (FP8_PEER_COMPILE=1: the torch-compile loop too)
 #                                      (`--peer torchao-fp8`: tensorwise, rowwise; the issue's >= 1.10x), one job
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
@@ -116,8 +117,11 @@ case "${1:-check}" in
     ;;
   fp8-profile)
     nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
-    for v in "bf16-baseline=$BASELINE_OPS --op-rope baseline" "fp8-baseline=$BASELINE_OPS --op-rope baseline --fp8 tensorwise" \
-             "bf16-defaults=" "fp8-defaults=--op-gemm-fc1 baseline --fp8 tensorwise"; do
+    # FP8_PROFILE_BASELINE=1 adds the two rows with every op at its plain-torch version first
+    variants=("bf16-defaults=" "fp8-defaults=--op-gemm-fc1 compiled --fp8 tensorwise")
+    [ "${FP8_PROFILE_BASELINE:-0}" = 1 ] && variants=("bf16-baseline=$BASELINE_OPS --op-rope baseline" \
+      "fp8-baseline=$BASELINE_OPS --op-rope baseline --fp8 tensorwise" "${variants[@]}")
+    for v in "${variants[@]}"; do
       stamp "profile of the slice: ${v%%=*}"
       timeout 150 python3 bench/profile_step.py --steps 2 --warmup 3 --title "8B slice ${v%%=*}" --md "$OUT/profile_fp8_${v%%=*}.md" \
         --json "$OUT/profile_fp8_${v%%=*}.json" -- $SLICE ${v#*=} 2>&1 | grep -v -i warn | tail -3
@@ -125,13 +129,19 @@ case "${1:-check}" in
     ;;
   fp8-peer)
     nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
-    stamp "FP8 GPU tests first (the compiled cast, both layouts, == baseline; the kept copies == recasting, bit for bit)"
-    timeout 90 python3 -m pytest tests/ops/test_fp8_cast.py tests/engine/test_fp8_saved.py -m gpu -q -rA \
-      -p no:cacheprovider 2>&1 | tee "$OUT/fp8_gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
-    stamp "the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise, beside torch.compile and torchao float8 (one job)"
-    timeout 560 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --peer-timeout 90 \
-      --variant bf16-defaults= --variant fp8-defaults="--op-gemm-fc1 baseline --fp8 tensorwise" \
-      --peer torch-compile --peer torchao-fp8 --out "$OUT/mfu_8b4l_fp8_peers.json" 2>&1 | grep -v "^\[" | tail -10
+    stamp "FP8 GPU tests first (the compiled cast, both layouts, == baseline; the kept copies == recasting, bit for bit;"
+    stamp "the compiled gemm_fc1 against the baseline and run to run)"
+    timeout 120 python3 -m pytest tests/ops/test_fp8_cast.py tests/engine/test_fp8_saved.py tests/ops/test_gemm_fc1_compiled.py \
+      -m gpu -q -rA -p no:cacheprovider 2>&1 | tee "$OUT/fp8_gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
+    stamp "the cast writing both layouts: q^T copied from q vs cast from the operand (bench/fp8_cast_layouts.py)"
+    timeout 60 python3 bench/fp8_cast_layouts.py --out "$OUT/fp8_cast_layouts.json" 2>&1 | tail -7
+    stamp "the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise (gemm_fc1 compiled; baseline: the SwiGLU eager),"
+    stamp "beside torchao float8 + torch.compile (one job; FP8_PEER_COMPILE=1 adds the bf16 torch.compile loop)"
+    peers=(--peer torchao-fp8); [ "${FP8_PEER_COMPILE:-0}" = 1 ] && peers=(--peer torch-compile "${peers[@]}")
+    timeout 400 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --peer-timeout 90 \
+      --variant bf16-defaults= --variant fp8-defaults="--op-gemm-fc1 compiled --fp8 tensorwise" \
+      --variant fp8-fc1-baseline="--op-gemm-fc1 baseline --fp8 tensorwise" \
+      "${peers[@]}" --out "$OUT/mfu_8b4l_fp8_peers.json" 2>&1 | grep -v "^\[" | tail -10
     ;;
   fsdp-test)
     warm minicpm4-8b 1

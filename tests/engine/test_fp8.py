@@ -30,7 +30,7 @@ from engine.distributed.fp8 import (E4M3, E5M2, amax_scale, check_fp8_device, li
 from engine.distributed.tp_linear import TPComm, WgradHandOver
 from engine.distributed.wgrad import MainGrad, attach_main_grad, fused_linear, linear_grads
 from engine.errors import ConfigError
-from engine.ops.dispatch import check_fp8, resolve_ops
+from engine.ops.dispatch import check_fp8, load_op, resolve_ops
 from tests.engine.helpers import REPO, TINY_FAST, deterministic_fields, loss_lines, run_engine
 
 RECIPES = ("tensorwise", "rowwise")
@@ -171,9 +171,10 @@ def test_refusals_name_field_value_and_fix():
     def no_fp8_path(x, w, *, main_grad=None):
         return x
 
-    with pytest.raises(ConfigError, match="--op-gemm-fc1.*FP8"):
+    with pytest.raises(ConfigError, match="--op-gemm-fc1.*FP8 path.*compiled"):  # the fix names the version to use
         check_fp8(cfg, "quack", no_fp8_path)
     resolve_ops(cfg, "cpu")  # baseline has the path
+    check_fp8(cfg, "compiled", load_op("gemm_fc1", "compiled"))  # and compiled (tests/ops/test_gemm_fc1_compiled.py)
     check_fp8(dataclasses.replace(cfg, fp8="off"), "quack", no_fp8_path)
 
 

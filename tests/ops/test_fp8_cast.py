@@ -109,7 +109,8 @@ def test_an_fp8_linear_with_the_compiled_cast_equals_the_baseline_bit_for_bit_on
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cuda():
-    """At the 8B slice's shapes (8192 tokens, hidden 4096, the FC1 weight [32768, 4096] among them): Triton kernels."""
+    """At the 8B slice's shapes (8192 tokens, hidden 4096, the FC1 weight [32768, 4096] among them): Triton kernels,
+    with and without the transpose's copy."""
     from engine.ops.fp8_cast.compiled import cast as compiled_cast
     for rows, cols in ((8192, 4096), (32768, 4096), (8192, 16384)):
         t = operand(rows, cols, torch.bfloat16, "cuda")
@@ -119,6 +120,10 @@ def test_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cuda():
                 qb, sb = cast(view, *fmt)
                 assert q.is_contiguous() and torch.equal(q.view(torch.uint8), qb.view(torch.uint8)), (rows, cols, fmt)
                 assert torch.equal(s, sb), (rows, cols, fmt)
+                if fmt[1] is None:  # both layouts from one tiled kernel (the transpose cast from the operand itself)
+                    q2, _, qt = compiled_cast(view, *fmt, transposed=True)
+                    assert torch.equal(q2.view(torch.uint8), qb.view(torch.uint8)), (rows, cols, fmt)
+                    assert qt.is_contiguous() and torch.equal(qt.view(torch.uint8), qb.t().contiguous().view(torch.uint8))
 
 
 @pytest.mark.slow  # two tiny CPU runs, one compiling its casts (~1 min on 2 cores)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from engine.distributed.wgrad import linear_wgrad_to
 
-__all__ = ["gemm_fc1", "check_inputs"]
+__all__ = ["gemm_fc1", "check_inputs", "preact"]
 
 
 def check_inputs(x: torch.Tensor, w: torch.Tensor) -> None:
@@ -24,8 +24,12 @@ def check_inputs(x: torch.Tensor, w: torch.Tensor) -> None:
 def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None, fp8: str = "off") -> torch.Tensor:
     """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f].
     main_grad, fp8: see engine/ops/gemm_fc1/register.toml."""
+    gate, up = preact(x, w, main_grad, fp8).chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def preact(x: torch.Tensor, w: torch.Tensor, main_grad, fp8: str) -> torch.Tensor:
+    """x @ w^T = [gate | up] ([..., 2f]): the one GEMM, with its weight gradient to main_grad and in FP8 as asked."""
     check_inputs(x, w)
     main = main_grad if w.requires_grad else None
-    pre = F.linear(x, w) if main is None and fp8 == "off" else linear_wgrad_to(x, w, main, fp8)
-    gate, up = pre.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return F.linear(x, w) if main is None and fp8 == "off" else linear_wgrad_to(x, w, main, fp8)
