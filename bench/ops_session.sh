@@ -19,7 +19,7 @@
 #                                      CuTeDSL defaults (gemm_fc1 compiled under --fp8: the quack version has no FP8
 #                                      path); FP8_PROFILE_BASELINE=1: every op baseline first; markdown and JSON to $OUT
 #   bash bench/ops_session.sh fp8-peer  one GPU, CuTeDSL wheels (and torchao, in .gpu/b) staged: the FP8 GPU tests
-#                                      (bit for bit: ~90 s), the cast's two layouts two ways (bench/fp8_cast_layouts.py),
+#                                      (bit for bit: ~90 s), the compiled kernels' shapes (bench/compiled_shapes.py),
 #                                      then the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise (gemm_fc1
 #                                      compiled, and baseline) (the issue's 1.35x is against bf16 at its best),
 #                                      beside the torchao float8 + compile loop (FP8_PEER_COMPILE=1: the torch-compile loop too)
@@ -133,8 +133,8 @@ case "${1:-check}" in
     stamp "the compiled gemm_fc1 against the baseline and run to run)"
     timeout 120 python3 -m pytest tests/ops/test_fp8_cast.py tests/engine/test_fp8_saved.py tests/ops/test_gemm_fc1_compiled.py \
       -m gpu -q -rA -p no:cacheprovider 2>&1 | tee "$OUT/fp8_gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
-    stamp "the cast writing both layouts: q^T copied from q vs cast from the operand (bench/fp8_cast_layouts.py)"
-    timeout 60 python3 bench/fp8_cast_layouts.py --out "$OUT/fp8_cast_layouts.json" 2>&1 | tail -7
+    stamp "the compiled kernels (the cast's two layouts, the SwiGLU), dynamic vs static shapes (bench/compiled_shapes.py)"
+    timeout 120 python3 bench/compiled_shapes.py --out "$OUT/compiled_shapes.json" 2>&1 | tail -10
     stamp "the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise (gemm_fc1 compiled; baseline: the SwiGLU eager),"
     stamp "beside torchao float8 + torch.compile (one job; FP8_PEER_COMPILE=1 adds the bf16 torch.compile loop)"
     peers=(--peer torchao-fp8); [ "${FP8_PEER_COMPILE:-0}" = 1 ] && peers=(--peer torch-compile "${peers[@]}")

@@ -1,8 +1,11 @@
-"""torch.compile as the ops' `compiled` versions use it: one compiled function per kernel, dynamic shapes.
+"""torch.compile as the ops' `compiled` versions use it: one compiled function per kernel.
 
-Dynamic shapes without duck shaping and a recompile limit of 64: one graph serves every operand shape a run has
-(a weight and an activation of equal sizes are not assumed equal), and a run never silently drops to eager because
-it met more shapes than dynamo's default limit of 8. A failure the first time a kernel builds on a device type
+`dynamic`: one graph for every shape (without duck shaping: a weight and an activation of equal sizes are not
+assumed equal), or (False) a graph per shape, whose index arithmetic divides by constants and whose loads the
+compiler can vectorise: a run has a handful of shapes, and a dynamic kernel that splits or concatenates along a
+dimension runs at a fraction of the bandwidth (bench/compiled_shapes.py). Either way a recompile limit of 64, so a
+run never silently drops to eager because it met more shapes than dynamo's default of 8. A failure the first time a
+kernel builds on a device type
 raises KernelLoadError naming the op and version (never the eager code in its place); once it has built there,
 a failure is the call's own and is raised as it is.
 """
@@ -21,11 +24,11 @@ RECOMPILE_LIMIT = 64
 
 
 class CompiledKernel:
-    """fn compiled (fullgraph, dynamic shapes) for the op version at `entry`; call it like fn. `fix` ends the
-    KernelLoadError of a first failure (which version to use instead)."""
+    """fn compiled (fullgraph; `dynamic` shapes or a graph per shape) for the op version at `entry`; call it like fn.
+    `fix` ends the KernelLoadError of a first failure (which version to use instead)."""
 
-    def __init__(self, fn: Callable, op: str, version: str, entry: str, fix: str):
-        self._fn = torch.compile(fn, dynamic=True, fullgraph=True)
+    def __init__(self, fn: Callable, op: str, version: str, entry: str, fix: str, dynamic: bool = True):
+        self._fn = torch.compile(fn, dynamic=dynamic, fullgraph=True)
         self.op, self.version, self.entry, self.fix = op, version, entry, fix
         self._built: set[str] = set()  # device types it compiled for once
 

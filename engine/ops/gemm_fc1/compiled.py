@@ -32,8 +32,9 @@ def _dswiglu(dy: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 
 
 def _kernel(fn) -> CompiledKernel:
+    # a graph per shape: split and cat by a runtime f cost a division per element (inductor.py)
     return CompiledKernel(fn, "gemm_fc1", "compiled", "engine.ops.gemm_fc1.compiled:gemm_fc1",
-                          "use --op-gemm-fc1 baseline")
+                          "use --op-gemm-fc1 baseline", dynamic=False)
 
 
 _FORWARD, _BACKWARD = _kernel(_swiglu), _kernel(_dswiglu)
