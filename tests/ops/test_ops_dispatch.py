@@ -107,7 +107,9 @@ def test_real_registers_are_valid_and_default_to_the_measured_cutedsl_versions()
         assert resolve_version(op, "", "cpu") == "baseline"
         assert reg.versions["baseline"].devices == ("cpu", "cuda")
         for name, spec in reg.versions.items():  # CuTeDSL versions: CUDA only, their libraries required
-            if name != "baseline":
+            if name == "compiled":  # torch.compile of the baseline's math: CPU and CUDA, no library beyond torch
+                assert spec.devices == ("cpu", "cuda") and not spec.requires, (op, name)
+            elif name != "baseline":
                 assert spec.devices == ("cuda",) and spec.requires, (op, name)
 
 
