@@ -45,6 +45,9 @@
 #   bash bench/ops_session.sh zero1-tune  four H200s (DP 4 needs > 80 GB): ZeRO-1 DP 4 with gradient buckets of
 #                                      160 (default), 80, 40 and 320 MB in one job, then its profile (exposed
 #                                      communication by collective and place in the step), ~6 minutes
+#   bash bench/ops_session.sh fp8-4gpu  four GPUs, CuTeDSL wheels staged: the full 8B, bf16 vs --fp8 tensorwise at
+#                                      DP 4 ZeRO-1 and TP 2 x DP 2 ZeRO-1 (one job), then the --fp8 rows of the GPU
+#                                      determinism test (GPUs 0-1), ~8 minutes
 #   bash bench/ops_session.sh peers4   four GPUs: MiniCPM4-8B, seq 4096, global batch 16 x 4096, one job: the engine's
 #                                      best layouts (TP 2 x DP 2 ZeRO-1, DP 4 ZeRO-1, TP 1 x FSDP 4) beside torchtitan
 #                                      (FSDP 4 + SAC + compile; TP 2 x FSDP 2 + SAC + compile) and megatron-core (TP 2
@@ -205,6 +208,21 @@ case "${1:-check}" in
       --warmup 2 --md "$OUT/profile_8b_4gpu_dp4-zero1.md" --json "$OUT/profile_8b_4gpu_dp4-zero1.json" -- $FOUR \
       > "$OUT/profile_8b_4gpu_dp4-zero1.log" 2>&1; echo "rc=$?"
     grep -E "^Step|exposed|Exposed|Largest exposed" "$OUT/profile_8b_4gpu_dp4-zero1.md" 2>/dev/null | head -8
+    ;;
+  fp8-4gpu)
+    # Issue 32's second target: the full MiniCPM4-8B on 4 GPUs at the scale-out issue's best layout, FP8 >= 1.30x bf16.
+    # One job: DP 4 ZeRO-1 (the 141 GB cards' pick) and TP 2 x DP 2 ZeRO-1 (the 80 GB cards' pick), bf16 and --fp8
+    # tensorwise (gemm_fc1 compiled) each; rows that do not fit the card fail alone (their JSON says). Then the FP8
+    # determinism rows on GPUs 0-1 (same seed and a resume bit for bit at one GPU and TP 2). ~8 minutes.
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+    stamp "8B on 4 GPUs, bf16 vs --fp8 tensorwise at DP 4 ZeRO-1 and TP 2 x DP 2 ZeRO-1 (one job)"
+    timeout 360 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 85 \
+      --variant dp4-zero1= --variant dp4-zero1-fp8="--op-gemm-fc1 compiled --fp8 tensorwise" \
+      --variant tp2-dp2-zero1="--tp 2" --variant tp2-dp2-zero1-fp8="--tp 2 --op-gemm-fc1 compiled --fp8 tensorwise" \
+      --out "$OUT/mfu_8b_4gpu_fp8.json" 2>&1 | grep -v "^\[" | tail -8
+    stamp "FP8 same-seed and resume bit for bit on the GPU (tests/engine/test_determinism.py, fp8 rows)"
+    CUDA_VISIBLE_DEVICES=0,1 timeout 200 python3 -m pytest tests/engine/test_determinism.py -m gpu -k "fp8" -q -rA \
+      -p no:cacheprovider 2>&1 | tee "$OUT/fp8_determinism.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -12
     ;;
   peers4)
     stamp "8B on 4 GPUs: the engine's best layouts beside torchtitan and megatron-core at theirs (one job)"

@@ -80,18 +80,22 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+# fp8-*: --fp8 (issue 32: same-seed and resume bit for bit with FP8 on; at TP 2 its GEMMs on NCCL ranks) with the
+# plain-torch ops, and fp8-defaults: tensorwise at the CuTeDSL defaults with gemm_fc1 `compiled` (quack's has no FP8
+# path), as the FP8 benchmarks run.
+OPS = {"defaults": [], "baseline": BASELINE, "fp8-tensorwise": [*BASELINE, "--fp8", "tensorwise"],
+       "fp8-rowwise": [*BASELINE, "--fp8", "rowwise"], "fp8-defaults": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise"]}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tp", [1, 2], ids=["1gpu", "tp2"])
-# fp8-*: --fp8 (issue 32: same-seed and resume bit for bit with FP8 on; at TP 2 its GEMMs on NCCL ranks) with the
-# plain-torch ops, since the fused gemm_fc1 versions have no FP8 path.
-@pytest.mark.parametrize("ops", ["defaults", "baseline", "fp8-tensorwise", "fp8-rowwise"])
+@pytest.mark.parametrize("ops", list(OPS))
 def test_gpu_same_seed_runs_and_a_resume_are_bitwise(ops, tp, tmp_path) -> None:
     if _gpus() < tp:
         pytest.skip(f"needs {tp} GPUs; this machine has {_gpus()}")
-    fp8 = ["--fp8", ops.removeprefix("fp8-")] if ops.startswith("fp8-") else []
     common = ["pretrain", "--preset", "minicpm4-0.5b", "--device", "cuda", "--seed", "7", "--num-steps", "8",
               "--warmup-steps", "2", "--eval-samples", "0", "--seq-length", "2048", "--micro-batch-size", "2",
-              *(["--tp", "2"] if tp == 2 else []), *(BASELINE if ops != "defaults" else []), *fp8]
+              *(["--tp", "2"] if tp == 2 else []), *OPS[ops]]
 
     def run(*args: str):
         return torchrun(2, *common, *args, timeout=900) if tp == 2 else run_engine(*common, *args, timeout=900)
