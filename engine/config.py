@@ -233,7 +233,12 @@ class EngineConfig:
                   "gradients, torchao's default recipe); rowwise (a scale per row, E4M3 throughout, power-of-2 scales). "
                   "The LM head, embedding, norms, attention, fp32 master weights and optimizer are unchanged. CUDA: "
                   "compute capability 8.9+ (H100, H200); CPU runs the same numerics as an emulation for tests (no "
-                  "speed-up); needs a gemm_fc1 version with an FP8 path (baseline)", "perf")
+                  "speed-up); needs a gemm_fc1 version with an FP8 path (compiled, baseline)", "perf")
+    fp8_weight_cache: bool = _f(False, "with --fp8 tensorwise: cast each linear layer's weight to FP8 (both layouts) "
+                                "once a step, on its first micro-batch, and reuse the copies for the step's other "
+                                "micro-batches (TransformerEngine's is_first_microbatch): the same bits, GAS - 1 of "
+                                "every GAS weight casts fewer, for 2 bytes a linear parameter held through the step "
+                                "(docs/fp8.md); not with --cuda-graphs", "perf")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -543,7 +548,16 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
 def _check_fp8_shapes(cfg: EngineConfig) -> None:
     """--fp8: FP8 GEMMs (cuBLAS / CUTLASS through torch._scaled_mm) need every dimension a multiple of 16: the
     widths each TP rank multiplies (hidden, head_dim, FFN shard) and the tokens of a micro-batch (a weight
-    gradient's reduction; per forward row chunk of --tp-fwd-chunks)."""
+    gradient's reduction; per forward row chunk of --tp-fwd-chunks). --fp8-weight-cache keeps tensorwise copies
+    (one scale transposes with the weight; rowwise casts W per GEMM) and needs eager micro-batches (a CUDA graph
+    replays the casts of the micro-batch it captured)."""
+    if cfg.fp8_weight_cache and cfg.fp8 != "tensorwise":
+        raise ConfigError("--fp8-weight-cache", True, "add --fp8 tensorwise, or leave out --fp8-weight-cache",
+                          f"keeps tensorwise FP8 copies of the weights, and --fp8 is {cfg.fp8}")
+    if cfg.fp8_weight_cache and cfg.cuda_graphs:
+        raise ConfigError("--fp8-weight-cache", True, "leave out --fp8-weight-cache or --cuda-graphs",
+                          "casts the weights on a step's first micro-batch only, and --cuda-graphs replays one "
+                          "captured micro-batch for all of them")
     if cfg.fp8 == "off":
         return
     for name, value in (("hidden_size", cfg.hidden_size), ("head_dim", cfg.head_dim)):

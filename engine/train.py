@@ -23,7 +23,7 @@ from engine.cuda_graph import MicroBatchGraph
 from engine.data.mix import MixLoader, make_loader, mix_line
 from engine.data.sources import build_data, default_cache_dir
 from engine.distributed import ParallelState, init_parallel, shutdown_parallel
-from engine.distributed.fp8 import check_fp8_device
+from engine.distributed.fp8 import check_fp8_device, weight_copies_kept
 from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
@@ -306,17 +306,18 @@ class Trainer:
             for inputs, labels, _ in micro:
                 loss_sum += self.micro_graph(inputs, labels, valid)
             micro = []  # nothing left for the eager loop
-        for i, (inputs, labels, documents) in enumerate(micro):
-            loss = self.model(inputs, labels, documents)
-            if count is not None:
-                count.wait()
-                count = None
-            if self.grad_sync is not None:
-                self.grad_sync.start_micro_batch(last=i == len(micro) - 1)
-            else:
-                self.fsdp.start_micro_batch(last=i == len(micro) - 1)
-            (loss / valid).backward()  # --fsdp: FSDP2 reduce-scatters the gradients (summed; --fsdp-grad-sync)
-            loss_sum += loss.detach()
+        with weight_copies_kept(self.cfg.fp8_weight_cache):  # --fp8-weight-cache: each weight cast once a step
+            for i, (inputs, labels, documents) in enumerate(micro):
+                loss = self.model(inputs, labels, documents)
+                if count is not None:
+                    count.wait()
+                    count = None
+                if self.grad_sync is not None:
+                    self.grad_sync.start_micro_batch(last=i == len(micro) - 1)
+                else:
+                    self.fsdp.start_micro_batch(last=i == len(micro) - 1)
+                (loss / valid).backward()  # --fsdp: FSDP2 reduce-scatters the gradients (summed; --fsdp-grad-sync)
+                loss_sum += loss.detach()
         if self.fsdp is not None:
             self.fsdp.finish_grads()
         else:

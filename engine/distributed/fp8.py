@@ -3,16 +3,18 @@
 Why and how: docs/engine/distributed.md, section `engine/distributed/fp8.py`.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from engine.config import FP8_RECIPES
 from engine.errors import ConfigError
 
 __all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "amax_scale", "scaled_cast", "quantize", "cast",
-           "check_transposed", "keeps_fp8", "fp8_copy", "grad_operand", "rows", "save_operands", "saved_operands", "scaled_mm_nt",
+           "check_transposed", "keeps_fp8", "fp8_copy", "weight_copies_kept", "weight_copy", "grad_operand", "rows", "save_operands", "saved_operands", "scaled_mm_nt",
            "linear_forward", "linear_dgrad", "linear_wgrad", "reference_linear_fp8", "check_fp8_device"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -120,6 +122,37 @@ def fp8_copy(t: torch.Tensor, recipe: str, dtype: torch.dtype = E4M3, transposed
     """t's tensorwise FP8 copy (keeps_fp8 recipes), cast by the recipe's fp8_cast version; `transposed`: the cast
     writes the transpose's row-major copy as well (`qt`), in the same pass."""
     return Fp8Operand(*_cast_fn(recipe)(t, dtype, None, False, transposed=transposed))
+
+
+# --fp8-weight-cache: the weights' FP8 copies cast so far in this step (inside weight_copies_kept), else None
+_WEIGHT_COPIES: "WeakIdKeyDictionary | None" = None
+
+
+@contextmanager
+def weight_copies_kept(on: bool) -> Iterator[None]:
+    """Around a step's micro-batches (--fp8-weight-cache): inside, weight_copy casts each weight once and hands the
+    same copies to the later micro-batches (the weights change only at the optimizer step, after this); dropped on
+    exit. Off: weight_copy casts every time."""
+    global _WEIGHT_COPIES
+    if not on:
+        yield
+        return
+    _WEIGHT_COPIES = WeakIdKeyDictionary()
+    try:
+        yield
+    finally:
+        _WEIGHT_COPIES = None
+
+
+def weight_copy(w: torch.Tensor, recipe: str) -> Fp8Operand:
+    """A linear weight's tensorwise FP8 copies in both layouts (fp8_copy: the forward takes W, dgrad W^T), or the
+    ones cast for it earlier in the step (weight_copies_kept): the same bits either way."""
+    if _WEIGHT_COPIES is None:
+        return fp8_copy(w, recipe, transposed=True)
+    copies = _WEIGHT_COPIES.get(w)
+    if copies is None:
+        copies = _WEIGHT_COPIES[w] = fp8_copy(w, recipe, transposed=True)
+    return copies
 
 
 def grad_operand(g2: torch.Tensor, recipe: str) -> "torch.Tensor | Fp8Operand":

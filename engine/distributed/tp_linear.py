@@ -11,7 +11,7 @@ import torch.distributed as dist
 from engine.distributed.collectives import all_gather_new, reduce_scatter_new
 from engine.distributed.comm import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
 from engine.distributed.fp8 import (Fp8Operand, fp8_copy, grad_operand, keeps_fp8, linear_dgrad, linear_wgrad, rows,
-                                    save_operands, saved_operands)
+                                    save_operands, saved_operands, weight_copy)
 from engine.distributed.wgrad import fused_linear, linear, linear_wgrad_to, main_grad_of, save_linear, saved_linear_grads
 
 __all__ = ["TPComm", "column_input", "row_output", "column_parallel_linear", "row_parallel_linear", "mlp_region",
@@ -68,7 +68,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
         if keeps_fp8(tp.fp8):
             # backward takes x^T (wgrad) and W^T (dgrad): the cast writes them beside the forward's layout
             q_full = fp8_copy(full, tp.fp8, transposed=not tp.sequence_parallel)
-            qw = fp8_copy(w, tp.fp8, transposed=True)
+            qw = weight_copy(w, tp.fp8)
             if tp.sequence_parallel:  # this rank's rows (a copy: a view would hold the whole gathered copy)
                 n = x2.shape[0]
                 rank = dist.get_rank(tp.group)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from engine.distributed.fp8 import (Fp8Operand, fp8_copy, grad_operand, keeps_fp8, linear_dgrad, linear_forward,
-                                    linear_wgrad, rows, save_operands, saved_operands)
+                                    linear_wgrad, rows, save_operands, saved_operands, weight_copy)
 
 __all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear", "linear_grads",
            "save_linear", "saved_linear_grads", "linear_wgrad_to", "fused_linear", "fused_embedding"]
@@ -147,7 +147,7 @@ def save_linear(ctx, x: torch.Tensor, w: torch.Tensor, fp8: str, keep_x: bool = 
     ctx.fp8, ctx.x_shape = fp8, x.shape
     keep = keeps_fp8(fp8)
     x_op = fp8_copy(rows(x), fp8, transposed=True) if keep and keep_x else x
-    w_op = fp8_copy(w, fp8, transposed=True) if keep else w
+    w_op = weight_copy(w, fp8) if keep else w
     # backward takes x^T (wgrad) and W^T (dgrad): keep those layouts only, as the cast wrote them
     save_operands(ctx, *[o.transposed_only() if isinstance(o, Fp8Operand) else o for o in (x_op, w_op)], w)
     return x_op, w_op

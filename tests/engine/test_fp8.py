@@ -166,6 +166,10 @@ def test_refusals_name_field_value_and_fix():
         resolve(build_config({"fp8": "e4m3"}))
     with pytest.raises(ConfigError, match="--head-dim"):
         resolve(build_config({"fp8": "tensorwise", "head_dim": 24}))
+    with pytest.raises(ConfigError, match="--fp8-weight-cache.*--fp8 is rowwise.*add --fp8 tensorwise"):
+        resolve(build_config({"fp8": "rowwise", "fp8_weight_cache": True}))
+    with pytest.raises(ConfigError, match="--fp8-weight-cache.*--cuda-graphs"):
+        resolve(build_config({"fp8": "tensorwise", "fp8_weight_cache": True, "cuda_graphs": True}))
     cfg = resolve(build_config({"fp8": "tensorwise"}))
 
     def no_fp8_path(x, w, *, main_grad=None):

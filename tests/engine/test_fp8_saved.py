@@ -13,7 +13,7 @@ of the same comparison ([LOSS] lines and final weights) is in tests/engine/test_
 import pytest
 import torch
 
-from engine.distributed.fp8 import E4M3, E5M2, Fp8Recipe, cast
+from engine.distributed.fp8 import E4M3, E5M2, Fp8Recipe, cast, fp8_copy, weight_copies_kept, weight_copy
 from engine.distributed.wgrad import MainGrad, attach_main_grad, fused_linear, main_grad_of
 from tests.engine.fp8_recast import recasting
 from tests.parallel.workers import RECAST, single_run, spawn
@@ -107,6 +107,27 @@ def same(a: dict, b: dict) -> None:
 def test_a_short_run_with_selective_recompute_unfused_equals_the_recast_path():
     cfg = {**FP8, "activation_checkpointing": "selective", "grad_accum_fusion": False, "eval_samples": 0}
     same(single_run(cfg, 2), single_run({**cfg, RECAST: True}, 2))
+
+
+def test_the_weight_cache_casts_each_weight_once_a_step_and_changes_no_bit():
+    """--fp8-weight-cache: inside weight_copies_kept a weight is cast once (both layouts) and its copies handed to the
+    later micro-batches; outside, and after the step, every call casts again. A run with it (2 micro-batches a step,
+    selective recompute: the recompute takes the kept copies too) equals one without, every step and weight bit for
+    bit (the same cast of the same weight)."""
+    w = torch.randn(32, 48)
+    calls: list = []
+    recipe = Fp8Recipe("tensorwise", counting(calls))
+    with weight_copies_kept(True):
+        first, again = weight_copy(w, recipe), weight_copy(w, recipe)
+        other = weight_copy(w.clone(), recipe)  # another tensor of the same values: its own copies
+    assert first is again and other is not first and len(calls) == 2 and calls[0][3] is True
+    assert torch.equal(first.q.view(torch.uint8), fp8_copy(w, "tensorwise", transposed=True).q.view(torch.uint8))
+    weight_copy(w, recipe)
+    with weight_copies_kept(False):
+        weight_copy(w, recipe)
+    assert len(calls) == 4  # nothing kept outside a step, nor with the cache off
+    cfg = {**FP8, "grad_accum_steps": 2, "activation_checkpointing": "selective", "eval_samples": 0}
+    same(single_run({**cfg, "fp8_weight_cache": True}, 2), single_run(cfg, 2))
 
 
 @pytest.mark.slow  # six in-process runs of 3 steps; the compiled cast compiles (~5 s a graph on 2 cores)
