@@ -233,7 +233,8 @@ class EngineConfig:
                   "gradients, torchao's default recipe); rowwise (a scale per row, E4M3 throughout, power-of-2 scales). "
                   "The LM head, embedding, norms, attention, fp32 master weights and optimizer are unchanged. CUDA: "
                   "compute capability 8.9+ (H100, H200); CPU runs the same numerics as an emulation for tests (no "
-                  "speed-up); needs a gemm_fc1 version with an FP8 path (compiled, baseline)", "perf")
+                  "speed-up); needs a gemm_fc1 version with an FP8 path (compiled, baseline; on CUDA --fp8 alone runs "
+                  "compiled)", "perf")
     fp8_weight_cache: bool = _f(False, "with --fp8 tensorwise: cast each linear layer's weight to FP8 (both layouts) "
                                 "once a step, on its first micro-batch, and reuse the copies for the step's other "
                                 "micro-batches (TransformerEngine's is_first_microbatch): the same bits, GAS - 1 of "

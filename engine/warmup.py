@@ -67,7 +67,7 @@ def warmup_kernels(cfg: EngineConfig) -> int:
     rows = []
     total = time.perf_counter()
     for op in OP_NAMES:
-        version = resolve_version(op, getattr(cfg, f"op_{op}"), "cuda")
+        version = resolve_version(op, getattr(cfg, f"op_{op}"), "cuda", fp8=cfg.fp8 != "off")
         fn = load_op(op, version)
         if op == "attention":
             check_documents(cfg, version, fn)

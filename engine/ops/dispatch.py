@@ -46,7 +46,7 @@ OPS_ROOT = Path(__file__).resolve().parent
 _VERSION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_OP_KEYS = ("name", "description", "env", "default")
+_OP_KEYS = ("name", "description", "env", "default", "fp8_default")
 _VERSION_KEYS = ("entry", "devices", "requires", "description")
 
 
@@ -71,6 +71,7 @@ class Register:
     default: str
     versions: dict[str, KernelVersion]
     path: Path
+    fp8_default: str | None = None  # the CUDA version of a --fp8 run that names none (the default has no FP8 path)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -189,7 +190,12 @@ def load_register(op: str, ops_root: Path | None = None) -> Register:
     if "baseline" not in versions or "cpu" not in versions["baseline"].devices:
         raise KernelRegistryError(path, "versions.baseline", "is missing or does not list 'cpu'",
                                   'add [versions.baseline] with devices = ["cpu", "cuda"]: CPU runs resolve to it')
-    return Register(op=op, description=description, env=env, default=default, versions=versions, path=file)
+    fp8_default = _str_field(head, "fp8_default", "op", path, '"baseline"') if "fp8_default" in head else None
+    if fp8_default is not None and (fp8_default not in versions or "cuda" not in versions[fp8_default].devices):
+        raise KernelRegistryError(path, "op.fp8_default", f"is {fp8_default!r}, which is not a version that runs on "
+                                  f"cuda ({known})", "set fp8_default to one of them, or leave it out")
+    return Register(op=op, description=description, env=env, default=default, versions=versions, path=file,
+                    fp8_default=fp8_default)
 
 
 def _requested(op: str, cfg_value: str) -> tuple[str, str]:
@@ -207,8 +213,10 @@ def _unknown_version(reg: Register, version: str, source: str) -> ConfigError:
     return ConfigError(source, version, f"use one of: {known} (listed in {reg.path})", f"is not a version of op {reg.op!r}")
 
 
-def resolve_version(op: str, cfg_value: str, device_type: str, *, ops_root: Path | None = None) -> str:
-    """The version of `op` a run on `device_type` uses: env > config value > register default.
+def resolve_version(op: str, cfg_value: str, device_type: str, *, ops_root: Path | None = None,
+                    fp8: bool = False) -> str:
+    """The version of `op` a run on `device_type` uses: env > config value > register default (on CUDA with `fp8`,
+    a --fp8 run, the register's fp8_default where it has one: the CUDA default of gemm_fc1 has no FP8 path).
 
     Raises ConfigError for an unknown version name (listing the known ones) and for a requested
     version that cannot run on the device (naming op, version, device and the fix).
@@ -218,7 +226,9 @@ def resolve_version(op: str, cfg_value: str, device_type: str, *, ops_root: Path
     reg = load_register(op, ops_root)
     version, source = _requested(op, cfg_value)
     if not version:
-        return reg.default if device_type == "cuda" else "baseline"
+        if device_type != "cuda":
+            return "baseline"
+        return reg.fp8_default if fp8 and reg.fp8_default else reg.default
     if version not in reg.versions:
         raise _unknown_version(reg, version, source)
     devices = reg.versions[version].devices
@@ -299,7 +309,8 @@ def resolve_ops(cfg: EngineConfig, device: torch.device | str, *, ops_root: Path
     versions: dict[str, str] = {}
     funcs: dict[str, Callable[..., Any]] = {}
     for op in OP_NAMES:
-        versions[op] = resolve_version(op, getattr(cfg, f"op_{op}"), device_type, ops_root=ops_root)
+        versions[op] = resolve_version(op, getattr(cfg, f"op_{op}"), device_type, ops_root=ops_root,
+                                       fp8=cfg.fp8 != "off")
         funcs[op] = load_op(op, versions[op], ops_root=ops_root)
     check_documents(cfg, versions["attention"], funcs["attention"], ops_root=ops_root)
     check_fp8(cfg, versions["gemm_fc1"], funcs["gemm_fc1"])

@@ -113,6 +113,28 @@ def test_real_registers_are_valid_and_default_to_the_measured_cutedsl_versions()
                 assert spec.devices == ("cuda",) and spec.requires, (op, name)
 
 
+def test_a_fp8_run_on_cuda_that_names_no_gemm_fc1_gets_the_registers_fp8_default():
+    """gemm_fc1's CUDA default (quack) has no FP8 path: `--fp8` alone resolves to its fp8_default (compiled), a
+    version that is named stays named (and check_fp8 refuses one without the path), CPU keeps baseline."""
+    assert load_register("gemm_fc1").fp8_default == "compiled"
+    assert resolve_version("gemm_fc1", "", "cuda", fp8=True) == "compiled"
+    assert resolve_version("gemm_fc1", "", "cuda") == CUDA_DEFAULTS["gemm_fc1"]
+    assert resolve_version("gemm_fc1", "quack", "cuda", fp8=True) == "quack"
+    assert resolve_version("gemm_fc1", "", "cpu", fp8=True) == "baseline"
+    assert resolve_version("rmsnorm", "", "cuda", fp8=True) == CUDA_DEFAULTS["rmsnorm"]  # no fp8_default: the default
+
+
+def test_an_fp8_default_that_cannot_run_on_cuda_is_refused(tmp_path):
+    root = tmp_path / "ops"
+    (root / "attention").mkdir(parents=True)
+    (root / "attention" / "register.toml").write_text(
+        '[op]\nname = "attention"\ndescription = "d"\nenv = "TEMPER_OP_ATTENTION"\ndefault = "baseline"\n'
+        'fp8_default = "cpuonly"\n[versions.baseline]\nentry = "m:f"\ndevices = ["cpu", "cuda"]\nrequires = []\n'
+        'description = "d"\n[versions.cpuonly]\nentry = "m:g"\ndevices = ["cpu"]\nrequires = []\ndescription = "d"\n')
+    with pytest.raises(KernelRegistryError, match="op.fp8_default.*'cpuonly'.*cuda"):
+        load_register("attention", root)
+
+
 def test_resolve_ops_on_cpu_gives_the_baselines():
     ops = resolve_ops(EngineConfig(), torch.device("cpu"))
     assert isinstance(ops, OpSet)
