@@ -152,13 +152,17 @@ TP_CASES = [
 
 @pytest.mark.slow  # eight 3-step TP 2 runs on two gloo processes
 def test_fp8_copies_equal_the_recast_path_at_tp2(tmp_path):
+    """... and --fp8-weight-cache at TP 2 (2 micro-batches a step; the column-parallel weights' copies of the
+    overlapped path and the row-parallel ones) equals the same run without it."""
+    gas2 = {**TP, "grad_accum_steps": 2}
     scenarios = [(n, c, 3) for n, c in TP_CASES] + [(n + "_recast", {**c, RECAST: True}, 3) for n, c in TP_CASES]
+    scenarios += [("gas2", gas2, 3), ("gas2_cache", {**gas2, "fp8_weight_cache": True}, 3)]
     threads = torch.get_num_threads()
     try:
         world = spawn(2, scenarios, tmp_path)
     finally:
         torch.set_num_threads(threads)
-    for name, _ in TP_CASES:
-        got, ref = world[name], world[name + "_recast"]
+    for name, ref_name in [(n, n + "_recast") for n, _ in TP_CASES] + [("gas2_cache", "gas2")]:
+        got, ref = world[name], world[ref_name]
         assert got["steps"] == ref["steps"], name
         assert torch.equal(got["logits"], ref["logits"]), name
