@@ -5,7 +5,9 @@ slice's shapes, on one GPU.
 
 fp8 cast (engine/ops/fp8_cast/compiled.py, writing q and q^T row-major): `transpose-q` (q cast, then q^T copied
 from q: the engine's), dynamic and static, and `from-t` (both cast from the operand: two outputs of one read, which
-inductor still writes as two kernels), each checked bit for bit against the baseline cast (engine/distributed/fp8.py).
+inductor still writes as two kernels), each checked bit for bit against the baseline cast (engine/distributed/fp8.py);
+then the whole cast with its amax: the engine's (eager amax, compiled static cast) against amax and cast in one
+compiled graph.
 SwiGLU (engine/ops/gemm_fc1/compiled.py) forward and backward, dynamic and static, against the eager baseline's
 math. Median device time of --iters calls and the kernels each launches; table last, JSON to --out.
 """
@@ -40,6 +42,12 @@ def from_t(t, scale):
     return scaled_cast(t, scale, E4M3).contiguous(), scaled_cast(t.t(), scale, E4M3).contiguous()
 
 
+def with_amax(t):
+    """The whole cast in one compiled graph: amax and scale too (engine/distributed/fp8.py amax_scale's math)."""
+    scale = amax_scale(t, E4M3, None, False)
+    return (*transpose_q(t, scale), scale)
+
+
 def kernels(fn, *args) -> int:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn(*args)
@@ -65,6 +73,9 @@ def main() -> None:
     casts = {"transpose-q dynamic": compiled(transpose_q, "tq-dyn", True),
              "transpose-q static": compiled(transpose_q, "tq-static", False),
              "from-t dynamic": compiled(from_t, "from-t", True)}
+    static = casts["transpose-q static"]
+    whole = {"eager amax + static": lambda t: static(t, amax_scale(t, E4M3, None, False)),
+             "amax compiled too": compiled(with_amax, "with-amax", False)}
     for shape in CAST_SHAPES:
         t = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 3
         scale = amax_scale(t, E4M3, None, False)
@@ -75,6 +86,14 @@ def main() -> None:
             row["bitwise"] &= bool(torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
                                    and torch.equal(qt.view(torch.uint8), qt_ref.view(torch.uint8)))
             timed(row, name, fn, (t, scale), args.iters)
+        rows.append(row)
+        # the whole cast (amax, scale, both layouts): the eager amax beside the compiled cast, or one compiled graph
+        row = {"kernel": "fp8 cast + amax", "shape": list(shape), "bytes": t.numel() * 6, "bitwise": True}
+        for name, fn in whole.items():
+            q, qt = fn(t)[:2]
+            row["bitwise"] &= bool(torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+                                   and torch.equal(qt.view(torch.uint8), qt_ref.view(torch.uint8)))
+            timed(row, name, fn, (t,), args.iters)
         rows.append(row)
     for shape in SWIGLU_SHAPES:
         pre = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
@@ -93,7 +112,8 @@ def main() -> None:
     device = torch.cuda.get_device_name()
     args.out.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
     print(f"device {device}; ms: median device time of one call (k: kernels launched); GB/s: the least bytes moved "
-          f"(cast: 2 read + 2 written an element; SwiGLU: 3 forward, 5 backward per element of [gate | up]) / the best "
+          f"(cast: 2 read + 2 written an element, 6 with the amax's read; SwiGLU: 3 forward, 5 backward per element of "
+          f"[gate | up]) / the best "
           f"time; bitwise: equal to the baseline cast (SwiGLU: to the eager math, for information)")
     for r in rows:
         ways = [k[:-3] for k in r if k.endswith("_ms")]
