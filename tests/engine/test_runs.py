@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from tests.engine.helpers import REPO, TINY_FAST, deterministic_fields, eval_lines, loss_lines, run_engine
+from tests.once import once_per_run
 
 
 EIGHT = [*TINY_FAST, "--num-steps", "8", "--save-every", "4", "--keep-last", "5"]
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def eight_steps(tmp_path_factory):
     """One 8-step run with checkpoints at steps 4 and 8, the reference of the determinism and resume tests:
     (run dir, the finished process)."""
@@ -26,6 +28,7 @@ def eight_steps(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def seed_7_without_run_dir(tmp_path_factory):
     """A 2-step run with --seed 7 and no --run-dir, started in a folder of its own: (that folder, the process). Another
     seed for the determinism test, the default output folders for the header test."""

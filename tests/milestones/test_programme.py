@@ -6,9 +6,10 @@ property the milestone defends, rejected by the gate that defends it).
 demo-tiny is a growth milestone: main fails it (its acceptance tests need `inverse_sqrt`) and the demo's
 solution (tests/milestones/solutions/demo-tiny.patch) passes it.
 
-Cost on 2 idle cores: each `temper gate` takes 15-80 s. The default (CI) selection runs alignment,
-bitwise-single (passed and regressed), the resume regression, demo-tiny on main, the spec/listing/needs checks and that every
-fixture patch still applies to HEAD (about 4 min); `-m slow` adds demo-tiny solved, the resume pass, bitwise-dptp and long-horizon.
+Cost on 2 idle cores: each `temper gate` takes 15-80 s (sandboxed, as a user's judging). The default (CI) selection runs
+bitwise-single passed and regressed (~40 s, at SMALL_SHAPES), the spec/listing/needs checks, one GPU refusal per GPU
+count and that every fixture patch still applies to HEAD; `-m slow` adds the other CPU milestones passed and regressed,
+demo-tiny failed by main and solved, and the other GPU refusals.
 """
 
 import json

@@ -20,6 +20,7 @@ import torch
 
 from engine.checkpoint.hf_export import export_hf, to_llama_state_dict
 from tests.engine.helpers import deterministic_fields, loss_lines, run_engine
+from tests.once import once_per_run
 from tests.parallel.launch import TINY_DP, torchrun
 from tests.parallel.workers import single_run, spawn
 
@@ -27,6 +28,7 @@ STEPS = ["--num-steps", "8", "--save-every", "4", "--keep-last", "5"]
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def tp2dp2(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tp2dp2")
     proc = torchrun(4, "pretrain", *TINY_DP, *STEPS, "--tp", "2", "--micro-batch-size", "1", "--grad-accum-steps", "2",
@@ -35,7 +37,8 @@ def tp2dp2(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def single():
+@once_per_run
+def single(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # torchrun gives each rank one thread
     try:

@@ -22,6 +22,7 @@ import torch
 from tests.engine.adamw_reference import initial_weights, reference_logits
 from tests.engine.helpers import deterministic_fields, loss_lines
 from tests.engine.muon_reference import train_muon_reference
+from tests.once import once_per_run
 from tests.parallel.test_tp_dp_equivalence import assert_trajectories, tensor_rel
 from tests.parallel.launch import TINY_DP, torchrun
 from tests.parallel.workers import SAVE_TO, fixed_tokens, make_config, single_run, spawn
@@ -31,6 +32,7 @@ DP2 = {**MUON, "micro_batch_size": 2, "ddp_bucket_mb": 0.3}  # ~6 buckets: matri
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def single(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks: the same GEMM blocking
@@ -42,6 +44,7 @@ def single(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def world2(tmp_path_factory, single):
     return spawn(2, [("tp2", {**MUON, "tp": 2}, 8), ("tp2_kv1", {**MUON, "tp": 2, "num_kv_heads": 1}, 6),
                      ("dp2", DP2, 8), ("dp2_from_dp1", {**DP2, "resume": single["ckpt"]}, 4),
@@ -50,6 +53,7 @@ def world2(tmp_path_factory, single):
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def independent(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from tests.engine.adamw_reference import initial_weights, reference_logits, train_reference
+from tests.once import once_per_run
 from tests.parallel.workers import fixed_tokens, make_config, single_run, spawn
 
 TP2 = {"tp": 2}
@@ -53,6 +54,7 @@ GAS2 = {"micro_batch_size": 2, "grad_accum_steps": 2}
 
 # The runs below are session-scoped (tests/conftest.py says why): module-scoped, a clean run trained them three times.
 @pytest.fixture(scope="session")
+@once_per_run
 def single(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks: the same GEMM blocking
@@ -69,6 +71,7 @@ def single(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def world2(tmp_path_factory, single):
     resume = ("dp2_from_dp1", {"micro_batch_size": 2, "ddp_bucket_mb": 0.3, "resume": single["ckpt_gas2"]}, 4)
     return spawn(2, SCENARIOS + [resume], tmp_path_factory.mktemp("world2"))
@@ -176,6 +179,7 @@ def test_dp2_resumes_a_single_process_checkpoint(world2, single):
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def adamw_ref(tmp_path_factory):
     return adamw_reference({}, STEPS, str(tmp_path_factory.mktemp("adamw_ref")))
 
