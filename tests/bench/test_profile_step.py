@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from bench.profile_step import STEP_MARK, exposed_ms, family, gemm_flops, gemms_by_shape, idle_gaps, markdown, summarize_kernels
+from bench.profile_step import (STEP_MARK, exposed_ms, family, gemm_flops, gemms_by_shape, idle_gaps, insert_section,
+                                markdown, summarize_kernels)
 from tests.conftest import REPO
 
 
@@ -78,23 +79,30 @@ def test_gemm_kernels_are_grouped_by_their_launching_op_and_shapes():
     assert rows[1]["tflops"] is None and rows[1]["ms"] == 1.0
 
 
-def test_profile_on_cpu_fills_and_then_replaces_a_doc_section(tmp_path):
+def test_profile_on_cpu_replaces_its_doc_section_and_an_absent_one_is_appended(tmp_path):
+    """One real CPU profile into a doc whose section holds an older table (the text around it kept); a doc without
+    the section gets it appended (insert_section, what the CLI writes with: no second profile needed for that)."""
     doc = tmp_path / "bench.md"
-    doc.write_text("# Benchmarks\n\nkept\n")
+    doc.write_text("# Benchmarks\n\nkept\n\n<!-- profile:tiny -->\nstale table\n<!-- /profile:tiny -->\n\nafter\n")
     cmd = [sys.executable, "bench/profile_step.py", "--steps", "1", "--warmup", "1", "--insert", str(doc), "--section",
            "tiny", "--trace-dir", str(tmp_path / "trace"), "--", "--preset", "tiny", "--seq-length", "32",
            "--micro-batch-size", "2", "--grad-accum-steps", "2", "--device", "cpu"]
-    for _ in range(2):
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     text = doc.read_text()
-    assert text.startswith("# Benchmarks\n\nkept\n")
+    assert text.startswith("# Benchmarks\n\nkept\n\n<!-- profile:tiny -->\n")
+    assert text.endswith("<!-- /profile:tiny -->\n\nafter\n")
+    assert "stale table" not in text
     assert text.count("<!-- profile:tiny -->") == 1 and text.count("<!-- /profile:tiny -->") == 1
     assert "| GEMM |" in text and "`aten::mm`" in text
     assert "| GEMM launched by |" in text
     row = next(line for line in text.splitlines() if line.startswith("| `aten::mm` | ["))
     assert float(row.split("|")[-2]) > 0  # the CPU's achieved TFLOP/s: a number
     assert (tmp_path / "trace" / "trace_rank0.json").exists()
+    other = tmp_path / "other.md"
+    other.write_text("# Other\n")
+    insert_section(other, "tiny", "| table |\n")
+    assert other.read_text() == "# Other\n\n<!-- profile:tiny -->\n| table |\n<!-- /profile:tiny -->\n"
 
 
 def test_gpu_idle_inside_a_step_is_charged_to_what_the_host_was_doing():

@@ -2,8 +2,9 @@
 
 Each JSON argv list on stdin goes to engine.cli.main (what `python -m engine` calls) with the process's own stdout and
 stderr (file descriptors 1 and 2, so output from C and from child threads is caught too) pointed at files of its own;
-one JSON line per run on the real stdout: {"rc", "stdout", "stderr"}. For refusals, which stop before any work: the
-interpreter and torch are imported once instead of once per refusal (seconds each on 2 cores).
+one JSON line per run on the real stdout: {"rc", "stdout", "stderr"}. For refusals, which stop before any work, and
+short runs whose checks cannot pass by what an earlier run left in the process: the interpreter and torch are
+imported once instead of once per run (seconds each on 2 cores).
 """
 
 import json

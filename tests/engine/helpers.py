@@ -27,7 +27,8 @@ def run_engine(*args: str, timeout: float = 300, check: bool = True) -> subproce
 
 def run_engine_batch(argvs: list[list[str]], timeout: float = 300) -> list[subprocess.CompletedProcess]:
     """`python -m engine ARGV` for each argv, all in one process (tests/engine/engine_batch.py): for refusals, which
-    stop before any work, so that torch is imported once. One CompletedProcess per argv, in order."""
+    stop before any work, and short runs whose checks cannot pass by what an earlier run left in the process, so that
+    torch is imported once. One CompletedProcess per argv, in order."""
     proc = subprocess.run([sys.executable, "-m", "tests.engine.engine_batch"], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, input="".join(json.dumps(a) + "\n" for a in argvs))
     assert proc.returncode == 0, f"the batch exited {proc.returncode}: {proc.stderr[-3000:]}"

@@ -19,6 +19,7 @@ import pytest
 from engine.optim.schedule import lr_at
 from engine.config import EngineConfig
 from tests.engine.helpers import REPO, TINY_FAST, deterministic_fields, loss_lines, run_engine, run_engine_batch
+from tests.once import once_per_run
 
 FAST = [*TINY_FAST, "--eval-samples", "0"]
 
@@ -47,6 +48,7 @@ def _run_until(args: list[str], line_prefix: str, sig: int, *, then_wait_for: Pa
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def base(tmp_path_factory) -> tuple[Path, list[tuple[str, ...]]]:
     """4 steps, checkpoints at 2 and 4 (each test works on a copy): the reference [LOSS] lines."""
     run_dir = tmp_path_factory.mktemp("base") / "run"
@@ -103,6 +105,7 @@ def _tree(folder: Path) -> dict[str, bytes] | None:
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def refused(base, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path, dict | None]]:
     """The resumes that must be refused, each `python -m engine pretrain ...` as the CLI runs it, all in one process
     (tests/engine/engine_batch.py: torch is imported once, not once per refusal): case -> (the run, its --run-dir,

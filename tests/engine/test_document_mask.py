@@ -28,7 +28,7 @@ from engine.errors import ConfigError
 from engine.model import batch_documents, build_model, document_layout
 from engine.ops import resolve_ops
 from engine.ops.rope.baseline import document_positions
-from tests.engine.helpers import TINY_FAST, deterministic_fields, eval_lines, loss_lines, run_engine
+from tests.engine.helpers import TINY_FAST, deterministic_fields, eval_lines, loss_lines, run_engine_batch
 
 CPU = torch.device("cpu")
 EOS = 257  # the byte tokenizer's
@@ -178,8 +178,12 @@ def test_training_with_the_mask_end_to_end(tmp_path):
     short_documents(data, 60, 2, "validation")
     common = ["pretrain", *TINY_FAST, "--hf-dataset", str(data), "--data-cache-dir", str(tmp_path / "cache"),
               "--no-save-final"]
-    masked = run_engine(*common, "--document-mask", "--reset-position-ids", "--run-dir", str(tmp_path / "masked"))
-    plain = run_engine(*common, "--run-dir", str(tmp_path / "plain"))
+    # one process for both runs (tests/engine/engine_batch.py): whatever one left behind could only make them alike,
+    # which fails the last check
+    mask = ["--document-mask", "--reset-position-ids"]
+    plain, masked = run_engine_batch([[*common, "--run-dir", str(tmp_path / "plain")],
+                                      [*common, *mask, "--run-dir", str(tmp_path / "masked")]])
+    assert plain.returncode == 0 and masked.returncode == 0, plain.stderr[-3000:] + masked.stderr[-3000:]
     got = [deterministic_fields(x) for x in loss_lines(masked.stdout)]
     want = [deterministic_fields(x) for x in loss_lines(plain.stdout)]
     assert len(got) == len(want) == 6

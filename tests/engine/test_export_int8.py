@@ -28,6 +28,7 @@ from engine.errors import ConfigError
 from engine.checkpoint.hf_export import load_full_weights
 from engine.checkpoint.int8_export import MAGIC, load_int8, model_from_weights, quantize_rows
 from tests.engine.helpers import eval_lines, run_engine, run_engine_batch
+from tests.once import once_per_run
 
 
 def reference_round_trip(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -55,6 +56,7 @@ def test_per_row_error_is_at_most_half_a_step():
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def exported(trained, tmp_path_factory):
     """`engine export-int8` of the trained checkpoint with the default threshold, evaluated on the CPU in fp32: the file
     and what the command printed."""
@@ -65,6 +67,7 @@ def exported(trained, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def int8_cli(trained, exported, tmp_path_factory):
     """eval-int8 of the export, of a corrupt copy and of a missing file, and export-int8 with a bad flag, each as
     `python -m engine ...` runs it, all in one process (tests/engine/engine_batch.py: torch is imported once)."""

@@ -26,6 +26,7 @@ from engine.optim.muon import assign_owners, newton_schulz
 from tests.engine.adamw_reference import initial_weights, reference_logits
 from tests.engine.helpers import deterministic_fields, loss_lines, run_engine
 from tests.engine.muon_reference import KELLER, train_muon_reference
+from tests.once import once_per_run
 from tests.parallel.workers import fixed_tokens, make_config, single_run
 
 MUON = {"optimizer": "muon"}
@@ -125,6 +126,7 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def muon_single(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # set up before the module's one_thread: a session fixture comes first

@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from tests.engine.helpers import REPO, TINY_FAST, deterministic_fields, eval_lines, loss_lines, run_engine
+from tests.once import once_per_run
 
 
 EIGHT = [*TINY_FAST, "--num-steps", "8", "--save-every", "4", "--keep-last", "5"]
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def eight_steps(tmp_path_factory):
     """One 8-step run with checkpoints at steps 4 and 8, the reference of the determinism and resume tests:
     (run dir, the finished process)."""
@@ -26,6 +28,7 @@ def eight_steps(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def seed_7_without_run_dir(tmp_path_factory):
     """A 2-step run with --seed 7 and no --run-dir, started in a folder of its own: (that folder, the process). Another
     seed for the determinism test, the default output folders for the header test."""
@@ -49,16 +52,16 @@ def test_same_seed_prints_identical_loss_lines(eight_steps, seed_7_without_run_d
     assert deterministic_fields(loss_lines(c.stdout)[0])[1:3] != deterministic_fields(la[0])[1:3]
 
 
-def test_val_loss_does_not_depend_on_the_batch_split(tmp_path):
-    """mbs 1 x GAS 2 and mbs 2 train identically (losses normalised by global tokens) and now evaluate the
-    same --eval-samples samples: the [EVAL] lines agree to 1e-6 relative (fp32 sums within each
-    micro-batch's loss and of two micro-batch gradients, grouped differently; observed ~1e-8) and count
-    the same tokens. Before, evaluation read eval_steps x mbs samples: 8 vs 16 here."""
-    common = [*TINY_FAST, "--num-steps", "2", "--eval-every", "1", "--no-save-final"]
-    split = run_engine("pretrain", *common, "--micro-batch-size", "1", "--grad-accum-steps", "2", "--run-dir", str(tmp_path / "a"))
-    whole = run_engine("pretrain", *common, "--micro-batch-size", "2", "--run-dir", str(tmp_path / "b"))
-    evals = [[line.split() for line in eval_lines(p.stdout)] for p in (split, whole)]
-    assert [len(e) for e in evals] == [3, 3]  # steps 0, 1, 2
+def test_val_loss_does_not_depend_on_the_batch_split(trained, tmp_path):
+    """mbs 1 x GAS 4 and mbs 4 (the shared 3-step run, tests/engine/conftest.py) train identically (losses normalised
+    by global tokens) and evaluate the same --eval-samples samples: the [EVAL] lines, at steps 0 to 3, agree to 1e-6
+    relative (fp32 sums within each micro-batch's loss and of four micro-batch gradients, grouped differently; observed
+    ~1e-8) and count the same tokens. Evaluation used to read eval_steps x mbs samples: 8 vs 32 here. (In process, at
+    DP 2 and TP 2 too: tests/parallel/test_tp_dp_equivalence.py::test_validation_loss_is_the_same_whatever_the_layout.)"""
+    split = run_engine("pretrain", *TINY_FAST, "--num-steps", "3", "--eval-every", "1", "--no-save-final",
+                       "--micro-batch-size", "1", "--grad-accum-steps", "4", "--run-dir", str(tmp_path / "split"))
+    evals = [[line.split() for line in eval_lines(out)] for out in (split.stdout, trained[2])]
+    assert [len(e) for e in evals] == [4, 4]  # steps 0, 1, 2, 3
     for a, b in zip(*evals):
         fa, fb = dict(x.split("=") for x in a[1:]), dict(x.split("=") for x in b[1:])
         assert fa["step"] == fb["step"] and fa["tokens"] == fb["tokens"] == str(8 * 64)
@@ -209,15 +212,14 @@ def test_export_hf_never_replaces_what_it_did_not_write(trained, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine"]
 
 
-def test_tensorboard_scalars_twin_the_wire_lines(tmp_path):
+def test_tensorboard_scalars_twin_the_wire_lines(trained):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run_dir = tmp_path / "run"
-    proc = run_engine("pretrain", *TINY_FAST, "--num-steps", "3", "--tensorboard", "--no-save-final", "--run-dir", str(run_dir))
+    run_dir, _, stdout = trained  # the shared 3-step run wrote its scalars (tests/engine/conftest.py)
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     losses = [e.value for e in events.Scalars("loss/global_loss")]
-    wire = [float(deterministic_fields(x)[1]) for x in loss_lines(proc.stdout)]
-    assert losses == pytest.approx(wire, rel=1e-6)  # TensorBoard stores float32
-    assert [e.step for e in events.Scalars("eval/val_loss")] == [3]
+    wire = [float(deterministic_fields(x)[1]) for x in loss_lines(stdout)]
+    assert len(wire) == 3 and losses == pytest.approx(wire, rel=1e-6)  # TensorBoard stores float32
+    assert [e.step for e in events.Scalars("eval/val_loss")] == [0, 1, 2, 3]

@@ -3,8 +3,10 @@
 import pytest
 
 from tests.judge.runs import train
+from tests.once import once_per_run
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def honest(tmp_path_factory):
     return train(tmp_path_factory.mktemp("honest"))

@@ -25,6 +25,7 @@ from harness.judge.admit import overlay_hidden
 from harness.judge.runner import GateRunner
 from harness.records import RunRecord
 from harness.spec import PytestGate, load_milestones
+from tests.once import once_per_run
 
 REPO = Path(__file__).resolve().parents[2]
 MILESTONES = [m for m in load_milestones(REPO / "milestones", root=REPO) if any(isinstance(g, PytestGate) for g in m.gates)]
@@ -40,6 +41,7 @@ def _selected(test_id: str, selectors: list[str]) -> bool:
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def collections(tmp_path_factory) -> tuple:
     """(behind the barrier, without it): each a pytest process and its test IDs, over every gate's files, in one copy
     of this checkout (uncommitted work included) with every milestone's hidden material over it, as the judge's base

@@ -26,6 +26,7 @@ from harness.judge.claims.keeper import CheckpointKeeper, draw_pairs
 from harness.judge.logparse import parse_engine_log, parse_skip_lines
 from harness.judge.claims.saveplan import JOB_BUDGET, plan_replay, plan_saves
 from tests.judge.runs import REPO, edit_lines, expected_config, flag_argv, train
+from tests.once import once_per_run
 
 
 def engine_batches(run, out: Path, steps: list[int], **flags) -> dict[int, StepBatch]:
@@ -38,6 +39,7 @@ def engine_batches(run, out: Path, steps: list[int], **flags) -> dict[int, StepB
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def steps5(honest, tmp_path_factory):
     """The honest run's pair (5, 6) and the batches of steps 5 and 6."""
     pairs = step_pairs(list_checkpoints(honest.save_dir))

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.engine.test_document_mask import short_documents
+from tests.once import once_per_run
 from tests.parallel.test_tp_dp_equivalence import assert_trajectories, tensor_rel
 from tests.parallel.workers import single_run, spawn
 
@@ -28,6 +29,7 @@ def data(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def runs(tmp_path_factory, data):
     masked = {**data, "document_mask": True, "reset_position_ids": True}
     threads = torch.get_num_threads()

@@ -19,6 +19,7 @@ import math
 import pytest
 import torch
 
+from tests.once import once_per_run
 from tests.parallel.workers import single_run, spawn
 
 FP8 = {"fp8": "tensorwise"}
@@ -44,6 +45,7 @@ def rel(a: float, b: float) -> float:
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def runs(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

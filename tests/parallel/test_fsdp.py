@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tests.engine.helpers import check_rejected, deterministic_fields, loss_lines, run_engine_batch
+from tests.once import once_per_run
 from tests.parallel.launch import torchrun
 from tests.parallel.test_tp_dp_equivalence import assert_trajectories, tensor_rel
 from tests.parallel.workers import FSDP_PROBE, single_run, spawn
@@ -40,6 +41,7 @@ PROBES = {"default": {}, "always": KNOBS["always"], "tuned": TUNED, "bf16": {"fs
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def one_process(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks
@@ -51,6 +53,7 @@ def one_process(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def fsdp_dp2(tmp_path_factory, one_process):
     scenarios = [("fsdp", {**DP2, "fsdp": True}, 3),
                  ("fsdp_from_one", {**DP2, "fsdp": True, "resume": one_process["ckpt"]}, 3),
@@ -154,7 +157,8 @@ def fsdp_tp2dp2(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def one_tp2_reference():
+@once_per_run
+def one_tp2_reference(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -12,7 +12,7 @@ partial sums, bucketed gradient reductions), ~1e-7 relative per step, which Muon
 do (tests/parallel/test_tp_dp_equivalence.py): losses and grad norms rel. 1e-5 over 8 steps, logits 1e-5
 against one process and 1e-4 against the independent loop (observed: <= 1e-6).
 A DP 2 run resumes a one-process checkpoint (Muon's whole-matrix state re-owned by name): steps 5-8 as one
-process at 1e-5; and the other way, through torchrun: a DP 2 checkpoint resumed on one process. Marked slow:
+process at 1e-5; and the other way, a DP 2 checkpoint resumed on one process. Marked slow:
 the 4-process TP 2 x DP 2 run, and TP 2 resuming its own checkpoint bit for bit.
 """
 
@@ -20,17 +20,19 @@ import pytest
 import torch
 
 from tests.engine.adamw_reference import initial_weights, reference_logits
-from tests.engine.helpers import deterministic_fields, loss_lines, run_engine
+from tests.engine.helpers import deterministic_fields, loss_lines
 from tests.engine.muon_reference import train_muon_reference
+from tests.once import once_per_run
 from tests.parallel.test_tp_dp_equivalence import assert_trajectories, tensor_rel
 from tests.parallel.launch import TINY_DP, torchrun
-from tests.parallel.workers import fixed_tokens, make_config, single_run, spawn
+from tests.parallel.workers import SAVE_TO, fixed_tokens, make_config, single_run, spawn
 
 MUON = {"optimizer": "muon"}
 DP2 = {**MUON, "micro_batch_size": 2, "ddp_bucket_mb": 0.3}  # ~6 buckets: matrices straddle bucket shards
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def single(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks: the same GEMM blocking
@@ -42,13 +44,16 @@ def single(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def world2(tmp_path_factory, single):
     return spawn(2, [("tp2", {**MUON, "tp": 2}, 8), ("tp2_kv1", {**MUON, "tp": 2, "num_kv_heads": 1}, 6),
-                     ("dp2", DP2, 8), ("dp2_from_dp1", {**DP2, "resume": single["ckpt"]}, 4)],
+                     ("dp2", DP2, 8), ("dp2_from_dp1", {**DP2, "resume": single["ckpt"]}, 4),
+                     ("dp2_saved", {**DP2, SAVE_TO: str(tmp_path_factory.mktemp("muon_dp2_ckpt"))}, 4)],
                  tmp_path_factory.mktemp("muon_world2"))
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def independent(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -93,23 +98,17 @@ def test_tp2_dp2_at_once(tmp_path, single, independent):
     assert tensor_rel(got["logits"], independent) < 1e-4
 
 
+def test_dp2_checkpoint_resumes_on_one_process(world2):
+    """DP 2 saves its Muon state at step 4 (each matrix by its owner, plain tensors by name); one process (GAS 2)
+    resumes it and continues as DP 2 did: 1e-5 (observed ~1e-7, the grad-norm squares add in another order)."""
+    saved = world2["dp2_saved"]
+    one = single_run({**MUON, "micro_batch_size": 2, "grad_accum_steps": 2, "resume": saved["checkpoint"]}, 4)
+    assert saved["steps"] == world2["dp2"]["steps"][:4]
+    assert_trajectories(one["steps"], world2["dp2"]["steps"][4:8], 1e-5, "dp2 checkpoint resumed on one process")
+
+
 MUON_ARGS = [*TINY_DP, "--optimizer", "muon", "--num-steps", "8", "--save-every", "4", "--global-batch-size", "4",
              "--micro-batch-size", "2"]
-
-
-def _losses(stdout: str) -> list[tuple[float, float]]:
-    return [(float(f[1]), float(f[2])) for f in map(deterministic_fields, loss_lines(stdout))]
-
-
-def test_dp2_checkpoint_resumes_on_one_process(tmp_path):
-    """Through torchrun: DP 2 saves its Muon state (each matrix by its owner, plain tensors by name) at step 4;
-    one process (GAS 2) resumes it and continues as DP 2 did: 1e-5 (observed ~1e-7, the grad-norm squares add
-    in another order)."""
-    dp2 = torchrun(2, "pretrain", *MUON_ARGS, "--run-dir", str(tmp_path / "dp2"))
-    one = run_engine("pretrain", *MUON_ARGS, "--resume", str(tmp_path / "dp2" / "checkpoints" / "step_00000004"),
-                     "--run-dir", str(tmp_path / "one"), timeout=300)
-    assert "optim muon" in dp2.stdout
-    assert_trajectories(_losses(one.stdout), _losses(dp2.stdout)[4:], 1e-5, "dp2 checkpoint resumed on one process")
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ the same backward hooks as the DP reduce-scatters.
 import pytest
 import torch
 
+from tests.once import once_per_run
 from tests.parallel.test_tp_dp_equivalence import (adamw_reference, assert_matches_adamw_reference, assert_trajectories,
                                                    tensor_rel)
 from tests.parallel.workers import single_run, spawn
@@ -23,12 +24,14 @@ SCENARIOS = [
 
 
 @pytest.fixture(scope="session")
+@once_per_run
 def world4(tmp_path_factory):
     return spawn(4, SCENARIOS, tmp_path_factory.mktemp("world4"))
 
 
 @pytest.fixture(scope="session")
-def single():
+@once_per_run
+def single(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -26,7 +26,7 @@ from engine.evaluate import evaluate
 from engine.model import batch_documents
 from engine.train import Trainer
 
-__all__ = ["RECAST", "FSDP_PROBE", "BASE", "make_config", "single_run", "launch", "spawn", "run_trainer", "fixed_tokens", "TickClock", "spawn_runs"]
+__all__ = ["RECAST", "FSDP_PROBE", "SAVE_TO", "BASE", "make_config", "single_run", "launch", "spawn", "run_trainer", "fixed_tokens", "TickClock", "spawn_runs"]
 
 # tiny preset, fp32 on CPU, short sequences: a 20-step trajectory takes about a second per process.
 BASE: dict[str, Any] = dict(preset="tiny", device="cpu", compute_dtype="fp32", seq_length=64, micro_batch_size=4,
@@ -37,6 +37,8 @@ BASE: dict[str, Any] = dict(preset="tiny", device="cpu", compute_dtype="fp32", s
 RECAST = "_fp8_recast"
 # A scenario override (not a config field): instead of training, one step of an --fsdp run watched (fsdp_probe).
 FSDP_PROBE = "_fsdp_probe"
+# A scenario override (not a config field): the run dir (kept) where every rank saves the scenario's last step.
+SAVE_TO = "_save_to"
 # The collectives FSDP2 issues (torch 2.13 names them *_single; earlier releases *_tensor)
 _FSDP_COLLECTIVES = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
                      "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter"}
@@ -165,13 +167,15 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: 
     try:
         for name, overrides, steps in scenarios:
             with tempfile.TemporaryDirectory() as tmp, _path(overrides):
-                cfg = make_config(_config_fields(overrides), world, tmp)
+                cfg = make_config(_config_fields(overrides), world, overrides.get(SAVE_TO) or tmp)
                 replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
                 par = init_parallel(env, cfg.tp, "cpu", kv_replicas=replicas)
                 trainer = Trainer(cfg, par, torch.float32, launcher="spawn")
                 results[name] = fsdp_probe(trainer) if overrides.get(FSDP_PROBE) else run_trainer(trainer, steps)
                 results[name]["layout"] = (par.tp_size, par.dp_size)
                 results[name]["placement"] = _placement(par, world)
+                if overrides.get(SAVE_TO):
+                    results[name]["checkpoint"] = str(trainer.save())
                 trainer.metrics.close()
                 dist.barrier()
         if rank == 0:
@@ -181,7 +185,7 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: 
 
 
 def _config_fields(overrides: dict) -> dict:
-    return {k: v for k, v in overrides.items() if k not in (RECAST, FSDP_PROBE)}
+    return {k: v for k, v in overrides.items() if k not in (RECAST, FSDP_PROBE, SAVE_TO)}
 
 
 def _path(overrides: dict):
