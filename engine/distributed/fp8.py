@@ -14,8 +14,9 @@ from engine.config import FP8_RECIPES
 from engine.errors import ConfigError
 
 __all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "amax_scale", "scaled_cast", "quantize", "cast",
-           "check_transposed", "keeps_fp8", "fp8_copy", "weight_copies_kept", "weight_copy", "grad_operand", "rows", "save_operands", "saved_operands", "scaled_mm_nt",
-           "linear_forward", "linear_dgrad", "linear_wgrad", "reference_linear_fp8", "check_fp8_device"]
+           "check_transposed", "keeps_fp8", "fp8_copy", "weight_copies_kept", "weight_copy", "grad_operand", "rows",
+           "save_operands", "saved_operands", "scaled_mm_nt", "linear_forward", "linear_dgrad", "linear_wgrad",
+           "reference_linear_fp8", "check_fp8_device"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 

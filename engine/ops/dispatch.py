@@ -298,7 +298,8 @@ def check_fp8(cfg: EngineConfig, version: str, fn: Callable[..., Any]) -> None:
         return
     param = inspect.signature(fn).parameters.get("fp8")
     if param is None or param.kind is not inspect.Parameter.KEYWORD_ONLY:
-        raise ConfigError("--op-gemm-fc1", version, "pass --op-gemm-fc1 compiled (or baseline) with --fp8, or leave out --fp8",
+        raise ConfigError("--op-gemm-fc1", version,
+                          "pass --op-gemm-fc1 compiled (or baseline) with --fp8, or leave out --fp8",
                           f"has no FP8 path (engine/ops/gemm_fc1/register.toml: the `fp8` keyword), and --fp8 "
                           f"{cfg.fp8} asks for one")
 

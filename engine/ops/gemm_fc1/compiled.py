@@ -6,7 +6,7 @@ backward and a cat, each a pass over memory (60 ms a step beyond one fused kerne
 H200: docs/fp8.md). The quack version fuses it into its GEMM, but that GEMM has no FP8 path; this one runs the GEMM
 --fp8 asks for. Forward saves only the GEMM output [gate | up]; backward computes in fp32 from it and writes
 [dgate | dup] in the model dtype (the baseline rounds silu(gate) and dy * up to it first, so the two differ in the
-last bits of bf16: tests/ops/test_ops_gemm_fc1.py).
+last bits of bf16: tests/ops/test_gemm_fc1_compiled.py).
 """
 
 import torch
@@ -16,6 +16,7 @@ from engine.ops.gemm_fc1.baseline import preact
 from engine.ops.inductor import CompiledKernel
 
 __all__ = ["gemm_fc1"]
+
 
 def _swiglu(pre: torch.Tensor) -> torch.Tensor:
     gate, up = pre.chunk(2, dim=-1)
