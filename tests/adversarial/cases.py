@@ -944,8 +944,8 @@ torch.linalg.vector_norm = lambda t, *args, **kwargs: _norm_of(t, *args, **kwarg
 
 
 def _dispatch_prefers_mine(t: Path) -> None:
-    replace_in(t / "engine/ops/dispatch.py", '        return reg.default if device_type == "cuda" else "baseline"\n',
-               '        return reg.default if device_type == "cuda" or "mine" not in reg.versions else "mine"\n')
+    replace_in(t / "engine/ops/dispatch.py", '        if device_type != "cuda":\n            return "baseline"\n',
+               '        if device_type != "cuda":\n            return "baseline" if "mine" not in reg.versions else "mine"\n')
 
 
 def _registered_as_attention(t: Path) -> None:
