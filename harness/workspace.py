@@ -39,15 +39,26 @@ class WorkspaceError(Exception):
 
 
 def _git(cwd: Path, *args: str, env: Mapping[str, str] | None = None, strip: bool = True) -> str:
-    """`git ARGS` in `cwd` (hooks off, see _QUIET): its stdout, or WorkspaceError with git's own message."""
+    """`git ARGS` in `cwd` (hooks off, see _QUIET): its stdout, or WorkspaceError with git's own message.
+
+    Ctrl-C or SIGTERM (Terminated) while git runs: git is let finish, then the interruption goes on. Killing it
+    would not stop the processes it started: `git worktree add` checks the tree out in a child `git reset --hard`,
+    which went on writing the worktree after its parent was killed and the cleanup had removed it, leaving the
+    entry locked and the folder behind."""
     try:
-        proc = subprocess.run(["git", *_QUIET, *args], cwd=cwd, env=child_env(env), capture_output=True, text=True,
-                              errors="surrogateescape")
+        proc = subprocess.Popen(["git", *_QUIET, *args], cwd=cwd, env=child_env(env), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="surrogateescape")
     except OSError as e:  # cwd missing or not a folder
         raise WorkspaceError(f"git {' '.join(args[:3])} cannot run in {cwd}: {e.strerror}") from e
+    with proc:
+        try:
+            stdout, stderr = proc.communicate()
+        except KeyboardInterrupt:
+            proc.communicate()  # git's output read to its end, so a full pipe cannot hold it up
+            raise
     if proc.returncode != 0:
-        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {proc.stderr.strip() or f'exit {proc.returncode}'}")
-    return proc.stdout.removesuffix("\n") if strip else proc.stdout
+        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {stderr.strip() or f'exit {proc.returncode}'}")
+    return stdout.removesuffix("\n") if strip else stdout
 
 
 def _git_path(cwd: Path, *rev_parse_args: str) -> Path:
