@@ -525,7 +525,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
                           "replays one attention layout, and --document-mask changes it every micro-batch")
 
     fusion = _check_fsdp(cfg, world_size, dp)
-    _check_fp8_shapes(cfg)
+    _check_fp8(cfg)
 
     # Batch: global = mbs x GAS x DP; either of GAS / global may be given, or both if consistent.
     mbs, gas, gbs = cfg.micro_batch_size, cfg.grad_accum_steps, cfg.global_batch_size
@@ -546,7 +546,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
                                grad_accum_fusion=fusion)
 
 
-def _check_fp8_shapes(cfg: EngineConfig) -> None:
+def _check_fp8(cfg: EngineConfig) -> None:
     """--fp8: FP8 GEMMs (cuBLAS / CUTLASS through torch._scaled_mm) need every dimension a multiple of 16: the
     widths each TP rank multiplies (hidden, head_dim, FFN shard) and the tokens of a micro-batch (a weight
     gradient's reduction; per forward row chunk of --tp-fwd-chunks). --fp8-weight-cache keeps tensorwise copies
