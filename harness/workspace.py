@@ -280,7 +280,10 @@ class Workspace:
         with tempfile.TemporaryDirectory(prefix="temper-index-") as tmp:
             copy = Path(tmp) / "index"
             if index.exists():
-                shutil.copyfile(index, copy)
+                # copy2 keeps the index's mtime: git trusts an entry's stat data only when the file's mtime is
+                # older than the index's ("racy git"), so a fresh mtime on the copy would pass a same-size edit
+                # made in the checkout's clock tick as unchanged and drop it from the diff.
+                shutil.copy2(index, copy)
             env = {"GIT_INDEX_FILE": str(copy)}
             _git(self.worktree, "add", "-A", env=env)
             yield env

@@ -2,6 +2,7 @@
 include untracked files, merges only into a clean checkout, scratch worktrees that always go away.
 Everything runs real git in tmp dirs."""
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -299,6 +300,26 @@ def test_merge_commit_without_a_configured_identity(user_repo: Path, tmp_path: P
     _attempt(ws2, 1, verdict="accepted")
     merged2 = ws2.merge_into_user(user_repo)
     assert git(user_repo, "log", "-1", "--format=%an <%ae>", merged2).strip() == "Me <me@example.com>"
+
+
+def test_a_same_size_edit_in_the_checkouts_clock_tick_is_in_the_diff(user_repo: Path, tmp_path: Path) -> None:
+    """An edit that keeps a file's size, made within the clock tick in which the checkout wrote it, leaves the stat
+    data git recorded; only git's racy-entry rule (an entry not older than the index file means: compare content)
+    tells it apart. The diff's private copy of the index must keep the index's mtime for that rule to hold. Here
+    the tick is an hour ago and exact (file, entry and index share one mtime; ctime, which utime cannot set, is not
+    trusted); a loaded machine hit it by chance about 1 run in 150 (CI of stop 40)."""
+    git(user_repo, "config", "core.trustctime", "false")
+    ws = Workspace.create(user_repo, base="HEAD", run_id="r1", root=tmp_path / "runs")
+    target = ws.worktree / "engine" / "model.py"
+    tick = target.stat().st_mtime_ns - 3600 * 10**9
+    os.utime(target, ns=(tick, tick))
+    git(ws.worktree, "update-index", "--refresh")  # the entry now records the tick
+    write(target, target.read_text().replace("1", "7"))  # same size, same inode
+    os.utime(target, ns=(tick, tick))
+    index = Path(git(ws.worktree, "rev-parse", "--path-format=absolute", "--git-path", "index").strip())
+    os.utime(index, ns=(tick, tick))  # the index was written in that tick too
+    assert changed(ws.diff()) == ["engine/model.py"] and "+    return 7" in ws.diff()
+    assert git(ws.worktree, "status", "--porcelain").split() == ["M", "engine/model.py"]  # as git itself sees it
 
 
 def test_held_out_milestone_material_never_reaches_the_agents_worktree(user_repo: Path, tmp_path: Path) -> None:
