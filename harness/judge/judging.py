@@ -151,13 +151,14 @@ def neutral(parent: Path) -> Path:
     return path
 
 
-def candidate_env(tree: Path, holder: Path, seed: int, draw: Draw | None = None, *, sandboxed: bool = False) -> dict[str, str]:
+def candidate_env(tree: Path, holder: Path, seed: int, draw: Draw | None = None, *, sandboxed: bool = False,
+                  base: bool = False) -> dict[str, str]:
     """Environment overrides of candidate processes: the checkout's code first, no pytest plugin unless the
     judge names it (-p) and nobody's PYTEST_ADDOPTS; the judge's seed and draw for tests (the draw's JSON in a
     file of the read-only holder). Bytecode: sandboxed, the judge compiled the checkout and its `__pycache__`
     folders are read-only (harness/judge/bytecode.py), so Python runs with its defaults, as a user's does;
-    unsandboxed, it goes elsewhere."""
-    python = python_env(tree, neutral(holder))
+    unsandboxed, it goes elsewhere; `base`: the judge's own checkout of the base (manifests.python_env)."""
+    python = python_env(tree, None if base else neutral(holder))
     if sandboxed:
         python = {"PYTHONPATH": python["PYTHONPATH"]}
     env = {**python, "TEMPER_JUDGE_SEED": str(seed), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": ""}

@@ -95,9 +95,12 @@ def manifest_changes(base: Mapping[str, str], disk: Mapping[str, str]) -> list[s
     return out
 
 
-def python_env(tree: Path, cache: Path) -> dict[str, str]:
+def python_env(tree: Path, cache: Path | None) -> dict[str, str]:
     """Overrides for every Python process a gate starts in `tree`: import the tree's code first (then the
     judge's own PYTHONPATH entries, libraries the user put there), and keep bytecode out of it (a .pyc
-    planted in a __pycache__ folder must never be loaded)."""
+    planted in a __pycache__ folder must never be loaded). `cache` None: `tree` is a checkout of the base that
+    the judge made itself (no candidate code, no __pycache__), so Python reads the installed packages' own
+    bytecode (an empty PYTHONPYCACHEPREFIX compiles torch again, ~3 s a process) and writes none."""
     path = os.pathsep.join(dict.fromkeys([str(tree), *python_path()]))
-    return {"PYTHONPATH": path, "PYTHONPYCACHEPREFIX": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
+    prefix = {} if cache is None else {"PYTHONPYCACHEPREFIX": str(cache)}
+    return {"PYTHONPATH": path, **prefix, "PYTHONDONTWRITEBYTECODE": "1"}

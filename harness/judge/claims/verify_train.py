@@ -240,7 +240,7 @@ def _base_batches(outcome: JobOutcome, judging: Judging, steps: list[int], world
                 subprocess.run(["git", "-C", str(tree), "apply", "-R", setup], capture_output=True, check=True)
         out = neutral(judging.holder)
         argv = [sys.executable, "-m", "engine", *batches_argv(outcome.argv, steps=steps, world_size=world, out=out)]
-        paths = python_env(tree, neutral(judging.holder))
+        paths = python_env(tree, None)  # the judge's own checkout of the base
         env = {**cache_env(out), **job_env({**judging.env_overrides, **paths})}
         spec = JobSpec(name=name, argv=argv, timeout_s=600, env=env, cwd=tree, log_path=log, kill_grace_s=5.0,
                        **judging.sandbox(writable=(out,), readonly=(tree.parent,), cwd=tree))

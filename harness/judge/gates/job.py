@@ -311,7 +311,7 @@ def _op_process(gate: JobGate, judging: Judging, *, name: str, argv: list[str], 
                 writable: tuple[Path, ...], hidden: tuple[Path, ...], caches: Path) -> tuple[Any, set[str] | None]:
     """One sandboxed op-bench process in `tree`, recorded like any job: (its JobResult, GPUs seen or None)."""
     ctx = judging.ctx
-    paths = python_env(tree, neutral(judging.holder)) if tree != judging.tree else {"PYTHONPATH": judging.env_overrides["PYTHONPATH"]}
+    paths = python_env(tree, None) if tree != judging.tree else {"PYTHONPATH": judging.env_overrides["PYTHONPATH"]}
     paths["PYTHONPATH"] += os.pathsep + str(JUDGE_ROOT)  # the checkout's engine first, then the judge's harness
     env = {**gate.env, **(judging.caches(caches) if tree == judging.tree else cache_env(caches)),
            **job_env({**judging.env_overrides, **paths})}

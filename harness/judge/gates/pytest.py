@@ -139,7 +139,7 @@ def collect_ids(ctx: Context, tree: Path, holder: Path, gate: PytestGate, *, bar
     plugins, files in `holder`): the process and the test IDs it listed. With `barrier`, behind the import barrier
     (every file the milestone may edit refused, or every file `is_candidate` names), so acceptance tests that import
     candidate code fail here, before any candidate is judged."""
-    env = candidate_env(tree, holder, 0)
+    env = candidate_env(tree, holder, 0, base=True)  # only a checkout of the base (or a trusted copy) is collected
     env["PYTHONPATH"] += os.pathsep + str(JUDGE_ROOT)
     fence = []
     if barrier:
