@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.once import once_per_run
-from tests.parallel.workers import single_run, spawn
+from tests.parallel.workers import FSDP_PROBE, SAVE_TO, single_run, spawn
 
 FP8 = {"fp8": "tensorwise"}
 SCENARIOS = [
@@ -38,6 +38,17 @@ DP_SCENARIOS = [
     ("dp2_fsdp", {**FP8, "fsdp": True}, 3),
     ("dp2_fsdp_off", {"fsdp": True}, 3),
 ]
+# --fsdp-fp8-all-gather (test_fp8_all_gather_*): the same run with the weights gathered as FP8, one step of each
+# watched, and a checkpoint saved with the flag resumed without it and the reverse (in this order, one run dir).
+AG = {**FP8, "fsdp": True, "fsdp_fp8_all_gather": True}
+
+
+def ag_scenarios(run_dir: str) -> list:
+    return [("dp2_fsdp_ag", AG, 4),
+            ("probe_fsdp", {**FP8, "fsdp": True, FSDP_PROBE: True}, 1), ("probe_ag", {**AG, FSDP_PROBE: True}, 1),
+            ("ag_saved", {**AG, SAVE_TO: run_dir}, 2),
+            ("ag_to_plain", {**FP8, "fsdp": True, "resume": "auto", SAVE_TO: run_dir}, 1),
+            ("plain_to_ag", {**AG, "resume": "auto", SAVE_TO: run_dir}, 1)]
 
 
 def rel(a: float, b: float) -> float:
@@ -54,7 +65,8 @@ def runs(tmp_path_factory):
                   "off": single_run({}, 5)}
     finally:
         torch.set_num_threads(threads)
-    return single, spawn(2, SCENARIOS + DP_SCENARIOS, tmp_path_factory.mktemp("fp8_world2"))
+    scenarios = SCENARIOS + DP_SCENARIOS + ag_scenarios(str(tmp_path_factory.mktemp("fp8_ag_run")))
+    return single, spawn(2, scenarios, tmp_path_factory.mktemp("fp8_world2"))
 
 
 @pytest.mark.parametrize("name", [s[0] for s in SCENARIOS])
@@ -77,3 +89,51 @@ def test_fp8_under_fsdp_matches_zero1(runs):
     for (loss, norm), (ref_loss, ref_norm) in zip(fsdp["steps"], zero1["steps"], strict=True):
         assert rel(loss, ref_loss) < 1e-6 and rel(norm, ref_norm) < 1e-6
     assert max(rel(a[1], b[1]) for a, b in zip(fsdp["steps"], off["steps"])) > 1e-4
+
+
+def test_fp8_all_gather_matches_the_bf16_gather_bit_for_bit(runs):
+    """--fsdp-fp8-all-gather casts each DP rank's shard with the scale of the whole weight (the amaxes all-reduced,
+    MAX: exact), so the gathered FP8 weight is the one the linear casts from the gathered weight, bit for bit: the
+    same losses, grad norms and logits, exactly (no sum is reordered: only where the cast happens moves)."""
+    _, world = runs
+    ag, fsdp = world["dp2_fsdp_ag"], world["dp2_fsdp"]
+    assert ag["steps"][:3] == fsdp["steps"]
+    assert torch.equal(ag["logits0"], fsdp["logits0"])
+
+
+def test_fp8_all_gather_sends_fp8_bytes_to_fp8_weights(runs):
+    """What FSDP2 all-gathers, watched for one step: each decoder layer's all-gather sends its FP8 linears' shards
+    at 1 byte an element (the others at 4: fp32 on CPU), as bytes (uint8: the dtypes are mixed); the linears
+    compute with an Fp8Weight (the gathered FP8 copy), not a weight in the compute dtype; the step is that of the
+    bf16-gather path to the bit (and so is its gradient: the same reduce-scatters)."""
+    _, world = runs
+    ag, plain = world["probe_ag"], world["probe_fsdp"]
+    assert ag["linear_types"] == ["Fp8Weight"] and plain["linear_types"] == ["Parameter"]
+    shard = ag["shard_bytes"]
+    layer_bytes = (shard["fp8_linears"] // 4 + shard["others"]) // 4  # tiny: 4 decoder layers of one shape
+    assert len(ag["sent"]) == len(plain["sent"]) and ag["forward"] == plain["forward"]
+    layers = [s for s in ag["sent"] if s[0] == "torch.uint8"]
+    assert layers and all(b == layer_bytes for _, b in layers)
+    assert sum(b for _, b in plain["sent"]) - sum(b for _, b in ag["sent"]) == \
+        len(layers) * 3 * shard["fp8_linears"] // 16
+    assert ag["reduce_dtypes"] == plain["reduce_dtypes"] == ["torch.float32"]
+
+
+def test_fp8_all_gather_scale_is_that_of_the_whole_weight(runs):
+    """Each precomputed scale (one all-reduce over DP for all weights) is amax_scale of the whole (TP-local)
+    weight, put together from the shards here: equal, exactly."""
+    _, world = runs
+    scales = world["probe_ag"]["fp8_scales"]
+    assert len(scales) == 4 * 4 and all(got == want for got, want in scales)
+    assert world["probe_fsdp"]["fp8_scales"] == []
+
+
+def test_fp8_all_gather_checkpoints_resume_either_way(runs):
+    """The flag changes no checkpoint (the fp32 masters, the same DCP keys): saved with it at step 2 and resumed
+    without it, then saved without it at step 3 and resumed with it, each run continues the unbroken one bit for
+    bit."""
+    _, world = runs
+    assert world["ag_saved"]["steps"] == world["dp2_fsdp"]["steps"][:2]
+    assert world["ag_to_plain"]["steps"] == world["dp2_fsdp"]["steps"][2:3]
+    assert torch.equal(world["ag_to_plain"]["logits"], world["dp2_fsdp"]["logits"])
+    assert world["plain_to_ag"]["steps"] == world["dp2_fsdp_ag"]["steps"][3:4]
