@@ -38,17 +38,19 @@ DP_SCENARIOS = [
     ("dp2_fsdp", {**FP8, "fsdp": True}, 3),
     ("dp2_fsdp_off", {"fsdp": True}, 3),
 ]
-# --fsdp-fp8-all-gather (test_fp8_all_gather_*): the same run with the weights gathered as FP8, one step of each
-# watched, and a checkpoint saved with the flag resumed without it and the reverse (in this order, one run dir).
+# --fsdp-fp8-all-gather (test_fp8_all_gather_*): the same run with the weights gathered as FP8 (and saved), resumed
+# without the flag and saved, resumed with it (in this order, one run dir); bf16 compute; one step of each watched.
 AG = {**FP8, "fsdp": True, "fsdp_fp8_all_gather": True}
 
 
 def ag_scenarios(run_dir: str) -> list:
-    return [("dp2_fsdp_ag", AG, 4),
-            ("probe_fsdp", {**FP8, "fsdp": True, FSDP_PROBE: True}, 1), ("probe_ag", {**AG, FSDP_PROBE: True}, 1),
-            ("ag_saved", {**AG, SAVE_TO: run_dir}, 2),
+    return [("ag_saved", {**AG, SAVE_TO: run_dir}, 3),
             ("ag_to_plain", {**FP8, "fsdp": True, "resume": "auto", SAVE_TO: run_dir}, 1),
-            ("plain_to_ag", {**AG, "resume": "auto", SAVE_TO: run_dir}, 1)]
+            ("plain_to_ag", {**AG, "resume": "auto", SAVE_TO: run_dir}, 1),
+            # bf16 compute: FSDP2 gathers bf16, so the cast starts from the shard rounded to bf16 (the GPU's case)
+            ("dp2_fsdp_bf16", {**FP8, "fsdp": True, "compute_dtype": "bf16"}, 2),
+            ("dp2_fsdp_ag_bf16", {**AG, "compute_dtype": "bf16"}, 2),
+            ("probe_fsdp", {**FP8, "fsdp": True, FSDP_PROBE: True}, 1), ("probe_ag", {**AG, FSDP_PROBE: True}, 1)]
 
 
 def rel(a: float, b: float) -> float:
@@ -94,11 +96,16 @@ def test_fp8_under_fsdp_matches_zero1(runs):
 def test_fp8_all_gather_matches_the_bf16_gather_bit_for_bit(runs):
     """--fsdp-fp8-all-gather casts each DP rank's shard with the scale of the whole weight (the amaxes all-reduced,
     MAX: exact), so the gathered FP8 weight is the one the linear casts from the gathered weight, bit for bit: the
-    same losses, grad norms and logits, exactly (no sum is reordered: only where the cast happens moves)."""
+    same losses, grad norms and logits, exactly (no sum is reordered: only where the cast happens moves), in fp32
+    and in bf16 compute."""
     _, world = runs
-    ag, fsdp = world["dp2_fsdp_ag"], world["dp2_fsdp"]
-    assert ag["steps"][:3] == fsdp["steps"]
-    assert torch.equal(ag["logits0"], fsdp["logits0"])
+    ag, fsdp = world["ag_saved"], world["dp2_fsdp"]
+    assert ag["steps"] == fsdp["steps"]
+    assert torch.equal(ag["logits0"], fsdp["logits0"]) and torch.equal(ag["logits"], fsdp["logits"])
+    # bf16: the amax of the bf16-rounded weight is the rounded fp32 amax, so here too bit for bit
+    ag, fsdp = world["dp2_fsdp_ag_bf16"], world["dp2_fsdp_bf16"]
+    assert ag["steps"] == fsdp["steps"] and torch.equal(ag["logits"], fsdp["logits"])
+    assert ag["steps"][0] != world["ag_saved"]["steps"][0]  # bf16 compute did run
 
 
 def test_fp8_all_gather_sends_fp8_bytes_to_fp8_weights(runs):
@@ -129,11 +136,11 @@ def test_fp8_all_gather_scale_is_that_of_the_whole_weight(runs):
 
 
 def test_fp8_all_gather_checkpoints_resume_either_way(runs):
-    """The flag changes no checkpoint (the fp32 masters, the same DCP keys): saved with it at step 2 and resumed
-    without it, then saved without it at step 3 and resumed with it, each run continues the unbroken one bit for
+    """The flag changes no checkpoint (the fp32 masters, the same DCP keys): saved with it at step 3 and resumed
+    without it, the weights compute the saved run's logits and step 4 follows; saved without it at step 4 and
+    resumed with it (the scales taken again from the loaded masters), the logits of the run that saved, bit for
     bit."""
     _, world = runs
-    assert world["ag_saved"]["steps"] == world["dp2_fsdp"]["steps"][:2]
-    assert world["ag_to_plain"]["steps"] == world["dp2_fsdp"]["steps"][2:3]
-    assert torch.equal(world["ag_to_plain"]["logits"], world["dp2_fsdp"]["logits"])
-    assert world["plain_to_ag"]["steps"] == world["dp2_fsdp_ag"]["steps"][3:4]
+    saved, plain, ag = world["ag_saved"], world["ag_to_plain"], world["plain_to_ag"]
+    assert torch.equal(plain["logits0"], saved["logits"]) and plain["steps"][0] != saved["steps"][-1]
+    assert torch.equal(ag["logits0"], plain["logits"])
