@@ -41,15 +41,16 @@ DP_SCENARIOS = [
 # --fsdp-fp8-all-gather (test_fp8_all_gather_*): the same run with the weights gathered as FP8 (and saved), resumed
 # without the flag and saved, resumed with it (in this order, one run dir); bf16 compute; one step of each watched.
 AG = {**FP8, "fsdp": True, "fsdp_fp8_all_gather": True}
+BF16_GAS2 = {"compute_dtype": "bf16", "micro_batch_size": 2, "grad_accum_steps": 2, "fsdp_prefetch": 1}
 
 
 def ag_scenarios(run_dir: str) -> list:
     return [("ag_saved", {**AG, SAVE_TO: run_dir}, 3),
             ("ag_to_plain", {**FP8, "fsdp": True, "resume": "auto", SAVE_TO: run_dir}, 1),
             ("plain_to_ag", {**AG, "resume": "auto", SAVE_TO: run_dir}, 1),
-            # bf16 compute: FSDP2 gathers bf16, so the cast starts from the shard rounded to bf16 (the GPU's case)
-            ("dp2_fsdp_bf16", {**FP8, "fsdp": True, "compute_dtype": "bf16"}, 2),
-            ("dp2_fsdp_ag_bf16", {**AG, "compute_dtype": "bf16"}, 2),
+            # bf16 compute: FSDP2 gathers bf16, so the cast starts from the shard rounded to bf16 (the GPU's case);
+            # two micro-batches a step, the next layer's all-gather issued ahead (--fsdp-prefetch 1)
+            ("dp2_fsdp_bf16", {**FP8, "fsdp": True, **BF16_GAS2}, 2), ("dp2_fsdp_ag_bf16", {**AG, **BF16_GAS2}, 2),
             ("probe_fsdp", {**FP8, "fsdp": True, FSDP_PROBE: True}, 1), ("probe_ag", {**AG, FSDP_PROBE: True}, 1)]
 
 
@@ -97,7 +98,7 @@ def test_fp8_all_gather_matches_the_bf16_gather_bit_for_bit(runs):
     """--fsdp-fp8-all-gather casts each DP rank's shard with the scale of the whole weight (the amaxes all-reduced,
     MAX: exact), so the gathered FP8 weight is the one the linear casts from the gathered weight, bit for bit: the
     same losses, grad norms and logits, exactly (no sum is reordered: only where the cast happens moves), in fp32
-    and in bf16 compute."""
+    and in bf16 compute (there with two micro-batches a step and explicit prefetch)."""
     _, world = runs
     ag, fsdp = world["ag_saved"], world["dp2_fsdp"]
     assert ag["steps"] == fsdp["steps"]
