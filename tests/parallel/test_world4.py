@@ -19,8 +19,8 @@ from tests.parallel.workers import single_run, spawn
 
 FSDP_FP8 = {"tp": 2, "fsdp": True, "fp8": "tensorwise"}
 SCENARIOS = [
-    ("tp2_dp2_fsdp_fp8", FSDP_FP8, 2),
-    ("tp2_dp2_fsdp_fp8_ag", {**FSDP_FP8, "fsdp_fp8_all_gather": True}, 2),
+    ("tp2_dp2_fsdp_fp8", FSDP_FP8, 1),
+    ("tp2_dp2_fsdp_fp8_ag", {**FSDP_FP8, "fsdp_fp8_all_gather": True}, 1),
     ("tp4", {"tp": 4}, 10),
     ("tp2_dp2_sp_kv1", {"tp": 2, "sequence_parallel": True, "num_kv_heads": 1, "micro_batch_size": 2,
                         "ddp_bucket_mb": 0.3}, 10),
