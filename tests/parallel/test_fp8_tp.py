@@ -102,6 +102,8 @@ def test_fp8_all_gather_matches_the_bf16_gather_bit_for_bit(runs):
     _, world = runs
     ag, fsdp = world["ag_saved"], world["dp2_fsdp"]
     assert ag["steps"] == fsdp["steps"]
+    for (loss, norm), (ref_loss, ref_norm) in zip(ag["steps"], world["dp2_zero1"]["steps"], strict=True):
+        assert rel(loss, ref_loss) < 1e-6 and rel(norm, ref_norm) < 1e-6  # and so ZeRO-1's (see the test above)
     assert torch.equal(ag["logits0"], fsdp["logits0"]) and torch.equal(ag["logits"], fsdp["logits"])
     # bf16: the amax of the bf16-rounded weight is the rounded fp32 amax, so here too bit for bit
     ag, fsdp = world["dp2_fsdp_ag_bf16"], world["dp2_fsdp_bf16"]
