@@ -45,6 +45,13 @@
 #   bash bench/ops_session.sh zero1-tune  four H200s (DP 4 needs > 80 GB): ZeRO-1 DP 4 with gradient buckets of
 #                                      160 (default), 80, 40 and 320 MB in one job, then its profile (exposed
 #                                      communication by collective and place in the step), ~6 minutes
+#   bash bench/ops_session.sh fsdp-fp8-test  four GPUs, CuTeDSL wheels staged: --fsdp --fp8 tensorwise with and without
+#                                      --fsdp-fp8-all-gather bit for bit (tests/parallel/test_fsdp_gpu.py, TP 1 x DP 2
+#                                      and TP 2 x DP 2: two layers of 8B, 3 steps a run), ~5 minutes
+#   bash bench/ops_session.sh fsdp-fp8  four GPUs, CuTeDSL wheels staged: MiniCPM4-8B, global batch 16 x 4096, one job:
+#                                      TP 1 x FSDP 4 bf16, --fp8 tensorwise (gemm_fc1 compiled) with the bf16 gather
+#                                      and with --fsdp-fp8-all-gather, then TP 2 x FSDP 2 the two FP8 rows (docs/fp8.md,
+#                                      "What is left" 6: the flag's default waits on this)
 #   bash bench/ops_session.sh fp8-4gpu  four GPUs, CuTeDSL wheels staged: the full 8B, bf16 vs --fp8 tensorwise at
 #                                      DP 4 ZeRO-1 and TP 2 x DP 2 ZeRO-1 (one job), then the --fp8 rows of the GPU
 #                                      determinism test (GPUs 0-1), ~8 minutes
@@ -208,6 +215,20 @@ case "${1:-check}" in
       --warmup 2 --md "$OUT/profile_8b_4gpu_dp4-zero1.md" --json "$OUT/profile_8b_4gpu_dp4-zero1.json" -- $FOUR \
       > "$OUT/profile_8b_4gpu_dp4-zero1.log" 2>&1; echo "rc=$?"
     grep -E "^Step|exposed|Exposed|Largest exposed" "$OUT/profile_8b_4gpu_dp4-zero1.md" 2>/dev/null | head -8
+    ;;
+  fsdp-fp8-test)
+    stamp "--fsdp-fp8-all-gather against the bf16 gather, bit for bit (tests/parallel/test_fsdp_gpu.py)"
+    timeout 560 python3 -m pytest tests/parallel/test_fsdp_gpu.py -m gpu -k fp8_all_gather -q -rA -p no:cacheprovider \
+      2>&1 | tee "$OUT/fsdp_fp8_all_gather_test.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -6
+    ;;
+  fsdp-fp8)
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+    FP8="--fsdp --op-gemm-fc1 compiled --fp8 tensorwise"
+    stamp "8B on 4 GPUs, --fsdp: bf16, --fp8 tensorwise with the bf16 gather and with --fsdp-fp8-all-gather (one job)"
+    timeout 500 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 90 \
+      --variant fsdp4="--fsdp" --variant fsdp4-fp8="$FP8" --variant fsdp4-fp8-ag="$FP8 --fsdp-fp8-all-gather" \
+      --variant tp2-fsdp2-fp8="--tp 2 $FP8" --variant tp2-fsdp2-fp8-ag="--tp 2 $FP8 --fsdp-fp8-all-gather" \
+      --out "$OUT/mfu_8b_4gpu_fsdp_fp8_all_gather.json" 2>&1 | grep -v "^\[" | tail -8
     ;;
   fp8-4gpu)
     # Issue 32's second target: the full MiniCPM4-8B on 4 GPUs at the scale-out issue's best layout, FP8 >= 1.30x bf16.

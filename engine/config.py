@@ -209,6 +209,12 @@ class EngineConfig:
                             "backward. 0: FSDP2's implicit prefetch (the next layer's all-gather is issued when the "
                             "host reaches it); N >= 1: explicit, issued when this layer starts (N more layers' bf16 "
                             "weights held)", "parallel")
+    fsdp_fp8_all_gather: bool = _f(False, "--fsdp with --fp8 tensorwise: all-gather each FP8 linear's weight (QKV, O, "
+                                   "FC1, FC2) as its FP8 copy, 1 byte an element instead of 2, cast by each DP rank "
+                                   "from its shard with one scale for the whole weight (the amaxes all-reduced once a "
+                                   "step): the same bits as casting the bf16-gathered weight (torchao's "
+                                   "enable_fsdp_float8_all_gather; engine/sharding/fp8_all_gather.py); not with "
+                                   "--fp8-weight-cache", "parallel")
 
     # --- kernels (empty: the op's register.toml default; TEMPER_OP_<OP> overrides)
     op_attention: str = _f("", "attention kernel version (see engine/ops/attention/register.toml)", "kernels")
@@ -593,6 +599,15 @@ def _check_fsdp(cfg: EngineConfig, world_size: int, dp: int) -> bool:
                           "--fsdp-grad-sync step, or --fsdp-grad-sync micro-batch", "would make FSDP2 accumulate "
                           "the step's micro-batch gradients in bf16 (--fsdp-grad-sync step accumulates in the "
                           "reduce dtype)")
+    if cfg.fsdp_fp8_all_gather and cfg.fp8 != "tensorwise":
+        raise ConfigError("--fsdp-fp8-all-gather", True, "add --fp8 tensorwise, or leave out --fsdp-fp8-all-gather",
+                          f"gathers each weight's tensorwise FP8 copy (one scale a weight), and --fp8 is {cfg.fp8}"
+                          + (" (a scale per row, which the GEMMs take along K: cast per GEMM, not once before the "
+                             "gather)" if cfg.fp8 == "rowwise" else ""))
+    if cfg.fsdp_fp8_all_gather and cfg.fp8_weight_cache:
+        raise ConfigError("--fsdp-fp8-all-gather", True, "leave out --fp8-weight-cache (the weights arrive cast "
+                          "already) or --fsdp-fp8-all-gather", "hands the linears the gathered FP8 copies, and "
+                          "--fp8-weight-cache keeps copies cast from the gathered bf16 weights")
     if cfg.fsdp_prefetch >= cfg.num_layers:
         raise ConfigError("--fsdp-prefetch", cfg.fsdp_prefetch, f"use 0 to {cfg.num_layers - 1} (the layers after "
                           f"the first; 1 or 2 is usual)", f"reaches past the model's {cfg.num_layers} decoder layers")

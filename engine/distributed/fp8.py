@@ -11,6 +11,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from engine.config import FP8_RECIPES
+from engine.distributed.fp8_weight import Fp8Weight
 from engine.errors import ConfigError
 
 __all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "amax_scale", "scaled_cast", "quantize", "cast",
@@ -147,7 +148,10 @@ def weight_copies_kept(on: bool) -> Iterator[None]:
 
 def weight_copy(w: torch.Tensor, recipe: str) -> Fp8Operand:
     """A linear weight's tensorwise FP8 copies in both layouts (fp8_copy: the forward takes W, dgrad W^T), or the
-    ones cast for it earlier in the step (weight_copies_kept): the same bits either way."""
+    ones cast for it earlier in the step (weight_copies_kept), or (--fsdp-fp8-all-gather) the copy FSDP2 gathered
+    with its transpose: the same bits each way."""
+    if isinstance(w, Fp8Weight):
+        return Fp8Operand(w.q, w.scale, w.q.t().contiguous())
     if _WEIGHT_COPIES is None:
         return fp8_copy(w, recipe, transposed=True)
     copies = _WEIGHT_COPIES.get(w)

@@ -84,6 +84,8 @@ class Rotary(nn.Module):
 class Attention(nn.Module):
     """GQA self-attention: column-parallel fused QKV, causal attention op, row-parallel O."""
 
+    fp8_linear_weights = ("qkv", "o")  # the weights its linears run in FP8 with --fp8 (--fsdp-fp8-all-gather)
+
     def __init__(self, cfg: EngineConfig, par: ParallelState, ops: OpSet, device, dtype):
         super().__init__()
         self.par, self.ops, self.tp = par, ops, tp_comm(cfg, par, ops)
@@ -159,6 +161,8 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """SwiGLU: column-parallel fused [gate; up] FC1 (ops.gemm_fc1), row-parallel FC2."""
+
+    fp8_linear_weights = ("fc1", "fc2")  # (see Attention)
 
     def __init__(self, cfg: EngineConfig, par: ParallelState, ops: OpSet, device, dtype):
         super().__init__()

@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.distributed import ParallelState
 from engine.optim.optimizer import adam_step_tensor, clip_coefficient, global_norm, make_adamw
 from engine.model.tp_grads import TPGrads
+from engine.sharding.fp8_all_gather import fp8_shards, plain_shard, precompute_fp8_scales, wrap_fp8_weights
 from engine.sharding.zero_state import KINDS, sharded_piece, state_prefix
 
 if TYPE_CHECKING:
@@ -39,12 +40,15 @@ def shard_model(model: nn.Module, par: ParallelState, compute_dtype: torch.dtype
 
     --fsdp-reshard-after-forward picks which layers free their gathered weights after forward, --fsdp-prefetch how
     many layers' all-gathers are issued ahead (explicitly; 0 leaves FSDP2's implicit one), --fsdp-reduce-dtype the
-    gradients' dtype on the wire (the sharded gradient stays fp32)."""
+    gradients' dtype on the wire (the sharded gradient stays fp32), --fsdp-fp8-all-gather the FP8 linears' weights
+    gathered as their FP8 copies (engine/sharding/fp8_all_gather.py)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # (see device_mesh)
 
     mesh = device_mesh(par)["dp"]
     policy = MixedPrecisionPolicy(param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
                                   reduce_dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.fsdp_reduce_dtype])
+    if cfg.fsdp_fp8_all_gather:
+        wrap_fp8_weights(model, compute_dtype)
     layers = list(model.layers)
     for i, layer in enumerate(layers):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=_reshard(cfg.fsdp_reshard_after_forward,
@@ -85,8 +89,9 @@ def _flat_range(param: torch.Tensor, dp_rank: int, dp_size: int) -> tuple[int, i
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a sharded parameter (or of its gradient / a moment), flattened."""
-    return param.to_local().reshape(-1)
+    """This rank's shard of a sharded parameter (or of its gradient / a moment), flattened; a plain tensor
+    (--fsdp-fp8-all-gather's Fp8Shard unwrapped: what the optimizer and checkpoints see is the fp32 master)."""
+    return plain_shard(param.to_local()).reshape(-1)
 
 
 class ShardedAdamW:
@@ -104,6 +109,13 @@ class ShardedAdamW:
             lo, hi = _flat_range(p, par.dp_rank, par.dp_size)
             assert _local(p.data).numel() == hi - lo, f"{name}: FSDP2's shard is not rows {lo}..{hi} of the flattened tensor"
         self.adam = make_adamw([(n, p.ndim, p) for n, p in self.named], cfg, lr_multipliers, par.device)
+        self.fp8_weights = fp8_shards([p for _, p in self.named])  # --fsdp-fp8-all-gather
+        self._fp8_scales()
+
+    def _fp8_scales(self) -> None:
+        """--fsdp-fp8-all-gather: the FP8 weights' scales of the masters as they are now (at start, after each step
+        and each load): one all-reduce over DP, before the next forward's all-gathers read them."""
+        precompute_fp8_scales(self.fp8_weights, self.par.dp_group)
 
     def zero_grads(self) -> None:
         self.adam.zero_grad(set_to_none=True)
@@ -151,6 +163,7 @@ class ShardedAdamW:
         for group in self.adam.param_groups:
             group["lr"] = lr * group["lr_mult"]
         self.adam.step()
+        self._fp8_scales()
 
     def adam_step(self) -> int:
         for _, p in self.named:
@@ -184,6 +197,7 @@ class ShardedAdamW:
                     state[key] = torch.zeros_like(p.data)
                     _local(state[key]).copy_(value)
                 state["step"] = adam_step_tensor(adam_step, self.par.device)
+        self._fp8_scales()
 
 
 def _pieces(param: torch.Tensor, par: ParallelState) -> list[tuple[int, int, int]]:

@@ -170,6 +170,13 @@ def test_refusals_name_field_value_and_fix():
         resolve(build_config({"fp8": "rowwise", "fp8_weight_cache": True}))
     with pytest.raises(ConfigError, match="--fp8-weight-cache.*--cuda-graphs"):
         resolve(build_config({"fp8": "tensorwise", "fp8_weight_cache": True, "cuda_graphs": True}))
+    # --fsdp-fp8-all-gather's own refusals: tests/parallel/test_fsdp.py (the CLI); --cuda-graphs is refused by DP 2
+    ag = {"fsdp": True, "fsdp_fp8_all_gather": True, "fp8": "tensorwise", "micro_batch_size": 2}
+    assert resolve(build_config(ag), 2).fsdp_fp8_all_gather
+    with pytest.raises(ConfigError, match="--cuda-graphs=True replays one captured micro-batch.*DP 2"):
+        resolve(build_config({**ag, "cuda_graphs": True}), 2)
+    with pytest.raises(ConfigError, match="--optimizer='muon' is not supported with --fsdp"):
+        resolve(build_config({**ag, "optimizer": "muon"}), 2)
     cfg = resolve(build_config({"fp8": "tensorwise"}))
 
     def no_fp8_path(x, w, *, main_grad=None):

@@ -220,6 +220,14 @@ def test_fsdp_bad_input_is_one_line_and_writes_nothing(tmp_path):
         (["--fsdp", "--fsdp-prefetch", "4"], "--fsdp-prefetch=4 reaches past the model's 4 decoder layers"),
         (["--fsdp", "--fsdp-reduce-dtype", "bf16", "--fsdp-grad-sync", "step"],
          "--fsdp-reduce-dtype='bf16' would make FSDP2 accumulate the step's micro-batch gradients in bf16"),
+        (["--fsdp-fp8-all-gather", "--fp8", "tensorwise"],
+         "--fsdp-fp8-all-gather=True configures FSDP2, and this run uses the ZeRO-1 optimizer (no --fsdp): add --fsdp"),
+        (["--fsdp", "--fsdp-fp8-all-gather"], "--fsdp-fp8-all-gather=True gathers each weight's tensorwise FP8 copy "
+         "(one scale a weight), and --fp8 is off: add --fp8 tensorwise, or leave out --fsdp-fp8-all-gather"),
+        (["--fsdp", "--fsdp-fp8-all-gather", "--fp8", "rowwise"], "and --fp8 is rowwise (a scale per row"),
+        (["--fsdp", "--fsdp-fp8-all-gather", "--fp8", "tensorwise", "--fp8-weight-cache"],
+         "--fsdp-fp8-all-gather=True hands the linears the gathered FP8 copies, and --fp8-weight-cache keeps copies "
+         "cast from the gathered bf16 weights: leave out --fp8-weight-cache"),
     ]
     run_dirs = [tmp_path / f"run-{i}" for i in range(len(cases))]
     procs = run_engine_batch([["pretrain", *TINY, "--num-steps", "2", "--run-dir", str(run_dir), *args]

@@ -1,6 +1,7 @@
 """Four gloo processes: TP = 4 with KV heads replicated in pairs, and TP = 2 x DP = 2 with sequence
 parallelism and one KV head, against one process. Tolerances and reasons as in
-test_tp_dp_equivalence.py (rel. 1e-5 for logits, losses and grad norms).
+test_tp_dp_equivalence.py (rel. 1e-5 for logits, losses and grad norms). And --fsdp --fp8 tensorwise at TP 2 x DP 2
+with and without --fsdp-fp8-all-gather: bit for bit.
 
 TP = 4 over the tiny preset's 2 KV heads: ranks {0, 1} hold KV head 0 and {2, 3} head 1 (two KV
 groups inside one TP group); each rank has one query head. TP 2 x DP 2 with one KV head: the KV
@@ -16,7 +17,10 @@ from tests.parallel.test_tp_dp_equivalence import (adamw_reference, assert_match
                                                    tensor_rel)
 from tests.parallel.workers import single_run, spawn
 
+FSDP_FP8 = {"tp": 2, "fsdp": True, "fp8": "tensorwise"}
 SCENARIOS = [
+    ("tp2_dp2_fsdp_fp8", FSDP_FP8, 1),
+    ("tp2_dp2_fsdp_fp8_ag", {**FSDP_FP8, "fsdp_fp8_all_gather": True}, 1),
     ("tp4", {"tp": 4}, 10),
     ("tp2_dp2_sp_kv1", {"tp": 2, "sequence_parallel": True, "num_kv_heads": 1, "micro_batch_size": 2,
                         "ddp_bucket_mb": 0.3}, 10),
@@ -38,6 +42,16 @@ def single(tmp_path_factory):
         return {"ref": single_run({}, 10), "ref_kv1": single_run({"num_kv_heads": 1}, 10)}
     finally:
         torch.set_num_threads(threads)
+
+
+def test_fp8_all_gather_at_tp2_dp2(world4):
+    """--fsdp-fp8-all-gather on the 2-D mesh: each TP rank's weight is its own (TP-local) tensor, sharded over its DP
+    group, and its scale the amax over that DP group: the scale each TP rank's linear takes of its gathered weight
+    without the flag, so the run is that one bit for bit (column- and row-parallel linears, the MLP region's
+    alias of FC2's weight)."""
+    got, want = world4["tp2_dp2_fsdp_fp8_ag"], world4["tp2_dp2_fsdp_fp8"]
+    assert got["layout"] == want["layout"] == (2, 2)
+    assert got["steps"] == want["steps"] and torch.equal(got["logits"], want["logits"])
 
 
 def test_tp4_with_kv_heads_replicated_in_pairs(world4, single):

@@ -39,6 +39,8 @@ RECAST = "_fp8_recast"
 FSDP_PROBE = "_fsdp_probe"
 # A scenario override (not a config field): the run dir (kept) where every rank saves the scenario's last step.
 SAVE_TO = "_save_to"
+# the compute dtype of a scenario's Trainer (BASE: fp32; a scenario may ask bf16)
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # The collectives FSDP2 issues (torch 2.13 names them *_single; earlier releases *_tensor)
 _FSDP_COLLECTIVES = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
                      "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter"}
@@ -95,12 +97,15 @@ def fsdp_probe(trainer: Trainer) -> dict[str, Any]:
     issues in each forward and backward, how many all-gathers were issued when each decoder layer's forward starts
     (its own, the ones before it, and those prefetched), which layers hold sharded weights (DTensors) after each
     forward and backward and that none does while it computes, whether every sharded gradient exists, and the dtypes
-    the gradients were reduce-scattered in."""
+    the gradients were reduce-scattered in. Also what each all-gather sends (its input's dtype and bytes), what the
+    FP8 linears' weights are while a layer computes (their types), and with --fsdp-fp8-all-gather each precomputed
+    scale beside amax_scale's of the whole weight (gathered here by all_gather_object)."""
     from torch.distributed.tensor import DTensor
 
     layers = list(trainer.model.layers)
     counts = {"all_gather": 0, "reduce_scatter": 0}
     reduced: set[str] = set()  # the dtypes gradients were reduce-scattered in
+    sent: list[tuple[str, int]] = []  # each all-gather's input: (dtype, bytes)
     originals = {name: getattr(dist, name) for name in _FSDP_COLLECTIVES if hasattr(dist, name)}
 
     def counted(name: str):
@@ -108,6 +113,9 @@ def fsdp_probe(trainer: Trainer) -> dict[str, Any]:
             counts[_FSDP_COLLECTIVES[name]] += 1
             if _FSDP_COLLECTIVES[name] == "reduce_scatter":
                 reduced.add(str(next(t.dtype for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))))
+            else:
+                t = kwargs["input_tensor"] if "input_tensor" in kwargs else args[1]
+                sent.append((str(t.dtype), t.numel() * t.element_size()))
             return originals[name](*args, **kwargs)
         return call
 
@@ -117,8 +125,12 @@ def fsdp_probe(trainer: Trainer) -> dict[str, Any]:
     at_forward: list[tuple[int, bool]] = []
     hooks = [layer.register_forward_pre_hook(lambda m, a, i=i: at_forward.append((counts["all_gather"], sharded()[i])))
              for i, layer in enumerate(layers)]
+    linear_types: set[str] = set()  # the FP8 linears' weights as a layer's attention and MLP compute
+    hooks += [module.register_forward_pre_hook(lambda m, a: linear_types.update(
+        type(getattr(m, name)).__name__ for name in m.fp8_linear_weights))
+        for module in trainer.model.modules() if hasattr(module, "fp8_linear_weights")]
     out: dict[str, Any] = {"forward": [], "backward": [], "at_forward": [], "after_forward": [], "after_backward": [],
-                            "grads": []}
+                            "grads": [], "fp8_scales": _fp8_scales(trainer)}
     trainer.fsdp.zero_grads()
     micro = trainer.loader.next_step()
     try:
@@ -138,11 +150,42 @@ def fsdp_probe(trainer: Trainer) -> dict[str, Any]:
             out["after_backward"].append(sharded())
             out["grads"].append(all(p.grad is not None for _, p in trainer.fsdp.named))
         out["reduce_dtypes"] = sorted(reduced)
+        out["sent"], out["linear_types"] = sent, sorted(linear_types)
+        out["shard_bytes"] = _shard_bytes(trainer)
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
         for hook in hooks:
             hook.remove()
+    return out
+
+
+def _fp8_scales(trainer: Trainer) -> list[tuple[float, float]]:
+    """--fsdp-fp8-all-gather: (precomputed scale, amax_scale of the whole weight in the gathered dtype) per FP8
+    weight; the whole weight is put together from every DP rank's plain shard."""
+    from engine.distributed.fp8 import E4M3, amax_scale
+    from engine.sharding.fp8_all_gather import plain_shard
+
+    out = []
+    for p in trainer.fsdp.fp8_weights:
+        shard = p.to_local()
+        pieces: list[Any] = [None] * trainer.par.dp_size
+        dist.all_gather_object(pieces, plain_shard(shard).clone(), group=trainer.par.dp_group)
+        whole = torch.cat(pieces).to(shard.dtype_gathered)
+        out.append((shard.scale.value.item(), amax_scale(whole, E4M3, None, False).item()))
+    return out
+
+
+def _shard_bytes(trainer: Trainer) -> dict[str, int]:
+    """Bytes of this rank's padded shards of the decoder layers' parameters, FP8 linears' and the others', in the
+    dtype FSDP2 would gather them (the compute dtype here: fp32)."""
+    out = {"fp8_linears": 0, "others": 0}
+    for layer in trainer.model.layers:
+        for module in layer.modules():
+            fp8 = getattr(module, "fp8_linear_weights", ())
+            for name, p in module.named_parameters(recurse=False):
+                rows = math.ceil(p.shape[0] / trainer.par.dp_size)
+                out["fp8_linears" if name in fp8 else "others"] += rows * (p.numel() // p.shape[0]) * p.element_size()
     return out
 
 
@@ -170,7 +213,7 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: 
                 cfg = make_config(_config_fields(overrides), world, overrides.get(SAVE_TO) or tmp)
                 replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
                 par = init_parallel(env, cfg.tp, "cpu", kv_replicas=replicas)
-                trainer = Trainer(cfg, par, torch.float32, launcher="spawn")
+                trainer = Trainer(cfg, par, _DTYPES[cfg.compute_dtype], launcher="spawn")
                 results[name] = fsdp_probe(trainer) if overrides.get(FSDP_PROBE) else run_trainer(trainer, steps)
                 results[name]["layout"] = (par.tp_size, par.dp_size)
                 results[name]["placement"] = _placement(par, world)
