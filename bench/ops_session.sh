@@ -45,6 +45,10 @@
 #   bash bench/ops_session.sh zero1-tune  four H200s (DP 4 needs > 80 GB): ZeRO-1 DP 4 with gradient buckets of
 #                                      160 (default), 80, 40 and 320 MB in one job, then its profile (exposed
 #                                      communication by collective and place in the step), ~6 minutes
+#   bash bench/ops_session.sh replay-cost  one GPU, no wheels: what the judge's replay pays a step (a checkpoint every
+#                                      step) at fp8-parity's job shape (0.5B, seq 1024, mbs 4), none / blocking /
+#                                      --async-save, on the temp disk and in /dev/shm (docs/fp8.md "What is left" 4
+#                                      chooses the replay's design from it), ~5 minutes
 #   bash bench/ops_session.sh fsdp-fp8-test  four GPUs, CuTeDSL wheels staged: --fsdp --fp8 tensorwise with and without
 #                                      --fsdp-fp8-all-gather bit for bit (tests/parallel/test_fsdp_gpu.py, TP 1 x DP 2
 #                                      and TP 2 x DP 2: two layers of 8B, 3 steps a run), ~5 minutes
@@ -215,6 +219,17 @@ case "${1:-check}" in
       --warmup 2 --md "$OUT/profile_8b_4gpu_dp4-zero1.md" --json "$OUT/profile_8b_4gpu_dp4-zero1.json" -- $FOUR \
       > "$OUT/profile_8b_4gpu_dp4-zero1.log" 2>&1; echo "rc=$?"
     grep -E "^Step|exposed|Exposed|Largest exposed" "$OUT/profile_8b_4gpu_dp4-zero1.md" 2>/dev/null | head -8
+    ;;
+  replay-cost)
+    PARITY="--seq-length 1024 --micro-batch-size 4 --global-batch-size 4 $BASELINE_OPS --op-rope baseline"
+    df -h /dev/shm "${TMPDIR:-/tmp}" | tail -2
+    for where in disk shm; do
+      dir=(); [ "$where" = shm ] && dir=(--save-dir /dev/shm/replay-cost)
+      stamp "a checkpoint every step, 0.5B at fp8-parity's shape, $where"
+      timeout 280 python3 bench/checkpoint_save.py --preset minicpm4-0.5b --every 1 --saves 6 --extra "$PARITY" \
+        "${dir[@]}" --out "$OUT/checkpoint_every_step_05b_$where.json" 2>&1 | grep -v "^\[" | tail -6
+      rm -rf /dev/shm/replay-cost
+    done
     ;;
   fsdp-fp8-test)
     stamp "--fsdp-fp8-all-gather against the bf16 gather, bit for bit (tests/parallel/test_fsdp_gpu.py)"
