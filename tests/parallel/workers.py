@@ -24,7 +24,7 @@ from engine.distributed import ParallelState, init_parallel
 from engine.env import LaunchEnv
 from engine.evaluate import evaluate
 from engine.model import batch_documents
-from engine.train import Trainer
+from engine.train import Trainer, resolve_device
 
 __all__ = ["RECAST", "FSDP_PROBE", "SAVE_TO", "BASE", "make_config", "single_run", "launch", "spawn", "run_trainer", "fixed_tokens", "TickClock", "spawn_runs"]
 
@@ -39,8 +39,6 @@ RECAST = "_fp8_recast"
 FSDP_PROBE = "_fsdp_probe"
 # A scenario override (not a config field): the run dir (kept) where every rank saves the scenario's last step.
 SAVE_TO = "_save_to"
-# the compute dtype of a scenario's Trainer (BASE: fp32; a scenario may ask bf16)
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # The collectives FSDP2 issues (torch 2.13 names them *_single; earlier releases *_tensor)
 _FSDP_COLLECTIVES = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
                      "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter"}
@@ -213,7 +211,8 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, scenarios: 
                 cfg = make_config(_config_fields(overrides), world, overrides.get(SAVE_TO) or tmp)
                 replicas = cfg.tp // cfg.num_kv_heads if cfg.tp > cfg.num_kv_heads else 1
                 par = init_parallel(env, cfg.tp, "cpu", kv_replicas=replicas)
-                trainer = Trainer(cfg, par, _DTYPES[cfg.compute_dtype], launcher="spawn")
+                # the compute dtype as pretrain resolves it (BASE: fp32; a scenario may ask bf16)
+                trainer = Trainer(cfg, par, resolve_device(cfg)[1], launcher="spawn")
                 results[name] = fsdp_probe(trainer) if overrides.get(FSDP_PROBE) else run_trainer(trainer, steps)
                 results[name]["layout"] = (par.tp_size, par.dp_size)
                 results[name]["placement"] = _placement(par, world)
