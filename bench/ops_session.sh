@@ -143,12 +143,14 @@ case "${1:-check}" in
     ;;
   fp8-peer)
     nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
+    if [ "${2:-}" != bench ]; then  # `fp8-peer bench`: the timing job alone
     stamp "FP8 GPU tests first (the compiled cast, both layouts, == baseline; the kept copies == recasting, bit for bit;"
     stamp "the compiled gemm_fc1 against the baseline and run to run)"
     timeout 120 python3 -m pytest tests/ops/test_fp8_cast.py tests/engine/test_fp8_saved.py tests/ops/test_gemm_fc1_compiled.py \
       -m gpu -q -rA -p no:cacheprovider 2>&1 | tee "$OUT/fp8_gpu_tests.log" | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
     stamp "the compiled kernels (the cast's two layouts, the SwiGLU), dynamic vs static shapes (bench/compiled_shapes.py)"
     timeout 120 python3 bench/compiled_shapes.py --out "$OUT/compiled_shapes.json" 2>&1 | tail -10
+    fi
     stamp "the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise (gemm_fc1 compiled; with --fp8-weight-cache),"
     stamp "beside torchao float8 + torch.compile (one job; FP8_PEER_COMPILE=1 adds the bf16 torch.compile loop)"
     peers=(--peer torchao-fp8); [ "${FP8_PEER_COMPILE:-0}" = 1 ] && peers=(--peer torch-compile "${peers[@]}")
@@ -248,17 +250,43 @@ case "${1:-check}" in
   fp8-4gpu)
     # Issue 32's second target: the full MiniCPM4-8B on 4 GPUs at the scale-out issue's best layout, FP8 >= 1.30x bf16.
     # One job: DP 4 ZeRO-1 (the 141 GB cards' pick) and TP 2 x DP 2 ZeRO-1 (the 80 GB cards' pick), bf16 and --fp8
-    # tensorwise (gemm_fc1 compiled) each; rows that do not fit the card fail alone (their JSON says). Then the FP8
-    # determinism rows on GPUs 0-1 (same seed and a resume bit for bit at one GPU and TP 2). ~8 minutes.
+    # tensorwise (gemm_fc1 compiled) each; rows that do not fit the card fail alone (their JSON says). ~6 minutes.
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
     stamp "8B on 4 GPUs, bf16 vs --fp8 tensorwise at DP 4 ZeRO-1 and TP 2 x DP 2 ZeRO-1 (one job)"
     timeout 360 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 85 \
       --variant dp4-zero1= --variant dp4-zero1-fp8="--op-gemm-fc1 compiled --fp8 tensorwise" \
       --variant tp2-dp2-zero1="--tp 2" --variant tp2-dp2-zero1-fp8="--tp 2 --op-gemm-fc1 compiled --fp8 tensorwise" \
       --out "$OUT/mfu_8b_4gpu_fp8.json" 2>&1 | grep -v "^\[" | tail -8
-    stamp "FP8 same-seed and resume bit for bit on the GPU (tests/engine/test_determinism.py, fp8 rows)"
-    CUDA_VISIBLE_DEVICES=0,1 timeout 200 python3 -m pytest tests/engine/test_determinism.py -m gpu -k "fp8" -q -rA \
-      -p no:cacheprovider 2>&1 | tee "$OUT/fp8_determinism.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -12
+    ;;
+  fp8-det)
+    # Same seed and a resume bit for bit on the GPU with --fp8 (tests/engine/test_determinism.py): the cases named in
+    # $2, comma separated (default: every fp8 case; ids as `pytest --collect-only -m gpu` prints them, e.g.
+    # fp8-tensorwise-tp2,fp8-rowwise-1gpu). A tp2 case takes two GPUs; ~150 s a case. fp8-defaults needs the wheels.
+    T=tests/engine/test_determinism.py::test_gpu_same_seed_runs_and_a_resume_are_bitwise
+    ids=(); for c in $(echo "${2:-fp8-tensorwise-1gpu,fp8-rowwise-1gpu,fp8-defaults-1gpu,fp8-tensorwise-tp2,fp8-rowwise-tp2,fp8-defaults-tp2}" | tr , ' '); do
+      ids+=("$T[$c]"); done
+    stamp "FP8 same seed and resume bit for bit: ${2:-every fp8 case}"
+    timeout "${DET_S:-560}" python3 -m pytest "${ids[@]}" -m gpu -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$OUT/fp8_determinism.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -12
+    ;;
+  lanes)
+    # Several modes side by side on disjoint GPUs of one host, so one call does several one- and two-GPU jobs:
+    #   bash bench/ops_session.sh lanes 0,1:fp8-det:fp8-tensorwise-tp2 2:replay-cost 3:fp8-det:fp8-rowwise-1gpu
+    # A lane is GPUS:MODE[:ARG], several modes in a row joined by "+" (3:replay-cost+fp8-profile). Each lane writes
+    # to $OUT/lane_<gpus>/ and its log's tail is printed when every lane is done. GPUs are each lane's own; the host's
+    # CPUs, disk and PCIe are shared (say so beside a timing taken in a lane).
+    shift
+    for spec in "$@"; do
+      gpus=${spec%%:*}; dir="$OUT/lane_${gpus//,/}"; mkdir -p "$dir"
+      ( IFS=+; for job in ${spec#*:}; do
+          IFS=: read -r mode arg <<< "$job"
+          CUDA_VISIBLE_DEVICES=$gpus OUT=$dir bash "$0" "$mode" ${arg:+"$arg"}
+        done ) > "$dir/lane.log" 2>&1 &
+    done
+    wait
+    for spec in "$@"; do
+      gpus=${spec%%:*}; echo "=== lane $spec"; grep -v -i "warn" "$OUT/lane_${gpus//,/}/lane.log" | tail -14
+    done
     ;;
   peers4)
     stamp "8B on 4 GPUs: the engine's best layouts beside torchtitan and megatron-core at theirs (one job)"
@@ -373,6 +401,9 @@ case "${1:-check}" in
       stamp "warmup-kernels $preset"
       timeout 150 python3 -m engine warmup-kernels --preset "$preset" 2>&1 | tee "$OUT/warmup_$preset.log" | tail -12
     done
+    ;;
+  *)
+    echo "ops_session.sh: no mode '$1' (the modes: the header of this file)" >&2; exit 2
     ;;
 esac
 stamp done
