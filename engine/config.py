@@ -35,6 +35,7 @@ __all__ = [
     "to_dict",
     "flag_name",
     "parse_mix",
+    "save_steps",
 ]
 
 PRESETS_FILE = Path(__file__).with_name("model_spec.toml")
@@ -157,6 +158,8 @@ class EngineConfig:
     save_every: int = _f(0, "checkpoint every N steps (0: only at the end, if --save-final)", "output")
     save_last: int = _f(0, "also checkpoint after each of the last N steps, whatever --save-every says (a judge holds the "
                            "final step against checkpoints N - 1 and N); --keep-last must keep them", "output")
+    save_at: str = _f("", "also checkpoint after these steps, comma separated, e.g. 27,28,29 (a judge's replay asks for "
+                          "the pairs it verifies; --keep-last must keep them)", "output")
     save_final: bool = _f(True, "checkpoint after the last step", "output")
     keep_last: int = _f(3, "keep this many most recently written checkpoints (by write order, not step number)", "output")
     resume: str = _f("", "'auto' (the newest checkpoint in --save-dir, by write order, that verifies against its checksums; "
@@ -432,6 +435,22 @@ def parse_mix(text: str, flag: str) -> list[tuple[str, float]]:
     return out
 
 
+def save_steps(cfg: EngineConfig) -> frozenset[int]:
+    """The steps --save-at names: '5,6,7' -> {5, 6, 7}; each a step of the run (1..--num-steps), none twice."""
+    if not cfg.save_at.strip():
+        return frozenset()
+    steps: list[int] = []
+    for part in cfg.save_at.split(","):
+        part = part.strip()
+        if not part.isdigit() or not 1 <= int(part) <= cfg.num_steps:
+            raise ConfigError("--save-at", cfg.save_at, f"write step numbers from 1 to --num-steps {cfg.num_steps} joined "
+                              "by commas, e.g. 27,28,29", f"has a bad part {part!r}")
+        if int(part) in steps:
+            raise ConfigError("--save-at", cfg.save_at, "name each step once", f"names step {part} twice")
+        steps.append(int(part))
+    return frozenset(steps)
+
+
 def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     """Validate everything that can be checked before any work, and fill derived fields.
 
@@ -475,6 +494,9 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     if cfg.save_last > cfg.keep_last:
         raise ConfigError("--keep-last", cfg.keep_last, f"use at least --save-last {cfg.save_last}",
                           "would delete checkpoints --save-last asks for")
+    if len(save_steps(cfg)) > cfg.keep_last:
+        raise ConfigError("--keep-last", cfg.keep_last, f"use at least {len(save_steps(cfg))}, one for each step of "
+                          f"--save-at {cfg.save_at}", "would delete checkpoints --save-at asks for")
     if cfg.reset_position_ids and not cfg.document_mask:
         raise ConfigError("--reset-position-ids", True, "add --document-mask, or leave it out",
                           "without --document-mask would let a document attend to the previous one at negative distances")

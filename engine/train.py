@@ -18,7 +18,7 @@ from engine.checkpoint.async_save import BackgroundSaver, FinishedSave
 from engine.atomic_files import check_writable_dir, write_text_atomic
 from engine.checkpoint.store import (check_compatible, check_schedule, load_checkpoint, meta_for, newest_checkpoint, read_meta,
                                refuse_earlier_run, remove_stale_temporaries, save_checkpoint, select_checkpoint)
-from engine.config import EngineConfig, resolve, to_dict
+from engine.config import EngineConfig, resolve, save_steps, to_dict
 from engine.cuda_graph import MicroBatchGraph
 from engine.data.mix import MixLoader, make_loader, mix_line
 from engine.data.sources import build_data, default_cache_dir
@@ -165,6 +165,7 @@ class Trainer:
             self.grad_sync = GradSync(self.buffers, par, tp_grads.sums, overlap=cfg.overlap_grad_reduce)
             self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
         self.spike_guard = LossSpikeGuard(cfg, par)
+        self.save_at = save_steps(cfg)  # --save-at: steps checkpointed besides the cadence
         self.micro_graph = MicroBatchGraph(self.model) if cfg.cuda_graphs else None
         self.step = 0
         self.elapsed_s = 0.0  # training seconds so far, agreed by all ranks (the slowest's), over resumes
@@ -421,7 +422,8 @@ class Trainer:
                     paused += self.clock() - t_eval
                 if self.saver is not None:
                     self._report_save(self.saver.poll())
-                if (cfg.save_every and self.step % cfg.save_every == 0) or self.step > cfg.num_steps - cfg.save_last:
+                if ((cfg.save_every and self.step % cfg.save_every == 0) or self.step > cfg.num_steps - cfg.save_last
+                        or self.step in self.save_at):
                     self.save()
                     saved_at = self.step
                 if stop:

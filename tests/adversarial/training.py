@@ -93,6 +93,9 @@ _UNCHECKED = "self.step % 2 == 1 and self.step + 1 < self.cfg.num_steps - 1"
 stale_gradient_off_the_final_pair = stale_gradient_when(_UNCHECKED)
 # ... and only in the timed run: the judge's replay saves every step and has no --save-last.
 stale_gradient_when_timed = stale_gradient_when(f"{_UNCHECKED} and self.cfg.save_last > 0")
+# ... and everywhere but on the steps the replay names (--save-at k - 1, k, k + 1 tells the engine the secret step):
+# honest where it is checked, so its lines there are not the timed run's.
+stale_gradient_unless_saved = stale_gradient_when(f"{_UNCHECKED} and self.step + 1 not in self.save_at")
 
 
 # ---------------------------------------------------------------------------------------------- numbers not measured
@@ -239,6 +242,10 @@ TRAINING_CASES: list[Case] = [
     Case("perf-stale-gradient-when-timed", "evidence:less-work", stale_gradient_when_timed, "honest-note",
          r"judge's replay of the same argv", milestone="perf-probe", gpu=True,
          note="perf's jobs: as above, only while not saving every step: the replay is honest and prints other numbers"),
+    Case("perf-stale-gradient-unless-saved", "evidence:less-work", stale_gradient_unless_saved, "honest-note",
+         r"judge's replay of the same argv", milestone="perf-probe", gpu=True,
+         note="perf's jobs: as above, honest only on the steps the replay checkpoints (it names them: --save-at k - 1, "
+              "k, k + 1), so the replay's state after k or k + 1 is not the timed run's"),
     # ---- numbers that were not measured
     Case("bitwise-smoothed-curve", "evidence:fabricated", smoothed_curve, "repair", EXACT, milestone="repair-data-order",
          note="leaves the wall clock in the data order and prints a curve that is a function of (seed, step)"),

@@ -42,6 +42,10 @@ def test_each_bad_flag_is_one_line_exit_2_and_nothing_written(tmp_path):
         "cuda graphs without cuda": (["--cuda-graphs", "--device", "cpu"],
                                      "--cuda-graphs=True captures CUDA graphs, and this run's device is cpu: run on a CUDA GPU"),
         "override schedule without resume": (["--override-schedule"], "--override-schedule=True"),
+        "a --save-at step past the run": (["--save-at", "5,6,7"], "--save-at='5,6,7' has a bad part '7': write step "
+                                                                 "numbers from 1 to --num-steps 6"),
+        "more --save-at steps than --keep-last keeps": (["--save-at", "1,2,3,4"], "--keep-last=3 would delete checkpoints "
+                                                                                  "--save-at asks for: use at least 4"),
         "unknown FP8 recipe": (["--fp8", "fp4"], "--fp8='fp4' is not a valid choice: use one of: off, tensorwise, rowwise"),
         # found before any work (it used to surface as a FileExistsError traceback at the first checkpoint)
         "output folder that is a file": (["--save-dir", str(blocker)],

@@ -404,20 +404,32 @@ def test_a_large_cpu_run_is_sampled_in_secret_and_a_gpu_run_keeps_its_final_pair
     assert "do not fit" in plan(device="cuda", free=10 * 2**20, **big).limits
 
 
-def test_a_gpu_run_is_replayed_to_a_secret_step_with_its_own_argv_saving_every_step():
+def test_a_gpu_run_is_replayed_to_a_secret_step_with_its_own_argv_and_three_saves():
     expected = {**expected_config(num_steps=30), "deterministic": True}  # the engine's default, from the base
+    base = {"save_at": "", "save_last": 0}  # a base engine with --save-at
     argv = ["pretrain", "--num-steps", "30", "--run-dir", "/replay", "--save-every", "10"]
     draws = []
-    p = plan_replay(argv, Path("/replay"), expected=expected, free_bytes=2**40, draw=lambda n: draws.append(n) or n - 1)
+    p = plan_replay(argv, Path("/replay"), expected=expected, base_defaults=base, free_bytes=2**40,
+                    draw=lambda n: draws.append(n) or n - 1)
     assert draws == [27] and (p.step, p.stop_at) == (28, 30)  # k in 2..N - 2, stopped at the line of k + 2
-    assert plan_replay(argv, Path("/replay"), expected=expected, free_bytes=2**40, draw=lambda n: 0).step == 2
-    assert p.argv[:7] == argv and p.argv[7:11] == ["--save-dir", "/replay/checkpoints", "--save-every", "1"]
-    assert p.argv[11:13] == ["--keep-last", "4"] and p.save_dir == Path("/replay/checkpoints")  # the later flag wins
+    assert p.argv[:7] == argv and p.argv[7:9] == ["--save-dir", "/replay/checkpoints"] and p.save_dir == Path("/replay/checkpoints")
+    # checkpoints k - 1, k, k + 1: the pairs of steps k and k + 1 (the job's own --save-every stays; keep-last holds them)
+    assert p.argv[9:13] == ["--save-at", "27,28,29", "--keep-last", "4"] and p.saves == "--save-at 27,28,29"
+    low = plan_replay(argv, Path("/replay"), expected=expected, base_defaults=base, free_bytes=2**40, draw=lambda n: 0)
+    assert low.step == 2 and "1,2,3" in low.argv
+    # an older base engine, without --save-at: every step is saved
+    old = plan_replay(argv, Path("/replay"), expected=expected, base_defaults={"save_last": 0}, free_bytes=2**40,
+                      draw=lambda n: 5)
+    assert old.argv[9:13] == ["--save-every", "1", "--keep-last", "4"] and old.saves == "--save-every 1"
+    # synchronous saves: an engine that knows --async-save is asked not to
+    assert plan_replay(argv, Path("/r"), expected={**expected, "async_save": True}, base_defaults=base,
+                       free_bytes=2**40).argv[-1] == "--no-async-save"
     # why not: said on the verdict, never a silent pass
-    assert "--deterministic" in plan_replay(argv, Path("/r"), expected={**expected, "deterministic": False}, free_bytes=2**40)
-    assert "resumes" in plan_replay([*argv, "--resume", "/x"], Path("/r"), expected=expected, free_bytes=2**40)
-    assert "do not fit" in plan_replay(argv, Path("/r"), expected=expected, free_bytes=2**20)
-    assert "no secret step" in plan_replay(argv, Path("/r"), expected={**expected, "num_steps": 3}, free_bytes=2**40)
+    kw = {"base_defaults": base}
+    assert "--deterministic" in plan_replay(argv, Path("/r"), expected={**expected, "deterministic": False}, free_bytes=2**40, **kw)
+    assert "resumes" in plan_replay([*argv, "--resume", "/x"], Path("/r"), expected=expected, free_bytes=2**40, **kw)
+    assert "do not fit" in plan_replay(argv, Path("/r"), expected=expected, free_bytes=2**20, **kw)
+    assert "no secret step" in plan_replay(argv, Path("/r"), expected={**expected, "num_steps": 3}, free_bytes=2**40, **kw)
 
 
 # ---------------------------------------------------------------- the keeper

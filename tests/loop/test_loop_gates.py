@@ -550,10 +550,12 @@ def test_a_run_verified_on_its_final_step_is_replayed_to_a_secret_step(home: Pat
     a secret step (saveplan.plan_replay). Here the GPU plan runs on CPU (plan_saves called with device="cuda"): an
     honest engine passes; one that reuses the last gradient on every other step except the last two, which the final
     pair verifies, is caught at the replay's secret step; one that does so only in the timed run (it has --save-last, the replay does
-    not) prints other numbers than its replay."""
+    not) prints other numbers than its replay, and so does one that works fully only on the steps the replay names
+    (--save-at k - 1, k, k + 1)."""
     from harness.judge.claims.saveplan import plan_saves
     from harness.judge.gates import job as job_gate
-    from tests.adversarial.training import stale_gradient_off_the_final_pair, stale_gradient_when_timed
+    from tests.adversarial.training import (stale_gradient_off_the_final_pair, stale_gradient_unless_saved,
+                                            stale_gradient_when_timed)
 
     monkeypatch.setattr(job_gate, "plan_saves", lambda *a, **kw: plan_saves(*a, **{**kw, "device": "cuda"}))
     one_job_milestone(home, "replayed", "A run the judge verifies as on a GPU", timeout_s=300, argv=(
@@ -581,6 +583,13 @@ def test_a_run_verified_on_its_final_step_is_replayed_to_a_secret_step(home: Pat
     timed_only = unified_diff(home, tmp_path, stale_gradient_when_timed)
     caught = judge(timed_only.read_text(), 3)
     assert not caught.passed and any("the judge's replay of the same argv" in v for v in caught.violations), caught.violations
+
+    # Honest on k - 1..k + 1 in the replay: the timed run reused a gradient on k or k + 1 (every other step), so the
+    # replay's loss at k + 1 or k + 2 is not the one the timed run printed.
+    unless_saved = unified_diff(home, tmp_path, stale_gradient_unless_saved)
+    caught = judge(unless_saved.read_text(), 4)
+    assert not caught.passed and any("the judge's replay of the same argv" in v and "--save-at" in v
+                                     for v in caught.violations), caught.violations
 
 
 def test_a_candidate_job_cannot_write_outside_its_own_folder(home: Path, tmp_path: Path) -> None:

@@ -20,11 +20,19 @@ A base whose engine has no `--save-last` gets the judge's old request (the final
 `limits` says what is then not verified, and the job gate puts it on the verdict.
 
 A run verified on its final step alone could do less work on the steps before it. So the judge then replays
-the job, untimed (`plan_replay`): the same argv and seed in a folder of its own, saving every step, stopped
-(SIGKILL) at the printed line of step k + 2 for a secret k in 2..N - 2. Under --deterministic (the engine's
-default) the replay must print steps 1..k + 2 bit for bit as the timed run did, and its steps from k on are
-verified exactly: a run that skips work on unchecked steps fails the second, one that skips it only when
-not saving every step (the timed run) fails the first.
+the job, untimed (`plan_replay`): the same argv and seed in a folder of its own, checkpointing after steps
+k - 1, k and k + 1 for a secret k in 2..N - 2 (`--save-at`, synchronous saves), stopped (SIGKILL) at the printed
+line of step k + 2. Under --deterministic (the engine's default) the replay must print steps 1..k + 2 bit for bit
+as the timed run did, and steps k and k + 1 are verified exactly on its checkpoints.
+
+The replay tells the engine k (its argv names the steps it saves), and that costs the check nothing: whatever
+the replay does, its lines must be the timed run's, which did not know k. If the timed run did less work on
+step k or k + 1, the replay either does the same (the exact check of that step fails) or does the full work
+there (its state, and so its printed loss at k + 1 or k + 2, differs from the timed run's). A run that does less
+work on a fraction f of its steps is caught with the probability that k or k + 1 is one of them, as it would be
+by a replay saving every step without naming k; that replay cost a checkpoint every step (0.5B: 6 GB, ~6-10 s
+each on an H200 host, docs/fp8.md), this one three. A base engine without `--save-at` is replayed saving
+every step.
 Checkpoints hold fp32 masters and two Adam moments: 12 bytes a parameter.
 """
 
@@ -100,10 +108,11 @@ class ReplayPlan:
     num_steps: int
     step: int  # the secret step k: checkpoints k - 1 and k are left when the replay is stopped
     stop_at: int  # the step whose printed line stops the replay (SIGKILL): k + 2
+    saves: str  # the saves it asks for, as said on a verdict: "--save-at 27,28,29" or "--save-every 1"
 
 
-def plan_replay(argv: Sequence[str], job_dir: Path, *, expected: Mapping[str, Any], free_bytes: int,
-                draw: Callable[[int], int] = secrets.randbelow) -> ReplayPlan | str:
+def plan_replay(argv: Sequence[str], job_dir: Path, *, expected: Mapping[str, Any], base_defaults: Mapping[str, Any],
+                free_bytes: int, draw: Callable[[int], int] = secrets.randbelow) -> ReplayPlan | str:
     """The untimed replay of a job verified on its final step only (module doc); `argv` is the job's own, rendered
     for the replay's folder. A str says why there is none (claims/verify_train.py flags the verdict with it)."""
     out = list(argv)
@@ -122,9 +131,11 @@ def plan_replay(argv: Sequence[str], job_dir: Path, *, expected: Mapping[str, An
                 "not replayed: the judge cannot size the job's checkpoints from its config")
     if "save-dir" not in flags:
         out += ["--save-dir", str(Path(job_dir) / "checkpoints")]
-    out += ["--save-every", "1", "--keep-last", str(_REPLAY_KEEP)]
+    step = 2 + draw(steps - 3)
+    # checkpoints k - 1, k, k + 1 only (module doc); every step from a base engine without --save-at
+    saves = ["--save-at", f"{step - 1},{step},{step + 1}"] if "save_at" in base_defaults else ["--save-every", "1"]
+    out += [*saves, "--keep-last", str(_REPLAY_KEEP)]
     if "async_save" in expected:  # a background save could still be in flight when the replay is stopped
         out.append("--no-async-save")
-    step = 2 + draw(steps - 3)
     return ReplayPlan(argv=out, save_dir=Path(str(flag_values(out)["save-dir"])), num_steps=steps, step=step,
-                      stop_at=step + 2)
+                      stop_at=step + 2, saves=" ".join(saves))

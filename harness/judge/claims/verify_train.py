@@ -124,11 +124,13 @@ def _replay(outcome: JobOutcome, judging: Judging, rerun: Rerun, expected: dict[
         shutil.rmtree(judging.saves[gate.name][0].save_dir, ignore_errors=True)
     replay_dir = neutral(judging.holder)
     argv = rerun.render(replay_dir)
-    plan = plan_replay(argv, replay_dir, expected=expected, free_bytes=shutil.disk_usage(replay_dir).free)
+    plan = plan_replay(argv, replay_dir, expected=expected, base_defaults=judging.ctx.base_config()[0],
+                       free_bytes=shutil.disk_usage(replay_dir).free)
     if isinstance(plan, str):
         judging.flags.append(f"job {outcome.job_id}: {plan}; only its final step is verified exactly")
         return [], {}
-    judging.ctx.progress("job", f"{job_id}: the job again, untimed, saving every step, stopped at a secret step")
+    judging.ctx.progress("job", f"{job_id}: the job again, untimed, checkpointed around a secret step ({plan.saves}), "
+                                "stopped two steps after it")
     result = rerun.start(plan.argv, replay_dir, plan.stop_at)
     text = result.read_log()
     if not result.signal_sent:
@@ -147,7 +149,7 @@ def _replay(outcome: JobOutcome, judging: Judging, rerun: Rerun, expected: dict[
             continue
         if (a.loss, a.grad_norm, a.lr) != (b.loss, b.grad_norm, b.lr):
             problems.append(f"step {step}: the timed run printed loss={a.loss} grad_norm={a.grad_norm} lr={a.lr}, the "
-                            f"judge's replay of the same argv and seed (--deterministic, saving every step) printed "
+                            f"judge's replay of the same argv and seed (--deterministic, {plan.saves}) printed "
                             f"loss={b.loss} grad_norm={b.grad_norm} lr={b.lr}")
     if plan.step not in timed or plan.step not in replayed:
         problems.append(f"replay {job_id}: step {plan.step} is missing from the "
@@ -158,7 +160,7 @@ def _replay(outcome: JobOutcome, judging: Judging, rerun: Rerun, expected: dict[
     late = [s for _, s in step_pairs(list_checkpoints(plan.save_dir)) if int(s.name.removeprefix("step_")) >= plan.step]
     if not late:
         return [f"replay {job_id}: it left no two consecutive checkpoints from step {plan.step - 1} on in "
-                f"{plan.save_dir} (asked: --save-every 1 --keep-last 4, stopped at step {plan.stop_at})"], {}
+                f"{plan.save_dir} (asked: {plan.saves} --keep-last 4, stopped at step {plan.stop_at})"], {}
     save = SavePlan(argv=plan.argv, save_dir=plan.save_dir, num_steps=plan.num_steps,
                     scope=f"a replay up to secret step {plan.step}")
     replay = JobOutcome(gate=gate, job_id=job_id, job_dir=replay_dir, result=result, argv=tuple(plan.argv))
