@@ -57,8 +57,14 @@
 #                                      and with --fsdp-fp8-all-gather, then TP 2 x FSDP 2 the two FP8 rows (docs/fp8.md,
 #                                      "What is left" 6: the flag's default waits on this)
 #   bash bench/ops_session.sh fp8-4gpu  four GPUs, CuTeDSL wheels staged: the full 8B, bf16 vs --fp8 tensorwise at
-#                                      DP 4 ZeRO-1 and TP 2 x DP 2 ZeRO-1 (one job), then the --fp8 rows of the GPU
-#                                      determinism test (GPUs 0-1), ~8 minutes
+#                                      DP 4 ZeRO-1 (also with --fp8-weight-cache) and TP 2 x DP 2 ZeRO-1 (one job), ~6 minutes
+#   bash bench/ops_session.sh fp8-tp2-profile  two GPUs, CuTeDSL wheels staged: the slice at TP 2, bf16 vs --fp8 timed, then
+#                                      each profiled (why FP8 at TP 2 is slower than bf16), ~5 minutes
+#   bash bench/ops_session.sh fp8-det [ID,ID..]  the FP8 cases of tests/engine/test_determinism.py -m gpu (same seed and a
+#                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all six), ~150 s a case
+#   bash bench/ops_session.sh lanes GPUS:MODE[:ARG][+MODE..] ...  several modes side by side on disjoint GPUs of one host
+#                                      (e.g. `lanes 0,1:fp8-det:fp8-tensorwise-tp2 2:replay-cost 3:fp8-peer:bench`; each
+#                                      lane's log in $OUT/lane_<gpus>/); `fp8-peer bench` is fp8-peer's timing job alone
 #   bash bench/ops_session.sh peers4   four GPUs: MiniCPM4-8B, seq 4096, global batch 16 x 4096, one job: the engine's
 #                                      best layouts (TP 2 x DP 2 ZeRO-1, DP 4 ZeRO-1, TP 1 x FSDP 4) beside torchtitan
 #                                      (FSDP 4 + SAC + compile; TP 2 x FSDP 2 + SAC + compile) and megatron-core (TP 2
@@ -253,10 +259,28 @@ case "${1:-check}" in
     # tensorwise (gemm_fc1 compiled) each; rows that do not fit the card fail alone (their JSON says). ~6 minutes.
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
     stamp "8B on 4 GPUs, bf16 vs --fp8 tensorwise at DP 4 ZeRO-1 and TP 2 x DP 2 ZeRO-1 (one job)"
-    timeout 360 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 85 \
-      --variant dp4-zero1= --variant dp4-zero1-fp8="--op-gemm-fc1 compiled --fp8 tensorwise" \
-      --variant tp2-dp2-zero1="--tp 2" --variant tp2-dp2-zero1-fp8="--tp 2 --op-gemm-fc1 compiled --fp8 tensorwise" \
+    F="--op-gemm-fc1 compiled --fp8 tensorwise"
+    timeout 420 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 85 \
+      --variant dp4-zero1= --variant dp4-zero1-fp8="$F" --variant dp4-zero1-fp8-cache="$F --fp8-weight-cache" \
+      --variant tp2-dp2-zero1="--tp 2" --variant tp2-dp2-zero1-fp8-cache="--tp 2 $F --fp8-weight-cache" \
       --out "$OUT/mfu_8b_4gpu_fp8.json" 2>&1 | grep -v "^\[" | tail -8
+    ;;
+  fp8-tp2-profile)
+    # FP8 at TP 2 ran slower than bf16 on the full 8B (0.955x, GPUs at 370-560 W; docs/fp8.md "Ninth session"): the
+    # 4-layer slice at TP 2 timed bf16 vs --fp8 tensorwise (one job), then each profiled on rank 0 (where the idle
+    # time is: exposed communication, host gaps), ~5 minutes on two GPUs.
+    F="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
+    stamp "the slice at TP 2: bf16 vs --fp8 tensorwise (one job)"
+    timeout 200 python3 bench/mfu.py --nproc 2 --common "$SLICE --tp 2" --steps 4 --warmup 2 --engine-timeout 90 \
+      --variant tp2-bf16= --variant tp2-fp8="$F" --out "$OUT/mfu_8b4l_tp2_fp8.json" 2>&1 | grep -v "^\[" | tail -5
+    for v in "bf16=" "fp8=$F"; do
+      stamp "profile of the slice at TP 2: ${v%%=*}"
+      CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 150 torchrun --standalone --nproc-per-node 2 bench/profile_step.py --steps 1 \
+        --warmup 2 --md "$OUT/profile_8b4l_tp2_${v%%=*}.md" --json "$OUT/profile_8b4l_tp2_${v%%=*}.json" -- $SLICE --tp 2 \
+        ${v#*=} > "$OUT/profile_8b4l_tp2_${v%%=*}.log" 2>&1; echo "rc=$?"
+      grep -iE "^Step|exposed|idle|^\| (GEMM|attention|communication|copies|elementwise)" \
+        "$OUT/profile_8b4l_tp2_${v%%=*}.md" 2>/dev/null | head -10
+    done
     ;;
   fp8-det)
     # Same seed and a resume bit for bit on the GPU with --fp8 (tests/engine/test_determinism.py): the cases named in
