@@ -23,14 +23,14 @@ from harness.judge.claims.digits import digit_problems
 from harness.judge.claims.evidence import Evidence, embedded_tokens, shard_tokens, verify_train_run
 from harness.judge.claims.exactstep import batch_order, step_pairs, verify_exact_steps
 from harness.judge.claims.keeper import CheckpointKeeper
-from harness.judge.claims.saveplan import SavePlan, plan_replay
+from harness.judge.claims.saveplan import ReplayPlan, SavePlan, plan_replay
 from harness.judge.judging import JobOutcome, Judging, cache_env, job_env, neutral, tail
 from harness.judge.logparse import LogParseError, parse_engine_log, parse_eval_lines, parse_skip_lines
 from harness.judge.manifests import python_env
 from harness.spec import JobGate, referenced_jobs
 from harness.workspace import Workspace
 
-__all__ = ["Rerun", "verify_train", "judged_numbers", "kept_pairs"]
+__all__ = ["Rerun", "verify_train", "judged_numbers", "kept_pairs", "replay_mismatches"]
 
 
 @dataclass(frozen=True)
@@ -141,20 +141,7 @@ def _replay(outcome: JobOutcome, judging: Judging, rerun: Rerun, expected: dict[
         replayed = {r.step: r for r in parse_engine_log(text)}
     except LogParseError as err:
         return [f"replay {job_id}: {err}"], {}
-    timed = {r.step: r for r in steps}
-    problems = []
-    for step in range(1, plan.stop_at + 1):
-        a, b = timed.get(step), replayed.get(step)
-        if a is None or b is None:
-            continue
-        if (a.loss, a.grad_norm, a.lr) != (b.loss, b.grad_norm, b.lr):
-            problems.append(f"step {step}: the timed run printed loss={a.loss} grad_norm={a.grad_norm} lr={a.lr}, the "
-                            f"judge's replay of the same argv and seed (--deterministic, {plan.saves}) printed "
-                            f"loss={b.loss} grad_norm={b.grad_norm} lr={b.lr}")
-    if plan.step not in timed or plan.step not in replayed:
-        problems.append(f"replay {job_id}: step {plan.step} is missing from the "
-                        f"{'timed run' if plan.step not in timed else 'replay'}'s printed lines")
-    if problems:
+    if problems := replay_mismatches(steps, list(replayed.values()), plan, job_id):
         return problems[:8], {}
     # Only steps from the secret one on count: a replay that kept early checkpoints alone verifies nothing secret.
     late = [s for _, s in step_pairs(list_checkpoints(plan.save_dir)) if int(s.name.removeprefix("step_")) >= plan.step]
@@ -167,6 +154,26 @@ def _replay(outcome: JobOutcome, judging: Judging, rerun: Rerun, expected: dict[
     problems, exact = _verify_exact(replay, judging, expected, list(replayed.values()), save, None, text, eos_id)
     return [f"replay {job_id}: {p}" for p in problems], {"replay_step": float(plan.step),
                                                          "replay_exact_steps": exact.get("exact_steps", 0.0)}
+
+
+def replay_mismatches(timed_steps: list[Any], replayed_steps: list[Any], plan: ReplayPlan, job_id: str) -> list[str]:
+    """Steps 1..plan.stop_at whose printed loss, grad norm or lr differ between the timed run and its replay (bit for
+    bit: both ran --deterministic), and the secret step missing from either: what rejects a run that works
+    differently when it is replayed, or fully only on the steps the replay names (saveplan.py)."""
+    timed, replayed = {r.step: r for r in timed_steps}, {r.step: r for r in replayed_steps}
+    problems = []
+    for step in range(1, plan.stop_at + 1):
+        a, b = timed.get(step), replayed.get(step)
+        if a is None or b is None:
+            continue
+        if (a.loss, a.grad_norm, a.lr) != (b.loss, b.grad_norm, b.lr):
+            problems.append(f"step {step}: the timed run printed loss={a.loss} grad_norm={a.grad_norm} lr={a.lr}, the "
+                            f"judge's replay of the same argv and seed (--deterministic, {plan.saves}) printed "
+                            f"loss={b.loss} grad_norm={b.grad_norm} lr={b.lr}")
+    if plan.step not in timed or plan.step not in replayed:
+        problems.append(f"replay {job_id}: step {plan.step} is missing from the "
+                        f"{'timed run' if plan.step not in timed else 'replay'}'s printed lines")
+    return problems
 
 
 def _verify_exact(outcome: JobOutcome, judging: Judging, expected: dict[str, Any], steps: list[Any],
