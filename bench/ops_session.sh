@@ -60,6 +60,8 @@
 #                                      DP 4 ZeRO-1 (also with --fp8-weight-cache) and TP 2 x DP 2 ZeRO-1 (one job), ~6 minutes
 #   bash bench/ops_session.sh fp8-tp2-profile  two GPUs, CuTeDSL wheels staged: the slice at TP 2, bf16 vs --fp8 timed, then
 #                                      each profiled (why FP8 at TP 2 is slower than bf16), ~5 minutes
+#   bash bench/ops_session.sh fp8-wgrad  one GPU, CuTeDSL wheels staged: the fp8_wgrad quack version's GPU tests, then the
+#                                      slice with --op-fp8-wgrad baseline vs quack beside bf16 (one job), ~4 minutes
 #   bash bench/ops_session.sh fp8-det [ID,ID..]  the FP8 cases of tests/engine/test_determinism.py -m gpu (same seed and a
 #                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all six), ~150 s a case
 #   bash bench/ops_session.sh lanes GPUS:MODE[:ARG][+MODE..] ...  several modes side by side on disjoint GPUs of one host
@@ -282,12 +284,27 @@ case "${1:-check}" in
         "$OUT/profile_8b4l_tp2_${v%%=*}.md" 2>/dev/null | head -10
     done
     ;;
+  fp8-wgrad)
+    # One GPU, CuTeDSL wheels staged: the fp8_wgrad op's quack version (the weight gradient added in its GEMM's
+    # epilogue) against the baseline (tests/ops/test_fp8_wgrad.py -m gpu), then the 4-layer 8B slice, bf16 vs --fp8
+    # tensorwise with the weight cache, the wgrad baseline and quack (one job), ~4 minutes; `fp8-det
+    # fp8-wgrad-quack-1gpu` for its determinism.
+    stamp "fp8_wgrad quack against the baseline, and run to run (tests/ops/test_fp8_wgrad.py -m gpu)"
+    timeout 150 python3 -m pytest tests/ops/test_fp8_wgrad.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$OUT/fp8_wgrad_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -10
+    F="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
+    stamp "the slice: bf16, --fp8 (weight cache) with --op-fp8-wgrad baseline and quack (one job)"
+    timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --variant bf16-defaults= \
+      --variant fp8-wgrad-baseline="$F --op-fp8-wgrad baseline" --variant fp8-wgrad-quack="$F --op-fp8-wgrad quack" \
+      --out "$OUT/mfu_8b4l_fp8_wgrad.json" 2>&1 | grep -v "^\[" | tail -6
+    ;;
   fp8-det)
     # Same seed and a resume bit for bit on the GPU with --fp8 (tests/engine/test_determinism.py): the cases named in
     # $2, comma separated (default: every fp8 case; ids as `pytest --collect-only -m gpu` prints them, e.g.
-    # fp8-tensorwise-tp2,fp8-rowwise-1gpu). A tp2 case takes two GPUs; ~150 s a case. fp8-defaults needs the wheels.
+    # fp8-tensorwise-tp2,fp8-rowwise-1gpu). A tp2 case takes two GPUs; ~150 s a case. fp8-defaults and fp8-wgrad-quack
+    # need the wheels.
     T=tests/engine/test_determinism.py::test_gpu_same_seed_runs_and_a_resume_are_bitwise
-    ids=(); for c in $(echo "${2:-fp8-tensorwise-1gpu,fp8-rowwise-1gpu,fp8-defaults-1gpu,fp8-tensorwise-tp2,fp8-rowwise-tp2,fp8-defaults-tp2}" | tr , ' '); do
+    ids=(); for c in $(echo "${2:-fp8-tensorwise-1gpu,fp8-rowwise-1gpu,fp8-defaults-1gpu,fp8-wgrad-quack-1gpu,fp8-tensorwise-tp2,fp8-rowwise-tp2,fp8-defaults-tp2,fp8-wgrad-quack-tp2}" | tr , ' '); do
       ids+=("$T[$c]"); done
     stamp "FP8 same seed and resume bit for bit: ${2:-every fp8 case}"
     timeout "${DET_S:-560}" python3 -m pytest "${ids[@]}" -m gpu -q -rA -p no:cacheprovider 2>&1 \

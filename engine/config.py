@@ -227,6 +227,9 @@ class EngineConfig:
     op_rope: str = _f("", "rotary position embedding kernel version", "kernels")
     op_fp8_cast: str = _f("", "FP8 operand cast version (amax, scale, cast; with --fp8 only): baseline (plain torch) or "
                           "compiled (torch.compile: fused kernels); see engine/ops/fp8_cast/register.toml", "kernels")
+    op_fp8_wgrad: str = _f("", "FP8 weight-gradient GEMM added into the fp32 gradient (with --fp8 tensorwise only): "
+                           "baseline (torch._scaled_mm, then an add) or quack (the add in the GEMM's epilogue); see "
+                           "engine/ops/fp8_wgrad/register.toml", "kernels")
 
     # --- performance
     activation_checkpointing: str = _f("none", "none; full: recompute each decoder layer in backward (saves most "
@@ -554,6 +557,13 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
 
     fusion = _check_fsdp(cfg, world_size, dp)
     _check_fp8(cfg)
+    if cfg.op_fp8_wgrad not in ("", "baseline") and (cfg.fp8 != "tensorwise" or not fusion):
+        why = f"--fp8 is {cfg.fp8}" if cfg.fp8 != "tensorwise" else "gradient-accumulation fusion is off" + (
+            " (--fsdp turns it off)" if cfg.fsdp else "")
+        raise ConfigError("--op-fp8-wgrad", cfg.op_fp8_wgrad, "run --fp8 tensorwise with gradient-accumulation fusion "
+                          "(the default; not with --fsdp), or leave out --op-fp8-wgrad",
+                          f"adds tensorwise FP8 weight gradients into the fp32 accumulators of gradient-accumulation "
+                          f"fusion, and here {why}: it would never run")
 
     # Batch: global = mbs x GAS x DP; either of GAS / global may be given, or both if consistent.
     mbs, gas, gbs = cfg.micro_batch_size, cfg.grad_accum_steps, cfg.global_batch_size

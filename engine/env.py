@@ -23,6 +23,7 @@ _OP_VARIABLES = MappingProxyType({
     "gemm_output": "TEMPER_OP_GEMM_OUTPUT",
     "rope": "TEMPER_OP_ROPE",
     "fp8_cast": "TEMPER_OP_FP8_CAST",
+    "fp8_wgrad": "TEMPER_OP_FP8_WGRAD",
 })
 OVERRIDABLE_OPS = frozenset(_OP_VARIABLES)
 

@@ -17,7 +17,7 @@ from engine.errors import ConfigError
 __all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "amax_scale", "scaled_cast", "quantize", "cast",
            "check_transposed", "keeps_fp8", "fp8_copy", "weight_copies_kept", "weight_copy", "grad_operand", "rows",
            "save_operands", "saved_operands", "scaled_mm_nt", "linear_forward", "linear_dgrad", "linear_wgrad",
-           "reference_linear_fp8", "check_fp8_device"]
+           "scaled_wgrad_add", "wgrad_add", "reference_linear_fp8", "check_fp8_device"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -64,19 +64,22 @@ def check_transposed(transposed: bool, dim: int | None) -> None:
 
 
 class Fp8Recipe(str):
-    """An --fp8 recipe ("tensorwise" / "rowwise") that carries the fp8_cast version its GEMMs cast with. It is the
-    recipe string wherever one is compared or passed on (TPComm.fp8, the linears, gemm_fc1's `fp8`); only
-    scaled_mm_nt reads `.cast`. A plain string recipe casts with `cast` above (the baseline)."""
+    """An --fp8 recipe ("tensorwise" / "rowwise") that carries the fp8_cast version its GEMMs cast with and the
+    fp8_wgrad version its weight gradients accumulate with. It is the recipe string wherever one is compared or
+    passed on (TPComm.fp8, the linears, gemm_fc1's `fp8`); only scaled_mm_nt reads `.cast`, only wgrad_add
+    `.wgrad`. A plain string recipe uses the baselines (`cast`, `scaled_wgrad_add` below)."""
 
     cast: Callable[..., tuple]
+    wgrad: Callable[..., None]
 
-    def __new__(cls, name: str, cast_fn: Callable[..., tuple]) -> "Fp8Recipe":
+    def __new__(cls, name: str, cast_fn: Callable[..., tuple], wgrad_fn: "Callable[..., None] | None" = None) -> "Fp8Recipe":
         recipe = super().__new__(cls, name)
         recipe.cast = cast_fn
+        recipe.wgrad = wgrad_fn or scaled_wgrad_add
         return recipe
 
-    def __reduce__(self) -> tuple:  # copy / deepcopy / pickle keep the cast (str's own would drop it)
-        return (Fp8Recipe, (str(self), self.cast))
+    def __reduce__(self) -> tuple:  # copy / deepcopy / pickle keep the versions (str's own would drop them)
+        return (Fp8Recipe, (str(self), self.cast, self.wgrad))
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,26 @@ def linear_dgrad(g2, w, recipe: str, out_dtype: torch.dtype | None = None) -> to
 def linear_wgrad(g2, x2, recipe: str, out_dtype: torch.dtype) -> torch.Tensor:
     """dy^T [out, n] @ x [n, in] -> dW [out, in] in `out_dtype` (fp32 for a main_grad); tensors or Fp8Operands."""
     return scaled_mm_nt(g2.t(), x2.t(), recipe, out_dtype, _grad_dtype(recipe))
+
+
+def scaled_wgrad_add(out: torch.Tensor, qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor) -> None:
+    """out += (qa / sa) @ (qb / sb)^T in fp32: the fp8_wgrad op's contract (engine/ops/fp8_wgrad/register.toml) in
+    plain torch, its `baseline` version (_scaled_mm cannot accumulate: the product is written, then added)."""
+    out.add_(torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out.dtype))
+
+
+def wgrad_add(out: torch.Tensor, g2, x2, recipe: str) -> None:
+    """out (a linear's fp32 gradient accumulator) += dy^T x in FP8 by `recipe` (g2 = dy [n, out], x2 [n, in]: tensors
+    or Fp8Operands). Tensorwise goes through the recipe's fp8_wgrad version on the row-major FP8 copies of dy^T and
+    x^T (the layouts the linears keep); rowwise (a scale per row along K: not the op's one scale each) writes the
+    product and adds it."""
+    if not keeps_fp8(recipe):
+        out.add_(linear_wgrad(g2, x2, recipe, out.dtype))
+        return
+    fp8_cast = _cast_fn(recipe)
+    qa, sa = _operand(g2.t(), _grad_dtype(recipe), None, False, fp8_cast)
+    qb, sb = _operand(x2.t(), E4M3, None, False, fp8_cast)
+    (recipe.wgrad if isinstance(recipe, Fp8Recipe) else scaled_wgrad_add)(out, qa, sa, qb, sb)
 
 
 def _fake_quant_nt(a: torch.Tensor, b: torch.Tensor, recipe: str, a_dtype: torch.dtype) -> torch.Tensor:

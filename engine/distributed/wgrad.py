@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from engine.distributed.fp8 import (Fp8Operand, fp8_copy, grad_operand, keeps_fp8, linear_dgrad, linear_forward,
-                                    linear_wgrad, rows, save_operands, saved_operands, weight_copy)
+                                    linear_wgrad, rows, save_operands, saved_operands, weight_copy, wgrad_add)
 
 __all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear", "linear_grads",
            "save_linear", "saved_linear_grads", "linear_wgrad_to", "fused_linear", "fused_embedding"]
@@ -44,11 +44,11 @@ class MainGrad:
 
     def weight_grad(self, grad_y, x, w: torch.Tensor, fp8: str = "off") -> torch.Tensor:
         """A linear's weight gradient grad_y^T x, added here; autograd gets a placeholder. With --fp8 the product
-        comes from the FP8 GEMM (engine/distributed/fp8.py; grad_y and x may be FP8 copies, Fp8Operand) and is
-        added (no FP8 GEMM accumulates into its output)."""
+        comes from the FP8 GEMM (engine/distributed/fp8.py wgrad_add; grad_y and x may be FP8 copies, Fp8Operand), added
+        by the recipe's fp8_wgrad version (_scaled_mm's baseline writes the product, then adds it)."""
         g2, x2 = rows(grad_y), rows(x)
         if fp8 != "off":
-            self.grad.add_(linear_wgrad(g2, x2, fp8, self.grad.dtype))
+            wgrad_add(self.grad, g2, x2, fp8)
             self._filled = True
         else:
             self.add_mm(g2.t(), x2)

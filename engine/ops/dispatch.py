@@ -38,8 +38,9 @@ __all__ = [
 ]
 
 OP_NAMES = ("attention", "rmsnorm", "gemm_fc1", "gemm_output", "rope")
-# Ops only --fp8 runs call (resolved only then): the cast of an FP8 GEMM operand (engine/distributed/fp8.py).
-FP8_OPS = ("fp8_cast",)
+# Ops only --fp8 runs call (resolved only then): the cast of an FP8 GEMM operand and the FP8 weight-gradient GEMM
+# accumulated into the fp32 gradient (engine/distributed/fp8.py).
+FP8_OPS = ("fp8_cast", "fp8_wgrad")
 DEVICES = ("cpu", "cuda")
 OPS_ROOT = Path(__file__).resolve().parent
 
@@ -85,6 +86,7 @@ class OpSet:
     rope: Callable[..., Any]
     versions: dict[str, str]
     fp8_cast: Callable[..., Any] | None = None  # only with --fp8
+    fp8_wgrad: Callable[..., Any] | None = None  # only with --fp8
 
 
 def _check_op(op: str) -> None:

@@ -46,6 +46,11 @@ def test_each_bad_flag_is_one_line_exit_2_and_nothing_written(tmp_path):
                                                                  "numbers from 1 to --num-steps 6"),
         "more --save-at steps than --keep-last keeps": (["--save-at", "1,2,3,4"], "--keep-last=3 would delete checkpoints "
                                                                                   "--save-at asks for: use at least 4"),
+        "a CUDA-only FP8 op version on CPU": (["--fp8", "tensorwise", "--op-fp8-wgrad", "quack"],
+                                             "--op-fp8-wgrad='quack' (op 'fp8_wgrad') runs only on cuda, not on cpu"),
+        "an FP8 weight-gradient version the run never calls": (["--fp8", "rowwise", "--op-fp8-wgrad", "quack"],
+                                                               "--op-fp8-wgrad='quack' adds tensorwise FP8 weight "
+                                                               "gradients into the fp32 accumulators"),
         "unknown FP8 recipe": (["--fp8", "fp4"], "--fp8='fp4' is not a valid choice: use one of: off, tensorwise, rowwise"),
         # found before any work (it used to surface as a FileExistsError traceback at the first checkpoint)
         "output folder that is a file": (["--save-dir", str(blocker)],

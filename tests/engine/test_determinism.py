@@ -81,10 +81,12 @@ def _gpus() -> int:
 
 
 # fp8-*: --fp8 (issue 32: same-seed and resume bit for bit with FP8 on; at TP 2 its GEMMs on NCCL ranks) with the
-# plain-torch ops, and fp8-defaults: tensorwise at the CuTeDSL defaults with gemm_fc1 `compiled` (quack's has no FP8
-# path), as the FP8 benchmarks run.
+# plain-torch ops, fp8-defaults: tensorwise at the CuTeDSL defaults with gemm_fc1 `compiled` (quack's has no FP8
+# path), as the FP8 benchmarks run, and fp8-wgrad-quack: the same with the weight gradients added in quack's GEMM
+# epilogue (--op-fp8-wgrad quack).
 OPS = {"defaults": [], "baseline": BASELINE, "fp8-tensorwise": [*BASELINE, "--fp8", "tensorwise"],
-       "fp8-rowwise": [*BASELINE, "--fp8", "rowwise"], "fp8-defaults": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise"]}
+       "fp8-rowwise": [*BASELINE, "--fp8", "rowwise"], "fp8-defaults": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise"],
+       "fp8-wgrad-quack": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise", "--op-fp8-wgrad", "quack"]}
 
 
 @pytest.mark.gpu

@@ -43,7 +43,7 @@ def test_fp8_resolves_the_cast_version_and_the_layers_recipe_carries_it():
     import copy
     again = copy.deepcopy(tp.fp8)
     assert isinstance(again, Fp8Recipe) and again == "tensorwise" and again.cast is compiled.cast
-    with pytest.raises(ConfigError, match="fp8_cast op"):
+    with pytest.raises(ConfigError, match="fp8_cast and fp8_wgrad ops"):
         tp_comm(EngineConfig(fp8="tensorwise"), ParallelState.single(torch.device("cpu")), off)
 
 

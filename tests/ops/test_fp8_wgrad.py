@@ -1,0 +1,109 @@
+"""The fp8_wgrad op (engine/ops/fp8_wgrad/register.toml): a linear's tensorwise FP8 weight gradient added into its
+fp32 accumulator. CPU: resolution and the layers' recipe, the baseline against an fp32 reference of the quantised
+operands, and a training step through it bit for bit the path it replaced (_scaled_mm, then add). GPU (`-m gpu`):
+the quack version against the baseline at the 8B linears' shapes and run to run."""
+
+import copy
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.distributed.fp8 import E4M3, E5M2, Fp8Recipe, cast, fp8_copy, linear_wgrad, scaled_wgrad_add, wgrad_add
+from engine.errors import ConfigError
+from engine.ops import resolve_ops
+
+
+def _operands(m: int, n: int, k: int, seed: int = 0, device: str = "cpu"):
+    """dy [k, m] and x [k, n] (k tokens) as the linears hold them for wgrad: their FP8 copies with the transposes."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dy = (torch.randn(k, m, generator=g) * 1e-3).to(device, torch.bfloat16)
+    x = torch.randn(k, n, generator=g).to(device, torch.bfloat16)
+    return dy, x
+
+
+def test_fp8_resolves_the_wgrad_version_and_the_layers_recipe_carries_it():
+    from engine.distributed import ParallelState
+    from engine.model.layers import tp_comm
+    from engine.ops.fp8_wgrad import baseline
+
+    ops = resolve_ops(EngineConfig(fp8="tensorwise"), "cpu")
+    assert ops.versions["fp8_wgrad"] == "baseline" and ops.fp8_wgrad is baseline.wgrad_add is scaled_wgrad_add
+    assert "fp8_wgrad" not in resolve_ops(EngineConfig(), "cpu").versions  # no --fp8: not resolved
+    tp = tp_comm(EngineConfig(fp8="tensorwise"), ParallelState.single(torch.device("cpu")), ops)
+    assert isinstance(tp.fp8, Fp8Recipe) and tp.fp8.wgrad is scaled_wgrad_add
+    assert copy.deepcopy(tp.fp8).wgrad is scaled_wgrad_add  # a copied recipe keeps its versions
+    with pytest.raises(ConfigError, match=r"'quack'.*(cuda|CUDA)"):  # CuTeDSL: CUDA only, refused on CPU by name
+        resolve_ops(EngineConfig(fp8="tensorwise", op_fp8_wgrad="quack"), "cpu")
+    with pytest.raises(ConfigError, match=r"'fused'.*not a version of op 'fp8_wgrad'.*baseline, quack"):
+        resolve_ops(EngineConfig(fp8="tensorwise", op_fp8_wgrad="fused"), "cpu")
+
+
+def test_the_baseline_adds_the_product_of_the_dequantised_operands():
+    """out += (qa / sa) @ (qb / sb)^T: against the same product in fp64 of the dequantised FP8 values, within fp32
+    rounding of a k-term sum (|out| ~ 1e-2 here, k = 256: a few fp32 ulps)."""
+    dy, x = _operands(48, 32, 256)
+    out = torch.randn(48, 32, dtype=torch.float32)
+    start = out.clone()
+    qa, sa = cast(dy.t(), E5M2, None, False)
+    qb, sb = cast(x.t(), E4M3, None, False)
+    scaled_wgrad_add(out, qa, sa, qb, sb)
+    ref = start.double() + (qa.double() / sa.double()) @ (qb.double() / sb.double()).t()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["fp8-copies", "bf16-tensors"])
+def test_wgrad_add_is_bit_for_bit_the_product_then_the_add(kept):
+    """The linears' weight-gradient path (engine/distributed/wgrad.py MainGrad.weight_grad) through the op equals
+    what it replaced, bit for bit, whether dy and x come as their kept FP8 copies or as bf16 tensors cast here."""
+    dy, x = _operands(64, 48, 128, seed=1)
+    g2 = fp8_copy(dy, "tensorwise", E5M2, transposed=True) if kept else dy
+    x2 = fp8_copy(x, "tensorwise", transposed=True).transposed_only() if kept else x
+    out = torch.randn(64, 48)
+    before = out.clone()
+    wgrad_add(out, g2, x2, Fp8Recipe("tensorwise", cast, scaled_wgrad_add))
+    assert torch.equal(out, before + linear_wgrad(g2, x2, "tensorwise", torch.float32))
+    rowwise = torch.randn(64, 48)
+    expected = rowwise + linear_wgrad(dy, x, "rowwise", torch.float32)
+    wgrad_add(rowwise, dy, x, "rowwise")  # rowwise: the product, then the add (no fp8_wgrad version involved)
+    assert torch.equal(rowwise, expected)
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs an SM90 GPU")
+@pytest.mark.parametrize("m, n", [(6144, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (3072, 4096)],
+                         ids=["qkv", "o", "fc1", "fc2", "qkv-tp2"])
+def test_quack_equals_the_baseline_to_fp32_rounding_and_repeats_bit_for_bit(m, n):
+    """The 8B linears' weight gradients over 8192 tokens (mbs 2 x 4096), added to a filled accumulator: quack rounds
+    once (alpha * acc + out), the baseline twice (the scaled product, then the add), so they differ by fp32 ulps of
+    the result; the product's own accumulation order may differ too (bounded like any fp32 GEMM of k = 8192
+    terms: 1e-5 of the product's scale). Two calls give the same bits."""
+    from engine.ops.fp8_wgrad.quack_add import wgrad_add as quack_add
+
+    dy, x = _operands(m, n, 8192, seed=2, device="cuda")
+    qa, sa = cast(dy.t(), E5M2, None, False)
+    qb, sb = cast(x.t(), E4M3, None, False)
+    start = torch.randn(m, n, device="cuda") * 1e-2
+    base, fast, again = start.clone(), start.clone(), start.clone()
+    scaled_wgrad_add(base, qa, sa, qb, sb)
+    quack_add(fast, qa, sa, qb, sb)
+    quack_add(again, qa, sa, qb, sb)
+    assert torch.equal(fast, again)
+    scale = (base - start).abs().max().item()
+    assert (fast - base).abs().max().item() <= 1e-5 * scale + 1e-7, ((fast - base).abs().max().item(), scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs an SM90 GPU")
+def test_quack_refuses_what_its_kernel_cannot_take():
+    from engine.ops.fp8_wgrad.quack_add import wgrad_add as quack_add
+
+    dy, x = _operands(64, 48, 40, device="cuda")  # k = 40: not a multiple of 16
+    qa, sa = cast(dy.t(), E5M2, None, False)
+    qb, sb = cast(x.t(), E4M3, None, False)
+    with pytest.raises(ValueError, match="multiple of 16.*--op-fp8-wgrad baseline"):
+        quack_add(torch.zeros(64, 48, device="cuda"), qa, sa, qb, sb)
