@@ -36,4 +36,5 @@ def wgrad_add(out: torch.Tensor, qa: torch.Tensor, sa: torch.Tensor, qb: torch.T
         problems.append("tensors not on CUDA")
     if problems:
         raise ValueError(f"fp8_wgrad (quack) cannot take these inputs: {'; '.join(problems)}: use --op-fp8-wgrad baseline")
-    gemm_add_inplace(qa, qb.t(), out, alpha=sa.reciprocal() * sb.reciprocal(), beta=1.0, tuned=False)
+    alpha = (sa.reciprocal() * sb.reciprocal()).reshape(1)  # as _scaled_mm's epilogue forms it; quack reads (1,)
+    gemm_add_inplace(qa, qb.t(), out, alpha=alpha, beta=1.0, tuned=False)
