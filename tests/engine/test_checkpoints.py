@@ -223,15 +223,6 @@ def test_schedule_override_is_recorded_and_followed(base, tmp_path):
     assert [s[0] for s in _steps(more.stdout)] == ["3"]
 
 
-def test_save_at_checkpoints_the_steps_it_names_beside_the_cadence(tmp_path):
-    """--save-at (a judge's replay asks for checkpoints k - 1, k, k + 1 of a secret k: harness/judge/claims/saveplan.py)
-    adds its steps to --save-every's."""
-    run_engine("pretrain", *FAST, "--save-every", "3", "--save-at", "2,4", "--keep-last", "4", "--no-save-final",
-               "--run-dir", str(tmp_path / "a"))
-    assert sorted(p.name for p in (tmp_path / "a/checkpoints").glob("step_*")) == \
-        ["step_00000002", "step_00000003", "step_00000004", "step_00000006"]
-
-
 def test_metrics_truncation_survives_a_kill_mid_rewrite(tmp_path):
     """Kill the rewrite the moment metrics.jsonl changes on disk: it is the old file or the new, never a
     torn one. A rewrite in place would be seen half-written (60 MB take far longer than one poll)."""

@@ -433,17 +433,18 @@ def test_a_gpu_run_is_replayed_to_a_secret_step_with_its_own_argv_and_three_save
 
 
 def test_a_replay_saving_only_around_its_secret_step_prints_the_timed_runs_lines(honest, tmp_path):
-    """The replay's premise (saveplan.py): checkpointing after k - 1, k, k + 1 (--save-at) instead of every step
-    changes no printed bit, so any line that differs is the engine behaving differently when replayed, which
-    `replay_mismatches` names by step; a secret step missing from either log is named too."""
+    """The replay's premise (saveplan.py): checkpointing after k - 1, k, k + 1 (--save-at, beside a job's own
+    cadence) instead of every step changes no printed bit, so any line that differs is the engine behaving
+    differently when replayed, which `replay_mismatches` names by step; a secret step missing from either log is
+    named too."""
     import dataclasses
 
     from harness.judge.claims.saveplan import ReplayPlan
     from harness.judge.claims.verify_train import replay_mismatches
 
-    replay = train(tmp_path / "replay", save_every=0, keep_last=4, save_at="3,4,5", save_final=False,
-                   eval_samples=0)
-    assert sorted(p.name for p in list_checkpoints(replay.save_dir)) == [f"step_0000000{i}" for i in (3, 4, 5)]
+    replay = train(tmp_path / "replay", save_every=2, keep_last=4, save_at="3,4,5", save_final=False, eval_samples=0)
+    # the engine's --save-at: its steps besides --save-every's (2, 4, 6; 4 saved once), the last 4 written kept
+    assert sorted(p.name for p in list_checkpoints(replay.save_dir)) == [f"step_0000000{i}" for i in (3, 4, 5, 6)]
     plan = ReplayPlan(argv=[], save_dir=replay.save_dir, num_steps=6, step=4, stop_at=6, saves="--save-at 3,4,5")
     timed, replayed = honest.steps(), replay.steps()
     assert len(timed) == len(replayed) == 6 and replay_mismatches(timed, replayed, plan, "a1-train-replay") == []
