@@ -63,7 +63,7 @@
 #   bash bench/ops_session.sh fp8-wgrad  one GPU, CuTeDSL wheels staged: the fp8_wgrad quack version's GPU tests, then the
 #                                      slice with --op-fp8-wgrad baseline vs quack beside bf16 (one job), ~4 minutes
 #   bash bench/ops_session.sh fp8-det [ID,ID..]  the FP8 cases of tests/engine/test_determinism.py -m gpu (same seed and a
-#                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all six), ~150 s a case
+#                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all eight), ~150 s a case
 #   bash bench/ops_session.sh lanes GPUS:MODE[:ARG][+MODE..] ...  several modes side by side on disjoint GPUs of one host
 #                                      (e.g. `lanes 0,1:fp8-det:fp8-tensorwise-tp2 2:replay-cost 3:fp8-peer:bench`; each
 #                                      lane's log in $OUT/lane_<gpus>/); `fp8-peer bench` is fp8-peer's timing job alone

@@ -1,6 +1,7 @@
 """The fp8_wgrad op (engine/ops/fp8_wgrad/register.toml): a linear's tensorwise FP8 weight gradient added into its
-fp32 accumulator. CPU: resolution and the layers' recipe, the baseline against an fp32 reference of the quantised
-operands, and a training step through it bit for bit the path it replaced (_scaled_mm, then add). GPU (`-m gpu`):
+fp32 accumulator. CPU: resolution and the layers' recipe, the baseline against an fp64 reference of the quantised
+operands, and the linears' weight-gradient path through it bit for bit the path it replaced (_scaled_mm, then add).
+GPU (`-m gpu`):
 the quack version against the baseline at the 8B linears' shapes and run to run."""
 
 import copy
@@ -15,7 +16,7 @@ from engine.ops import resolve_ops
 
 
 def _operands(m: int, n: int, k: int, seed: int = 0, device: str = "cpu"):
-    """dy [k, m] and x [k, n] (k tokens) as the linears hold them for wgrad: their FP8 copies with the transposes."""
+    """A linear's weight-gradient operands in bf16: dy [k, m] and x [k, n] over k tokens."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     dy = (torch.randn(k, m, generator=g) * 1e-3).to(device, torch.bfloat16)
     x = torch.randn(k, n, generator=g).to(device, torch.bfloat16)
@@ -41,7 +42,7 @@ def test_fp8_resolves_the_wgrad_version_and_the_layers_recipe_carries_it():
 
 def test_the_baseline_adds_the_product_of_the_dequantised_operands():
     """out += (qa / sa) @ (qb / sb)^T: against the same product in fp64 of the dequantised FP8 values, within fp32
-    rounding of a k-term sum (|out| ~ 1e-2 here, k = 256: a few fp32 ulps)."""
+    rounding (out ~ 1 plus a product ~ 1e-2, k = 256 terms: a few fp32 ulps of out)."""
     dy, x = _operands(48, 32, 256)
     out = torch.randn(48, 32, dtype=torch.float32)
     start = out.clone()
