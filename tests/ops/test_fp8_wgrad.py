@@ -1,8 +1,7 @@
 """The fp8_wgrad op (engine/ops/fp8_wgrad/register.toml): a linear's tensorwise FP8 weight gradient added into its
 fp32 accumulator. CPU: resolution and the layers' recipe, the baseline against an fp64 reference of the quantised
 operands, and the linears' weight-gradient path through it bit for bit the path it replaced (_scaled_mm, then add).
-GPU (`-m gpu`):
-the quack version against the baseline at the 8B linears' shapes and run to run."""
+GPU (`-m gpu`): the quack version against the baseline at the 8B linears' shapes and run to run."""
 
 import copy
 
