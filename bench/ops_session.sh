@@ -64,6 +64,8 @@
 #                                      slice with --op-fp8-wgrad baseline vs quack beside bf16 (one job), ~4 minutes
 #   bash bench/ops_session.sh fp8-det [ID,ID..]  the FP8 cases of tests/engine/test_determinism.py -m gpu (same seed and a
 #                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all eight), ~150 s a case
+#   bash bench/ops_session.sh adv-gpu ID,ID..  the adversarial suite's GPU cases by id (the judge's replay against
+#                                      perf-stale-gradient*, the honest twin honest-note@perf-probe, ...), one GPU
 #   bash bench/ops_session.sh lanes GPUS:MODE[:ARG][+MODE..] ...  several modes side by side on disjoint GPUs of one host
 #                                      (e.g. `lanes 0,1:fp8-det:fp8-tensorwise-tp2 2:replay-cost 3:fp8-peer:bench`; each
 #                                      lane's log in $OUT/lane_<gpus>/); `fp8-peer bench` is fp8-peer's timing job alone
@@ -309,6 +311,18 @@ case "${1:-check}" in
     stamp "FP8 same seed and resume bit for bit: ${2:-every fp8 case}"
     timeout "${DET_S:-560}" python3 -m pytest "${ids[@]}" -m gpu -q -rA -p no:cacheprovider 2>&1 \
       | tee "$OUT/fp8_determinism.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -12
+    ;;
+  adv-gpu)
+    # The adversarial suite's GPU cases named in $2 (comma separated, ids as `pytest --collect-only -m "slow and gpu"
+    # tests/adversarial` prints them: perf-stale-gradient-unless-saved, honest-note@perf-probe, ...), on this lane's
+    # GPU; one perf-probe judging is a few minutes. Several lanes split the list over a host's GPUs.
+    A=tests/adversarial/test_adversarial.py
+    ids=(); for c in $(echo "${2:?adv-gpu needs case ids}" | tr , ' '); do
+      case "$c" in *@*) ids+=("$A::test_honest_twin_is_accepted[$c]") ;; *) ids+=("$A::test_cheat_is_rejected_naming_it[$c]") ;; esac
+    done
+    stamp "adversarial GPU cases: $2"
+    timeout "${ADV_S:-560}" python3 -m pytest "${ids[@]}" -m "slow and gpu" -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$OUT/adversarial_gpu.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -12
     ;;
   lanes)
     # Several modes side by side on disjoint GPUs of one host, so one call does several one- and two-GPU jobs:
