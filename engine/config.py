@@ -497,8 +497,8 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     if cfg.save_last > cfg.keep_last:
         raise ConfigError("--keep-last", cfg.keep_last, f"use at least --save-last {cfg.save_last}",
                           "would delete checkpoints --save-last asks for")
-    if len(save_steps(cfg)) > cfg.keep_last:
-        raise ConfigError("--keep-last", cfg.keep_last, f"use at least {len(save_steps(cfg))}, one for each step of "
+    if (named := len(save_steps(cfg))) > cfg.keep_last:
+        raise ConfigError("--keep-last", cfg.keep_last, f"use at least {named}, one for each step of "
                           f"--save-at {cfg.save_at}", "would delete checkpoints --save-at asks for")
     if cfg.reset_position_ids and not cfg.document_mask:
         raise ConfigError("--reset-position-ids", True, "add --document-mask, or leave it out",
