@@ -2,7 +2,8 @@
 # One device call for issue 32's numerics (docs/fp8.md, "Loss parity"), all at once:
 #   MiniCPM4-0.5B on the shared corpus, 2,000 steps, bf16 / --fp8 tensorwise / --fp8 rowwise on the GPUs
 #   PARITY_GPUS names (default "0 0 1": two runs share GPU 0; the model is small, each run leaves it half idle),
-#   and `temper gate fp8-parity` on this tree and with its planted regression, side by side, on GATE_GPU (1).
+#   and `temper gate fp8-parity` on this tree and with its planted regression, side by side, on GATE_GPUS (default
+#   "1 1": both on GPU 1; "0 1": a GPU each).
 #   DATA=/path/to/shared/data WHEELS=/path/to/wheels bash bench/fp8_parity_session.sh
 # RUNS picks the parity runs (default "off tensorwise rowwise", one PARITY_GPUS entry each) and GATES the judgings
 # (default "main regression"; empty: none), e.g. the FP8 runs alone, a GPU each, no judging:
@@ -18,7 +19,7 @@ STEPS="${STEPS:-2000}"
 RUN_S="${RUN_S:-470}"     # each parity run's limit (the device call has 600 s)
 GATE_S="${GATE_S:-530}"
 read -r -a PARITY_GPUS <<< "${PARITY_GPUS:-0 0 1}"
-GATE_GPU="${GATE_GPU:-1}"
+read -r -a GATE_GPUS <<< "${GATE_GPUS:-1 1}"
 read -r -a RUNS <<< "${RUNS-off tensorwise rowwise}"
 read -r -a GATES <<< "${GATES-main regression}"
 stamp() { echo "=== $(date +%T) $*"; }
@@ -28,15 +29,16 @@ nvidia-smi --query-gpu=index,name,memory.total,power.limit --format=csv,noheader
 python3 -c "import torch, datasets; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'datasets', datasets.__version__)"
 git_rev=$(cat GIT_REV 2>/dev/null || echo unknown); echo "engine tree: $git_rev"
 
-stamp "fp8-parity judgings (GPU $GATE_GPU): this tree, and the planted regression"
+stamp "fp8-parity judgings (GPUs ${GATE_GPUS[*]}): ${GATES[*]}"
+g=0
 for which in "${GATES[@]}"; do
   arg=fp8-parity; [ "$which" = regression ] && arg="fp8-parity=tests/milestones/regressions/fp8-parity.patch"
-  (CUDA_VISIBLE_DEVICES=$GATE_GPU TEMPER_DATA="$DATA" OUT="/tmp/gate-$which" timeout "$GATE_S" \
+  (CUDA_VISIBLE_DEVICES=${GATE_GPUS[$g]} TEMPER_DATA="$DATA" OUT="/tmp/gate-$which" timeout "$GATE_S" \
      bash bench/device_gates.sh "$arg" > "/tmp/gate-$which.txt" 2>&1) &
+  g=$((g + 1))
 done
 
-stamp "prepare the corpus (all of train, validation)"
-python3 -m engine prepare --preset minicpm4-0.5b --tokenizer-path "$DATA/tokenizers/minicpm4" \
+[ ${#RUNS[@]} -gt 0 ] && stamp "prepare the corpus (all of train, validation)" && python3 -m engine prepare --preset minicpm4-0.5b --tokenizer-path "$DATA/tokenizers/minicpm4" \
   --hf-dataset "$DATA/corpus" --hf-val-dataset "$DATA/corpus/validation-00000-of-00001.parquet" \
   --hf-val-split train --num-proc 16 --out /tmp/shards 2>&1 | tail -3
 

@@ -15,13 +15,13 @@
 #                                      (FP8_EAGER=1: also tensorwise with the eager cast; all other ops baseline), one job
 #   bash bench/ops_session.sh fp8-profile  one GPU, CuTeDSL wheels staged: where an FP8 step's time goes. The 4-layer 8B
 #                                      slice profiled (bench/profile_step.py: kernel families, casts, GEMMs by shape
-#                                      with TFLOP/s, idle gaps charged to the host) bf16 and --fp8 tensorwise at the
+#                                      with TFLOP/s, idle gaps charged to the host) bf16 and --fp8 tensorwise (weight cache) at the
 #                                      CuTeDSL defaults (gemm_fc1 compiled under --fp8: the quack version has no FP8
 #                                      path); FP8_PROFILE_BASELINE=1: every op baseline first; markdown and JSON to $OUT
 #   bash bench/ops_session.sh fp8-peer  one GPU, CuTeDSL wheels (and torchao, in .gpu/b) staged: the FP8 GPU tests
 #                                      (bit for bit: ~90 s), the compiled kernels' shapes (bench/compiled_shapes.py),
 #                                      then the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise (gemm_fc1
-#                                      compiled; and with --fp8-weight-cache) (the issue's 1.35x: bf16 at its best),
+#                                      compiled; with --fp8-weight-cache; and --fp8-fast-accum) (the issue's 1.35x: bf16 at its best),
 #                                      beside the torchao float8 + compile loop (FP8_PEER_COMPILE=1: the torch-compile loop too)
 #                                      (`--peer torchao-fp8`: tensorwise, rowwise; the issue's >= 1.10x), one job
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
@@ -59,11 +59,11 @@
 #   bash bench/ops_session.sh fp8-4gpu  four GPUs, CuTeDSL wheels staged: the full 8B, bf16 vs --fp8 tensorwise at
 #                                      DP 4 ZeRO-1 (also with --fp8-weight-cache) and TP 2 x DP 2 ZeRO-1 (one job), ~6 minutes
 #   bash bench/ops_session.sh fp8-tp2-profile  two GPUs, CuTeDSL wheels staged: the slice at TP 2, bf16 vs --fp8 timed, then
-#                                      each profiled (why FP8 at TP 2 is slower than bf16), ~5 minutes
+#                                      bf16 (rank 0) and FP8 (ranks 0 and 1) profiled (why FP8 at TP 2 is slower), ~6 minutes
 #   bash bench/ops_session.sh fp8-wgrad  one GPU, CuTeDSL wheels staged: the fp8_wgrad quack version's GPU tests, then the
 #                                      slice with --op-fp8-wgrad baseline vs quack beside bf16 (one job), ~4 minutes
 #   bash bench/ops_session.sh fp8-det [ID,ID..]  the FP8 cases of tests/engine/test_determinism.py -m gpu (same seed and a
-#                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all eight), ~150 s a case
+#                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all ten), ~150 s a case
 #   bash bench/ops_session.sh adv-gpu ID,ID..  the adversarial suite's GPU cases by id (the judge's replay against
 #                                      perf-stale-gradient*, the honest twin honest-note@perf-probe, ...), one GPU
 #   bash bench/ops_session.sh lanes GPUS:MODE[:ARG][+MODE..] ...  several modes side by side on disjoint GPUs of one host
@@ -142,7 +142,7 @@ case "${1:-check}" in
   fp8-profile)
     nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
     # FP8_PROFILE_BASELINE=1 adds the two rows with every op at its plain-torch version first
-    variants=("bf16-defaults=" "fp8-defaults=--op-gemm-fc1 compiled --fp8 tensorwise")
+    variants=("bf16-defaults=" "fp8-defaults=--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache")
     [ "${FP8_PROFILE_BASELINE:-0}" = 1 ] && variants=("bf16-baseline=$BASELINE_OPS --op-rope baseline" \
       "fp8-baseline=$BASELINE_OPS --op-rope baseline --fp8 tensorwise" "${variants[@]}")
     for v in "${variants[@]}"; do
@@ -161,12 +161,14 @@ case "${1:-check}" in
     stamp "the compiled kernels (the cast's two layouts, the SwiGLU), dynamic vs static shapes (bench/compiled_shapes.py)"
     timeout 120 python3 bench/compiled_shapes.py --out "$OUT/compiled_shapes.json" 2>&1 | tail -10
     fi
-    stamp "the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise (gemm_fc1 compiled; with --fp8-weight-cache),"
+    stamp "the slice at the CuTeDSL defaults, bf16 vs --fp8 tensorwise (gemm_fc1 compiled; with --fp8-weight-cache; and"
+    stamp "--fp8-fast-accum, torchao's forward accumulation),"
     stamp "beside torchao float8 + torch.compile (one job; FP8_PEER_COMPILE=1 adds the bf16 torch.compile loop)"
     peers=(--peer torchao-fp8); [ "${FP8_PEER_COMPILE:-0}" = 1 ] && peers=(--peer torch-compile "${peers[@]}")
     timeout 400 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --peer-timeout 90 \
       --variant bf16-defaults= --variant fp8-defaults="--op-gemm-fc1 compiled --fp8 tensorwise" \
       --variant fp8-weight-cache="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache" \
+      --variant fp8-fast-accum="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache --fp8-fast-accum" \
       "${peers[@]}" --out "$OUT/mfu_8b4l_fp8_peers.json" 2>&1 | grep -v "^\[" | tail -10
     ;;
   fsdp-test)
@@ -270,20 +272,22 @@ case "${1:-check}" in
       --out "$OUT/mfu_8b_4gpu_fp8.json" 2>&1 | grep -v "^\[" | tail -8
     ;;
   fp8-tp2-profile)
-    # FP8 at TP 2 ran slower than bf16 on the full 8B (0.955x, GPUs at 370-560 W; docs/fp8.md "Ninth session"): the
-    # 4-layer slice at TP 2 timed bf16 vs --fp8 tensorwise (one job), then each profiled on rank 0 (where the idle
-    # time is: exposed communication, host gaps), ~5 minutes on two GPUs.
+    # FP8 at TP 2 runs slower than bf16 (full 8B 0.955x; the slice 0.91x, tenth session). Rank 0's profile showed it
+    # waiting 900 ms a step in its all-reduces, i.e. for rank 1: so both ranks' traces (bench/profile_step.py --rank).
+    # The slice at TP 2 timed bf16 vs --fp8 tensorwise (one job), then bf16 rank 0 and FP8 ranks 0 and 1 profiled,
+    # ~6 minutes on two GPUs.
     F="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
     stamp "the slice at TP 2: bf16 vs --fp8 tensorwise (one job)"
     timeout 200 python3 bench/mfu.py --nproc 2 --common "$SLICE --tp 2" --steps 4 --warmup 2 --engine-timeout 90 \
       --variant tp2-bf16= --variant tp2-fp8="$F" --out "$OUT/mfu_8b4l_tp2_fp8.json" 2>&1 | grep -v "^\[" | tail -5
-    for v in "bf16=" "fp8=$F"; do
-      stamp "profile of the slice at TP 2: ${v%%=*}"
+    for v in "bf16:0=" "fp8:0=$F" "fp8:1=$F"; do
+      name=${v%%=*}; rank=${name#*:}; name="${name%%:*}_rank$rank"
+      stamp "profile of the slice at TP 2: $name"
       CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 150 torchrun --standalone --nproc-per-node 2 bench/profile_step.py --steps 1 \
-        --warmup 2 --md "$OUT/profile_8b4l_tp2_${v%%=*}.md" --json "$OUT/profile_8b4l_tp2_${v%%=*}.json" -- $SLICE --tp 2 \
-        ${v#*=} > "$OUT/profile_8b4l_tp2_${v%%=*}.log" 2>&1; echo "rc=$?"
+        --warmup 2 --rank "$rank" --md "$OUT/profile_8b4l_tp2_$name.md" --json "$OUT/profile_8b4l_tp2_$name.json" -- \
+        $SLICE --tp 2 ${v#*=} > "$OUT/profile_8b4l_tp2_$name.log" 2>&1; echo "rc=$?"
       grep -iE "^Step|exposed|idle|^\| (GEMM|attention|communication|copies|elementwise)" \
-        "$OUT/profile_8b4l_tp2_${v%%=*}.md" 2>/dev/null | head -10
+        "$OUT/profile_8b4l_tp2_$name.md" 2>/dev/null | head -10
     done
     ;;
   fp8-wgrad)
@@ -303,10 +307,10 @@ case "${1:-check}" in
   fp8-det)
     # Same seed and a resume bit for bit on the GPU with --fp8 (tests/engine/test_determinism.py): the cases named in
     # $2, comma separated (default: every fp8 case; ids as `pytest --collect-only -m gpu` prints them, e.g.
-    # fp8-tensorwise-tp2,fp8-rowwise-1gpu). A tp2 case takes two GPUs; ~150 s a case. fp8-defaults and fp8-wgrad-quack
-    # need the wheels.
+    # fp8-tensorwise-tp2,fp8-rowwise-1gpu). A tp2 case takes two GPUs; ~150 s a case. fp8-defaults, fp8-wgrad-quack and
+    # fp8-fast-accum need the wheels.
     T=tests/engine/test_determinism.py::test_gpu_same_seed_runs_and_a_resume_are_bitwise
-    ids=(); for c in $(echo "${2:-fp8-tensorwise-1gpu,fp8-rowwise-1gpu,fp8-defaults-1gpu,fp8-wgrad-quack-1gpu,fp8-tensorwise-tp2,fp8-rowwise-tp2,fp8-defaults-tp2,fp8-wgrad-quack-tp2}" | tr , ' '); do
+    ids=(); for c in $(echo "${2:-fp8-tensorwise-1gpu,fp8-rowwise-1gpu,fp8-defaults-1gpu,fp8-wgrad-quack-1gpu,fp8-fast-accum-1gpu,fp8-tensorwise-tp2,fp8-rowwise-tp2,fp8-defaults-tp2,fp8-wgrad-quack-tp2,fp8-fast-accum-tp2}" | tr , ' '); do
       ids+=("$T[$c]"); done
     stamp "FP8 same seed and resume bit for bit: ${2:-every fp8 case}"
     timeout "${DET_S:-560}" python3 -m pytest "${ids[@]}" -m gpu -q -rA -p no:cacheprovider 2>&1 \

@@ -303,10 +303,11 @@ def _cpu_ops(prof) -> list[dict]:
 
 
 def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
-                  trace_dir: str = "") -> tuple[dict, list[float], Path | None]:
+                  trace_dir: str = "", rank: int = 0) -> tuple[dict, list[float], Path | None]:
     """Run `step` `steps` times under torch.profiler, each inside `STEP_MARK` and synchronised: the summary (families,
     top kernels, GEMMs by shape, idle gaps on CUDA), each step's wall time, and the raw trace's path (trace_dir or a
-    temp folder). Every rank profiles (so collectives line up); only rank 0 writes and summarises its trace, the
+    temp folder). Every rank profiles (so collectives line up); only `rank` (0 unless asked: a collective's time on one
+    rank is its wait for the slowest, so the slow rank's own trace says why) writes and summarises its trace, the
     others get an empty summary and no path. Shared by engine steps (main) and the peers' steps (bench/peers/run.py --profile-json)."""
     on_cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if on_cuda else (lambda: None)
@@ -320,11 +321,12 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
                 step()
                 sync()
             times.append(time.perf_counter() - t0)
-    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
-        return {}, times, None  # rank 0's trace is the one summarised
+    me = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if me != rank:
+        return {}, times, None  # `rank`'s trace is the one summarised
     folder = Path(trace_dir or tempfile.mkdtemp(prefix="profile-trace-"))
     folder.mkdir(parents=True, exist_ok=True)
-    trace = folder / "trace_rank0.json"
+    trace = folder / f"trace_rank{rank}.json"
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text()).get("traceEvents", [])
     kernels = _kernels_from_trace(events) if on_cuda else _cpu_ops(prof)
@@ -345,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--section", default="engine", help="section name for --insert")
     p.add_argument("--trace-dir", default="", help="where the raw chrome trace goes (default: a temp folder)")
     p.add_argument("--json", default="", help="also write the summary as JSON")
+    p.add_argument("--rank", type=int, default=0, help="the rank whose trace is summarised (under torchrun; a rank that "
+                   "waits in its collectives is waiting for another: profile that one)")
     args = p.parse_args(argv[:split])
     flags = argv[split + 1:]
 
@@ -354,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine.runinfo import device_name
 
     env = launch_env()
+    if not 0 <= args.rank < env.world_size:
+        p.error(f"--rank {args.rank}: this launch has ranks 0..{env.world_size - 1} (torchrun --nproc-per-node N for more)")
     cfg = engine_config(flags, env.world_size)
     device_type, dtype = resolve_device(cfg)
     scratch = None if cfg.run_dir else tempfile.mkdtemp(prefix="profile-step-")  # the run's config.json, metrics.jsonl
@@ -366,10 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, par, dtype, launcher=env.launcher)
         for _ in range(args.warmup):
             trainer.train_step()
-        summary, times, trace = profile_steps(trainer.train_step, args.steps, par.device, args.trace_dir)
-        if par.rank != 0:
+        summary, times, trace = profile_steps(trainer.train_step, args.steps, par.device, args.trace_dir, args.rank)
+        if par.rank != args.rank:
             return 0
-        title = args.title or (f"{device_name(par.device)}, {time.strftime('%Y-%m-%d')}, {' '.join(flags)}; ops "
+        where = f" (rank {args.rank} of {par.world_size})" if par.world_size > 1 else ""
+        title = args.title or (f"{device_name(par.device)}{where}, {time.strftime('%Y-%m-%d')}, {' '.join(flags)}; ops "
                                + " ".join(f"{k}={v}" for k, v in sorted(trainer.ops.versions.items())))
         text = markdown(title, summary, 1e3 * statistics.median(times))
         print(text)

@@ -252,6 +252,10 @@ class EngineConfig:
                                 "micro-batches (TransformerEngine's is_first_microbatch): the same bits, GAS - 1 of "
                                 "every GAS weight casts fewer, for 2 bytes a linear parameter held through the step "
                                 "(docs/fp8.md); not with --cuda-graphs", "perf")
+    fp8_fast_accum: bool = _f(False, "with --fp8: the forward GEMMs (y = x W^T) accumulate at the FP8 tensor cores' own "
+                              "precision (torch._scaled_mm use_fast_accum), as torchao's float8 recipes do; the "
+                              "backward GEMMs (dgrad, wgrad) keep the periodic fp32 promotion. Faster forward GEMMs "
+                              "on Hopper, other bits than without (docs/fp8.md)", "perf")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -590,6 +594,9 @@ def _check_fp8(cfg: EngineConfig) -> None:
     gradient's reduction; per forward row chunk of --tp-fwd-chunks). --fp8-weight-cache keeps tensorwise copies
     (one scale transposes with the weight; rowwise casts W per GEMM) and needs eager micro-batches (a CUDA graph
     replays the casts of the micro-batch it captured)."""
+    if cfg.fp8_fast_accum and cfg.fp8 == "off":
+        raise ConfigError("--fp8-fast-accum", True, "add --fp8 tensorwise (or rowwise), or leave out --fp8-fast-accum",
+                          "sets how FP8 GEMMs accumulate, and this run has none (--fp8 off)")
     if cfg.fp8_weight_cache and cfg.fp8 != "tensorwise":
         raise ConfigError("--fp8-weight-cache", True, "add --fp8 tensorwise, or leave out --fp8-weight-cache",
                           f"keeps tensorwise FP8 copies of the weights, and --fp8 is {cfg.fp8}")

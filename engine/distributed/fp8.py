@@ -64,22 +64,26 @@ def check_transposed(transposed: bool, dim: int | None) -> None:
 
 
 class Fp8Recipe(str):
-    """An --fp8 recipe ("tensorwise" / "rowwise") that carries the fp8_cast version its GEMMs cast with and the
-    fp8_wgrad version its weight gradients accumulate with. It is the recipe string wherever one is compared or
-    passed on (TPComm.fp8, the linears, gemm_fc1's `fp8`); only scaled_mm_nt reads `.cast`, only wgrad_add
-    `.wgrad`. A plain string recipe uses the baselines (`cast`, `scaled_wgrad_add` below)."""
+    """An --fp8 recipe ("tensorwise" / "rowwise") that carries the fp8_cast version its GEMMs cast with, the
+    fp8_wgrad version its weight gradients accumulate with, and whether its forward GEMMs accumulate fast
+    (--fp8-fast-accum). It is the recipe string wherever one is compared or passed on (TPComm.fp8, the linears,
+    gemm_fc1's `fp8`); only scaled_mm_nt reads `.cast`, only wgrad_add `.wgrad`, only linear_forward
+    `.fast_accum`. A plain string recipe uses the baselines (`cast`, `scaled_wgrad_add` below) and full accumulation."""
 
     cast: Callable[..., tuple]
     wgrad: Callable[..., None]
+    fast_accum: bool
 
-    def __new__(cls, name: str, cast_fn: Callable[..., tuple], wgrad_fn: "Callable[..., None] | None" = None) -> "Fp8Recipe":
+    def __new__(cls, name: str, cast_fn: Callable[..., tuple], wgrad_fn: "Callable[..., None] | None" = None,
+                fast_accum: bool = False) -> "Fp8Recipe":
         recipe = super().__new__(cls, name)
         recipe.cast = cast_fn
         recipe.wgrad = wgrad_fn or scaled_wgrad_add
+        recipe.fast_accum = fast_accum
         return recipe
 
     def __reduce__(self) -> tuple:  # copy / deepcopy / pickle keep the versions (str's own would drop them)
-        return (Fp8Recipe, (str(self), self.cast, self.wgrad))
+        return (Fp8Recipe, (str(self), self.cast, self.wgrad, self.fast_accum))
 
 
 @dataclass(frozen=True)
@@ -199,10 +203,11 @@ def _operand(t: "torch.Tensor | Fp8Operand", dtype: torch.dtype, dim: int | None
 
 
 def scaled_mm_nt(a: "torch.Tensor | Fp8Operand", b: "torch.Tensor | Fp8Operand", recipe: str,
-                 out_dtype: torch.dtype, a_dtype: torch.dtype = E4M3) -> torch.Tensor:
+                 out_dtype: torch.dtype, a_dtype: torch.dtype = E4M3, fast_accum: bool = False) -> torch.Tensor:
     """a @ b^T (a [m, k], b [n, k], any strides) with both operands cast to FP8 by `recipe` (and its cast version),
     or given cast (Fp8Operand, tensorwise); `a_dtype`: the first operand's format (E5M2 for a tensorwise output
-    gradient)."""
+    gradient); `fast_accum`: accumulate at the tensor cores' precision, without the periodic fp32 promotion (Hopper:
+    faster; the CPU emulation accumulates in fp32 either way)."""
     rowwise = recipe == "rowwise"
     dim = -1 if rowwise else None
     fp8_cast = _cast_fn(recipe)
@@ -210,9 +215,11 @@ def scaled_mm_nt(a: "torch.Tensor | Fp8Operand", b: "torch.Tensor | Fp8Operand",
     qb, sb = _operand(b, E4M3, dim, rowwise, fp8_cast)
     if rowwise:  # scale_a [m, 1], scale_b [1, n]; torch's rowwise kernel writes bf16 on CUDA
         out = torch.bfloat16 if qa.is_cuda else out_dtype
-        y = torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal().t(), out_dtype=out)
+        y = torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal().t(), out_dtype=out,
+                             use_fast_accum=fast_accum)
         return y if y.dtype == out_dtype else y.to(out_dtype)
-    return torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out_dtype)
+    return torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out_dtype,
+                            use_fast_accum=fast_accum)
 
 
 def _grad_dtype(recipe: str) -> torch.dtype:
@@ -220,8 +227,10 @@ def _grad_dtype(recipe: str) -> torch.dtype:
 
 
 def linear_forward(x2, w, recipe: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x2 [n, in] @ w^T -> [n, out] in x2's dtype (`out_dtype` where x2 is an Fp8Operand)."""
-    return scaled_mm_nt(x2, w, recipe, out_dtype or x2.dtype)
+    """x2 [n, in] @ w^T -> [n, out] in x2's dtype (`out_dtype` where x2 is an Fp8Operand); fast accumulation where
+    the recipe asks for it (torchao's recipes: the forward's output GEMM only, the gradients' GEMMs never)."""
+    fast = recipe.fast_accum if isinstance(recipe, Fp8Recipe) else False
+    return scaled_mm_nt(x2, w, recipe, out_dtype or x2.dtype, fast_accum=fast)
 
 
 def linear_dgrad(g2, w, recipe: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:

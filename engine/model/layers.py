@@ -25,13 +25,13 @@ __all__ = ["RMSNormWeight", "Rotary", "Attention", "MLP", "VocabEmbedding", "Dec
 
 def tp_comm(cfg: EngineConfig, par: ParallelState, ops: OpSet | None = None) -> TPComm:
     """The layer's TPComm; with --fp8 and the run's ops, its recipe carries the fp8_cast and fp8_wgrad versions
-    they resolved (a layer without FP8 GEMMs passes no ops)."""
+    they resolved and --fp8-fast-accum (a layer without FP8 GEMMs passes no ops)."""
     fp8: str = cfg.fp8
     if fp8 != "off" and ops is not None:
         if ops.fp8_cast is None or ops.fp8_wgrad is None:
             raise ConfigError("--fp8", fp8, "build the layer's ops with engine.ops.resolve_ops(cfg, device)",
                               "needs the fp8_cast and fp8_wgrad ops, and these ops were resolved without them")
-        fp8 = Fp8Recipe(fp8, ops.fp8_cast, ops.fp8_wgrad)
+        fp8 = Fp8Recipe(fp8, ops.fp8_cast, ops.fp8_wgrad, cfg.fp8_fast_accum)
     return TPComm(size=par.tp_size, group=par.tp_group, sequence_parallel=cfg.sequence_parallel and par.tp_size > 1,
                   overlap=cfg.tp_comm_overlap, fwd_chunks=cfg.tp_fwd_chunks, fp8=fp8)
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from bench.profile_step import (STEP_MARK, exposed_ms, family, gemm_flops, gemms_by_shape, idle_gaps, insert_section,
                                 markdown, summarize_kernels)
@@ -149,3 +150,20 @@ def test_a_peers_step_is_profiled_into_the_engines_summary(tmp_path):
     assert summary["families"]["GEMM"] > 0 and summary["families"]["optimizer"] > 0
     assert sum(summary["families"].values()) == pytest.approx(summary["total_ms"])
     assert not any(k["name"] == "temper_profiled_step" for k in summary["top"])  # the step's own mark is no kernel
+
+
+def test_the_summarised_rank_is_the_one_asked_for_and_a_rank_the_launch_lacks_is_refused(tmp_path):
+    """--rank R: only rank R writes and summarises its trace (a rank waiting in its collectives waits for another, so
+    the slow rank's own trace is the one to read); outside torchrun this process is rank 0, so asking for rank 1
+    gets no summary and no trace, and the CLI refuses a rank the launch has not (exit 2, before any model is built)."""
+    from bench.profile_step import profile_steps
+
+    summary, times, trace = profile_steps(lambda: torch.ones(8) @ torch.ones(8), 1, torch.device("cpu"),
+                                          str(tmp_path / "r1"), rank=1)
+    assert (summary, trace) == ({}, None) and len(times) == 1 and not (tmp_path / "r1").exists()
+    summary, _, trace = profile_steps(lambda: torch.ones(8) @ torch.ones(8), 1, torch.device("cpu"),
+                                      str(tmp_path / "r0"), rank=0)
+    assert trace == tmp_path / "r0" / "trace_rank0.json" and trace.exists() and summary["families"]
+    proc = subprocess.run([sys.executable, "bench/profile_step.py", "--rank", "1", "--", "--preset", "tiny",
+                           "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--rank 1: this launch has ranks 0..0" in proc.stderr

@@ -82,11 +82,13 @@ def _gpus() -> int:
 
 # fp8-*: --fp8 (issue 32: same-seed and resume bit for bit with FP8 on; at TP 2 its GEMMs on NCCL ranks) with the
 # plain-torch ops, fp8-defaults: tensorwise at the CuTeDSL defaults with gemm_fc1 `compiled` (quack's has no FP8
-# path), as the FP8 benchmarks run, and fp8-wgrad-quack: the same with the weight gradients added in quack's GEMM
-# epilogue (--op-fp8-wgrad quack).
+# path), as the FP8 benchmarks run, fp8-wgrad-quack: the same with the weight gradients added in quack's GEMM
+# epilogue (--op-fp8-wgrad quack), and fp8-fast-accum: the fastest FP8 configuration (each weight cast once a step,
+# the forward GEMMs accumulating fast, as torchao's recipes do).
 OPS = {"defaults": [], "baseline": BASELINE, "fp8-tensorwise": [*BASELINE, "--fp8", "tensorwise"],
        "fp8-rowwise": [*BASELINE, "--fp8", "rowwise"], "fp8-defaults": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise"],
-       "fp8-wgrad-quack": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise", "--op-fp8-wgrad", "quack"]}
+       "fp8-wgrad-quack": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise", "--op-fp8-wgrad", "quack"],
+       "fp8-fast-accum": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise", "--fp8-weight-cache", "--fp8-fast-accum"]}
 
 
 @pytest.mark.gpu
