@@ -65,6 +65,7 @@
 #                                      slice with --op-fp8-wgrad baseline vs quack beside bf16 (one job), ~4 minutes
 #   bash bench/ops_session.sh fp8-det [ID,ID..]  the FP8 cases of tests/engine/test_determinism.py -m gpu (same seed and a
 #                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all ten), ~150 s a case
+#   bash bench/ops_session.sh gpu-tests PATH,PATH..  the GPU tests of those files (or ids), e.g. in a lane beside others
 #   bash bench/ops_session.sh adv-gpu ID,ID..  the adversarial suite's GPU cases by id (the judge's replay against
 #                                      perf-stale-gradient*, the honest twin honest-note@perf-probe, ...), one GPU
 #   bash bench/ops_session.sh lanes GPUS:MODE[:ARG][+MODE..] ...  several modes side by side on disjoint GPUs of one host
@@ -166,7 +167,7 @@ case "${1:-check}" in
     stamp "--fp8-fast-accum, torchao's forward accumulation),"
     stamp "beside torchao float8 + torch.compile (one job; FP8_PEER_COMPILE=1 adds the bf16 torch.compile loop)"
     peers=(--peer torchao-fp8); [ "${FP8_PEER_COMPILE:-0}" = 1 ] && peers=(--peer torch-compile "${peers[@]}")
-    timeout 400 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --peer-timeout 90 \
+    timeout 470 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --peer-timeout 90 \
       --variant bf16-defaults= --variant fp8-defaults="--op-gemm-fc1 compiled --fp8 tensorwise" \
       --variant fp8-weight-cache="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache" \
       --variant fp8-fast-accum="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache --fp8-fast-accum" \
@@ -317,6 +318,13 @@ case "${1:-check}" in
     stamp "FP8 same seed and resume bit for bit: ${2:-every fp8 case}"
     timeout "${DET_S:-560}" python3 -m pytest "${ids[@]}" -m gpu -q -rA -p no:cacheprovider 2>&1 \
       | tee "$OUT/fp8_determinism.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -12
+    ;;
+  gpu-tests)
+    # The GPU tests named in $2 (comma separated pytest paths or ids, e.g. tests/engine/test_fp8_fast_accum.py), on this
+    # lane's GPUs; GPU_TESTS_S (default 560) bounds them.
+    stamp "GPU tests: $2"
+    timeout "${GPU_TESTS_S:-560}" python3 -m pytest $(echo "${2:?gpu-tests needs test paths}" | tr , ' ') -m gpu -q -rA \
+      -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -12
     ;;
   adv-gpu)
     # The adversarial suite's GPU cases named in $2 (comma separated, ids as `pytest --collect-only -m "slow and gpu"
