@@ -65,6 +65,7 @@
 #                                      slice with --op-fp8-wgrad baseline vs quack beside bf16 (one job), ~4 minutes
 #   bash bench/ops_session.sh fp8-det [ID,ID..]  the FP8 cases of tests/engine/test_determinism.py -m gpu (same seed and a
 #                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all ten), ~150 s a case
+#   bash bench/ops_session.sh host-overhead  one GPU: host time of a compiled call, a cast, one linear bf16 / FP8 (~1 min)
 #   bash bench/ops_session.sh gpu-tests PATH,PATH..  the GPU tests of those files (or ids), e.g. in a lane beside others
 #   bash bench/ops_session.sh adv-gpu ID,ID..  the adversarial suite's GPU cases by id (the judge's replay against
 #                                      perf-stale-gradient*, the honest twin honest-note@perf-probe, ...), one GPU
@@ -318,6 +319,12 @@ case "${1:-check}" in
     stamp "FP8 same seed and resume bit for bit: ${2:-every fp8 case}"
     timeout "${DET_S:-560}" python3 -m pytest "${ids[@]}" -m gpu -q -rA -p no:cacheprovider 2>&1 \
       | tee "$OUT/fp8_determinism.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -12
+    ;;
+  host-overhead)
+    # Host time of the FP8 path's small calls on this machine's CPU driving its GPU (bench/host_overhead.py: the
+    # compiled call with and without dynamo's settings patch, the amax, a whole cast, one linear bf16 / FP8), ~1 minute.
+    stamp "host time a call (bench/host_overhead.py)"
+    timeout 240 python3 bench/host_overhead.py --device cuda --out "$OUT/host_overhead.json" 2>&1 | grep -v -i warn | tail -10
     ;;
   gpu-tests)
     # The GPU tests named in $2 (comma separated pytest paths or ids, e.g. tests/engine/test_fp8_fast_accum.py), on this

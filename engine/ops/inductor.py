@@ -4,10 +4,17 @@
 assumed equal), or (False) a graph per shape, whose index arithmetic divides by constants and whose loads the
 compiler can vectorise: a run has a handful of shapes, and a dynamic kernel that splits or concatenates along a
 dimension runs at a fraction of the bandwidth (bench/compiled_shapes.py). Either way a recompile limit of 64, so a
-run never silently drops to eager because it met more shapes than dynamo's default of 8. A failure the first time a
-kernel builds on a device type
-raises KernelLoadError naming the op and version (never the eager code in its place); once it has built there,
-a failure is the call's own and is raised as it is.
+run does not stop at dynamo's default of 8 shapes (past a limit a fullgraph function raises, it never runs eagerly).
+
+The limit and the shape settings are patched around a call only when dynamo may compile in it: the first call with
+inputs of a shape, stride, dtype and device in a global state (grad mode, autocast, ...) not met before. Any config
+patch makes dynamo re-check its cache, ~100-200 us of host time a call against ~80 us without (docs/fp8.md, "Host
+time of a compiled call"), and an FP8 step makes hundreds of these calls; a call like one before finds its graph
+and compiles nothing, so it needs no patch. (After torch._dynamo.reset() such a call compiles again under dynamo's
+own settings: fine for a static graph, and loud past dynamo's default limit.)
+
+A failure the first time a kernel builds on a device type raises KernelLoadError naming the op and version (never
+the eager code in its place); once it has built there, a failure is the call's own and is raised as it is.
 """
 
 from collections.abc import Callable
@@ -23,6 +30,11 @@ __all__ = ["RECOMPILE_LIMIT", "CompiledKernel"]
 RECOMPILE_LIMIT = 64
 
 
+def _inputs(args: tuple[torch.Tensor, ...]) -> tuple:
+    """What dynamo's tensor guards check of each input, here: shape, strides, dtype, device, inference-ness."""
+    return tuple((a.shape, a.stride(), a.dtype, a.device, a.is_inference()) for a in args)
+
+
 class CompiledKernel:
     """fn compiled (fullgraph; `dynamic` shapes or a graph per shape) for the op version at `entry`; call it like fn.
     `fix` ends the KernelLoadError of a first failure (which version to use instead)."""
@@ -31,15 +43,20 @@ class CompiledKernel:
         self._fn = torch.compile(fn, dynamic=dynamic, fullgraph=True)
         self.op, self.version, self.entry, self.fix = op, version, entry, fix
         self._built: set[str] = set()  # device types it compiled for once
+        self._met: dict[tuple, list] = {}  # inputs (_inputs) -> the global states they were called in
 
     def __call__(self, *args: torch.Tensor):
         device = args[0].device.type
+        args = tuple(a.detach() for a in args)  # a weight as a plain tensor: one graph for every shape
+        states = self._met.setdefault(_inputs(args), [])
+        if any(state.check() for state in states):  # met before in this global state: its graph is there
+            return self._fn(*args)
         dynamo = torch._dynamo.config  # guard: allow public-surface -- see the imports
         shapes = torch.fx.experimental._config  # guard: allow public-surface -- see the imports
         try:
             with dynamo.patch(recompile_limit=RECOMPILE_LIMIT, force_parameter_static_shapes=False), \
                     shapes.patch(use_duck_shape=False):
-                out = self._fn(*(a.detach() for a in args))  # a weight as a plain tensor: one graph for every shape
+                out = self._fn(*args)
         except Exception as err:
             if device in self._built:  # it compiled before: this failure is the call's own
                 raise
@@ -49,4 +66,5 @@ class CompiledKernel:
                                   f"install what inductor needs there (Triton on CUDA, a C++ compiler on CPU) or "
                                   f"{self.fix}") from err
         self._built.add(device)
+        states.append(torch._C._dynamo.guards.GlobalStateGuard())  # guard: allow public-surface -- dynamo's own record of the global state its guards check
         return out

@@ -1,0 +1,118 @@
+"""Host time of the FP8 path's small calls: what the CPU spends issuing them, with tensors so small that the work
+itself costs nothing (a 64 x 64 operand). Where a GPU step is short (TP 2 halves every GEMM) the host can fall behind.
+
+    python bench/host_overhead.py --device cuda --out host_overhead.json
+
+Rows (median microseconds a call over --iters calls, after warm-up, the rows interleaved in ten rounds):
+- compiled call: one engine CompiledKernel call (the fp8 cast's compiled write, engine/ops/inductor.py), as it runs
+  now: dynamo's settings patched only on inputs not met before;
+- compiled call, patched: the same compiled function under the settings patch on every call (how CompiledKernel
+  called it before; the A of the A/B);
+- compiled function alone: the torch.compile'd function with no wrapper at all (the floor);
+- amax and scale: the eager amax_scale (engine/distributed/fp8.py);
+- fp8 cast: the compiled cast version whole (amax, scale, the write of q and q^T);
+- linear fwd+bwd, bf16 / fp8 tensorwise: one linear's forward and backward through engine/distributed/wgrad.py.
+Table last, JSON to --out. Timings on a shared or loaded machine move by tens of percent: compare rows of one run.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.distributed.fp8 import E4M3, Fp8Recipe, amax_scale  # noqa: E402
+from engine.distributed.wgrad import fused_linear  # noqa: E402
+from engine.ops.fp8_cast.compiled import _COMPILED, cast  # noqa: E402
+from engine.ops.inductor import RECOMPILE_LIMIT  # noqa: E402
+
+
+def cpu_name() -> str:
+    """The host CPU's model (Linux), which these timings are of as much as of the GPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def median_us(rows: dict, iters: int, device: torch.device, rounds: int = 10) -> dict[str, float]:
+    """Median host time a call in us of each row's fn, the rows interleaved in `rounds` rounds (so a drift of the
+    machine's clock or load falls on every row alike); no device synchronisation inside a timed call: the host's
+    own cost."""
+    samples: dict[str, list[float]] = {name: [] for name in rows}
+    for fn in rows.values():
+        for _ in range(5):
+            fn()
+    for _ in range(rounds):
+        for name, fn in rows.items():
+            for _ in range(max(1, iters // rounds)):
+                t0 = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - t0)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # the launch queue drained between blocks: no call waits on it
+    return {name: 1e6 * statistics.median(times) for name, times in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--iters", type=int, default=500)
+    p.add_argument("--out", default="", help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    dynamo = torch._dynamo.config  # guard: allow public-surface -- the previous per-call patch, reproduced
+    shapes = torch.fx.experimental._config  # guard: allow public-surface -- the previous per-call patch, reproduced
+    t = torch.randn(64, 64, device=device).bfloat16()
+    w = (torch.randn(64, 64, device=device) * 0.05).bfloat16().requires_grad_()
+    x = torch.randn(2, 32, 64, device=device).bfloat16().requires_grad_()
+    dy = torch.randn(2, 32, 64, device=device).bfloat16()
+    scale = amax_scale(t, E4M3, None, False)
+    kernel = _COMPILED[E4M3, True]
+    kernel(t, scale)  # compiled (and met) before any timing
+
+    def patched():
+        with dynamo.patch(recompile_limit=RECOMPILE_LIMIT, force_parameter_static_shapes=False), \
+                shapes.patch(use_duck_shape=False):
+            kernel._fn(t, scale)
+
+    def linear(recipe: str):
+        def run():
+            y = fused_linear(x, w, recipe)
+            y.backward(dy)
+        return run
+
+    rows = {
+        "compiled call": lambda: kernel(t, scale),
+        "compiled call, patched (before)": patched,
+        "compiled function alone": lambda: kernel._fn(t, scale),
+        "amax and scale": lambda: amax_scale(t, E4M3, None, False),
+        "fp8 cast (compiled version)": lambda: cast(t, E4M3, None, False, transposed=True),
+        "linear fwd+bwd, bf16": linear("off"),
+        "linear fwd+bwd, fp8 tensorwise": linear(Fp8Recipe("tensorwise", cast)),
+    }
+    results = median_us(rows, args.iters, device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    meta = {"device": name, "cpu": cpu_name(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "iters": args.iters, "host_us": results}
+    if args.out:
+        Path(args.out).write_text(json.dumps(meta, indent=1))
+    print(f"host time a call, {name} driven by {meta['cpu']} ({meta['cpus']} CPUs), torch {torch.__version__}, "
+          f"median of {args.iters}")
+    print(f"{'call':36} {'us':>9}")
+    for key, us in results.items():
+        print(f"{key:36} {us:9.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
