@@ -44,7 +44,8 @@
 #                                      and FSDP 4 with --fsdp-prefetch 1 (rank 0, one profiled step after 2)
 #   bash bench/ops_session.sh zero1-tune  four H200s (DP 4 needs > 80 GB): ZeRO-1 DP 4 with gradient buckets of
 #                                      160 (default), 80, 40 and 320 MB in one job, then its profile (exposed
-#                                      communication by collective and place in the step), ~6 minutes
+#                                      communication by collective and place in the step), ~6 minutes; `zero1-tune
+#                                      profile`: the profile alone (~2.5 minutes)
 #   bash bench/ops_session.sh replay-cost  one GPU, no wheels: what the judge's replay pays a step (a checkpoint every
 #                                      step) at fp8-parity's job shape (0.5B, seq 1024, mbs 4), none / blocking /
 #                                      --async-save, on the temp disk and in /dev/shm (docs/fp8.md "What is left" 4
@@ -227,10 +228,12 @@ case "${1:-check}" in
     # (docs/benchmarks.md "FSDP tuning"): which collective and where (the profile), and whether smaller gradient
     # buckets shorten the reduce-scatter tail after the last backward (one job, then the profile; ~6 minutes).
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+    if [ "${2:-}" != profile ]; then  # `zero1-tune profile`: the profile alone (the buckets: ninth session, no effect)
     stamp "ZeRO-1 DP 4 with --ddp-bucket-mb 160 (default), 80, 40, 320 (one job)"
     timeout 330 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 3 --warmup 2 --engine-timeout 80 \
       --variant dp4-zero1= --variant dp4-bucket80="--ddp-bucket-mb 80" --variant dp4-bucket40="--ddp-bucket-mb 40" \
       --variant dp4-bucket320="--ddp-bucket-mb 320" --out "$OUT/mfu_8b_4gpu_zero1_buckets.json" 2>&1 | grep -v "^\[" | tail -8
+    fi
     stamp "profile dp4-zero1 (exposed communication by collective and place)"
     CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 140 torchrun --standalone --nproc-per-node 4 bench/profile_step.py --steps 1 \
       --warmup 2 --md "$OUT/profile_8b_4gpu_dp4-zero1.md" --json "$OUT/profile_8b_4gpu_dp4-zero1.json" -- $FOUR \
