@@ -27,7 +27,7 @@ def amax_scale(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool)
     An amax of 0 (an all-zero tensor or row) gets scale 1: the zeros cast exactly, and nothing divides by 0."""
     # one reduction kernel, no |t| materialised: the inf-norm is the amax
     amax = torch.linalg.vector_norm(t.detach(), ord=float("inf"), dim=dim, keepdim=dim is not None, dtype=torch.float32)
-    scale = torch.where(amax > 0, torch.finfo(dtype).max / amax, torch.ones_like(amax))
+    scale = torch.where(amax > 0, torch.finfo(dtype).max / amax, 1.0)  # a scalar 1: no fill kernel (ones_like launched one)
     if pow2:
         scale = torch.exp2(torch.floor(torch.log2(scale)))
     return scale
