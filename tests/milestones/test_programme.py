@@ -42,8 +42,8 @@ DEFENDING_GATE = {"alignment": "pytest", "bitwise-single": "first", "resume": "r
                   "bitwise-dptp": "dp2", "long-horizon": "train"}
 # GPU milestones with a planted regression, judged on the device (`-m gpu`; docs/fp8.md). fp8-parity's regression
 # (E5M2's range for E4M3 operands: activations and weights saturate above amax / 128) is expected at its fp8 train job
-# (a saturated forward cannot print the loss and apply the gradient the judge computes from the same weights); not
-# yet judged there (docs/fp8.md, "The fp8-parity milestone").
+# (a saturated forward cannot print the loss and apply the gradient the judge computes from the same weights), and
+# there it was rejected on an H200 (2026-11-28: bench/results/gates/h200_fp8-parity_regression_three_save_replay.json).
 GPU_DEFENDING_GATE = {"fp8-parity": "fp8"}
 # The shape bitwise-single is judged at here: the smallest its [draw] table allows but two layers (each job ~4x
 # cheaper than the table's largest; the start-up of the jobs, the same at any shape, is most of what is left). The
