@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.distributed.fp8 import E4M3, Fp8Recipe, amax_scale  # noqa: E402
 from engine.distributed.wgrad import fused_linear  # noqa: E402
 from engine.ops.fp8_cast.compiled import _COMPILED, cast  # noqa: E402
-from engine.ops.inductor import RECOMPILE_LIMIT  # noqa: E402
+from engine.ops.inductor import compile_settings  # noqa: E402
 
 
 def cpu_name() -> str:
@@ -70,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="write the rows as JSON here")
     args = p.parse_args(argv)
     device = torch.device(args.device)
-    dynamo = torch._dynamo.config  # guard: allow public-surface -- the previous per-call patch, reproduced
-    shapes = torch.fx.experimental._config  # guard: allow public-surface -- the previous per-call patch, reproduced
     t = torch.randn(64, 64, device=device).bfloat16()
     w = (torch.randn(64, 64, device=device) * 0.05).bfloat16().requires_grad_()
     x = torch.randn(2, 32, 64, device=device).bfloat16().requires_grad_()
@@ -80,9 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     kernel = _COMPILED[E4M3, True]
     kernel(t, scale)  # compiled (and met) before any timing
 
-    def patched():
-        with dynamo.patch(recompile_limit=RECOMPILE_LIMIT, force_parameter_static_shapes=False), \
-                shapes.patch(use_duck_shape=False):
+    def patched():  # every call under CompiledKernel's own settings, as before
+        with compile_settings():
             kernel._fn(t, scale)
 
     def linear(recipe: str):

@@ -218,6 +218,13 @@ def scaled_mm_nt(a: "torch.Tensor | Fp8Operand", b: "torch.Tensor | Fp8Operand",
         y = torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal().t(), out_dtype=out,
                              use_fast_accum=fast_accum)
         return y if y.dtype == out_dtype else y.to(out_dtype)
+    return _mm_tensorwise(qa, sa, qb, sb, out_dtype, fast_accum)
+
+
+def _mm_tensorwise(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor, out_dtype: torch.dtype,
+                   fast_accum: bool = False) -> torch.Tensor:
+    """(qa / sa) @ (qb / sb)^T of row-major FP8 operands with one scale each: the scales' reciprocals in the GEMM's
+    epilogue (torch._scaled_mm)."""
     return torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out_dtype,
                             use_fast_accum=fast_accum)
 
@@ -247,7 +254,7 @@ def linear_wgrad(g2, x2, recipe: str, out_dtype: torch.dtype) -> torch.Tensor:
 def scaled_wgrad_add(out: torch.Tensor, qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor) -> None:
     """out += (qa / sa) @ (qb / sb)^T in fp32: the fp8_wgrad op's contract (engine/ops/fp8_wgrad/register.toml) in
     plain torch, its `baseline` version (_scaled_mm cannot accumulate: the product is written, then added)."""
-    out.add_(torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out.dtype))
+    out.add_(_mm_tensorwise(qa, sa, qb, sb, out.dtype))
 
 
 def wgrad_add(out: torch.Tensor, g2, x2, recipe: str) -> None:

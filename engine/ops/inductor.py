@@ -17,7 +17,8 @@ A failure the first time a kernel builds on a device type raises KernelLoadError
 the eager code in its place); once it has built there, a failure is the call's own and is raised as it is.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch._dynamo.config  # guard: allow public-surface -- dynamo's recompile limit and duck shaping have no public setting
@@ -25,9 +26,19 @@ import torch.fx.experimental._config  # guard: allow public-surface -- dynamo's 
 
 from engine.errors import KernelLoadError
 
-__all__ = ["RECOMPILE_LIMIT", "CompiledKernel"]
+__all__ = ["RECOMPILE_LIMIT", "CompiledKernel", "compile_settings"]
 
 RECOMPILE_LIMIT = 64
+
+
+@contextmanager
+def compile_settings() -> Iterator[None]:
+    """Dynamo's settings while a kernel may compile: the recompile limit of 64, no duck shaping (module doc)."""
+    dynamo = torch._dynamo.config  # guard: allow public-surface -- see the imports
+    shapes = torch.fx.experimental._config  # guard: allow public-surface -- see the imports
+    with dynamo.patch(recompile_limit=RECOMPILE_LIMIT, force_parameter_static_shapes=False), \
+            shapes.patch(use_duck_shape=False):
+        yield
 
 
 def _inputs(args: tuple[torch.Tensor, ...]) -> tuple:
@@ -52,11 +63,8 @@ class CompiledKernel:
         states = self._met.setdefault(_inputs(args), [])
         if any(state.check() for state in states):  # met before in this global state: its graph is there
             return self._fn(*args)
-        dynamo = torch._dynamo.config  # guard: allow public-surface -- see the imports
-        shapes = torch.fx.experimental._config  # guard: allow public-surface -- see the imports
         try:
-            with dynamo.patch(recompile_limit=RECOMPILE_LIMIT, force_parameter_static_shapes=False), \
-                    shapes.patch(use_duck_shape=False):
+            with compile_settings():
                 out = self._fn(*args)
         except Exception as err:
             if device in self._built:  # it compiled before: this failure is the call's own
