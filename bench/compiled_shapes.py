@@ -8,8 +8,11 @@ from q: the engine's), dynamic and static, and `from-t` (both cast from the oper
 inductor still writes as two kernels), each checked bit for bit against the baseline cast (engine/distributed/fp8.py);
 then the whole cast with its amax: the engine's (eager amax, compiled static cast) against amax and cast in one
 compiled graph.
-SwiGLU (engine/ops/gemm_fc1/compiled.py) forward and backward, dynamic and static, against the eager baseline's
-math. Median device time of --iters calls and the kernels each launches; table last, JSON to --out.
+The amax alone: eager and compiled. Each compiled kernel also with inductor's tile tuning (TUNINGS), and the cast
+`split` into two kernels (q, then q^T from q).
+SwiGLU (engine/ops/gemm_fc1/compiled.py) forward and backward, dynamic and static (and tuned), against the eager
+baseline's math; the backward beside the CuTeDSL kernel of the bf16 path when its wheels are there.
+Median device time of --iters calls and the kernels each launches; table last, JSON to --out.
 """
 
 import argparse
@@ -60,8 +63,40 @@ def timed(row: dict, name: str, fn, args: tuple, iters: int) -> None:
     row[f"{name}_kernels"] = kernels(fn, *args)
 
 
-def compiled(fn, name: str, dynamic: bool) -> CompiledKernel:
-    return CompiledKernel(fn, "bench", name, f"bench/compiled_shapes.py:{name}", "-", dynamic=dynamic)
+# inductor's tile tuning, as CompiledKernel(options=...) takes it: coordinate descent over the chosen config's
+# block sizes, warps and stages, or an autotune over pointwise configs (both pay at the first call of a shape)
+TUNINGS = {"cdt": {"coordinate_descent_tuning": True}, "autotune": {"max_autotune_pointwise": True}}
+
+
+def compiled(fn, name: str, dynamic: bool, options: dict | None = None) -> CompiledKernel:
+    return CompiledKernel(fn, "bench", name, f"bench/compiled_shapes.py:{name}", "-", dynamic=dynamic,
+                          options=options)
+
+
+def q_only(t, scale):
+    return scaled_cast(t, scale, E4M3).contiguous()
+
+
+def split(cast_q, transpose):
+    """q by one kernel, then q^T copied from q (1 byte read and written an element) by another."""
+    def run(t, scale):
+        q = cast_q(t, scale)
+        return q, transpose(q)
+    return run
+
+
+def amax(t):
+    return t.abs().amax().float()
+
+
+def cute_dswiglu():
+    """The bf16 path's CuTeDSL SwiGLU backward (engine/ops/gemm_fc1/cute_dswiglu.py) as the bar, or None without the
+    CuTeDSL wheels (it reads [gate, up] interleaved: the same bytes)."""
+    try:
+        from engine.ops.gemm_fc1.cute_dswiglu import dswiglu_concat
+    except ImportError:
+        return None
+    return dswiglu_concat
 
 
 def main() -> None:
@@ -73,6 +108,11 @@ def main() -> None:
     casts = {"transpose-q dynamic": compiled(transpose_q, "tq-dyn", True),
              "transpose-q static": compiled(transpose_q, "tq-static", False),
              "from-t dynamic": compiled(from_t, "from-t", True)}
+    casts.update({f"transpose-q {k}": compiled(transpose_q, f"tq-{k}", False, o) for k, o in TUNINGS.items()})
+    casts["split cdt"] = split(compiled(q_only, "q-cdt", False, TUNINGS["cdt"]),
+                               compiled(lambda q: q.t().contiguous(), "qt-cdt", False, TUNINGS["cdt"]))
+    amaxes = {"eager": amax, "static": compiled(amax, "amax", False),
+              **{k: compiled(amax, f"amax-{k}", False, o) for k, o in TUNINGS.items()}}
     static = casts["transpose-q static"]
     whole = {"eager amax + static": lambda t: static(t, amax_scale(t, E4M3, None, False)),
              "amax compiled too": compiled(with_amax, "with-amax", False)}
@@ -86,6 +126,11 @@ def main() -> None:
             row["bitwise"] &= bool(torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
                                    and torch.equal(qt.view(torch.uint8), qt_ref.view(torch.uint8)))
             timed(row, name, fn, (t, scale), args.iters)
+        rows.append(row)
+        row = {"kernel": "amax", "shape": list(shape), "bytes": t.numel() * 2, "bitwise": True}
+        for name, fn in amaxes.items():
+            row["bitwise"] &= bool(torch.equal(fn(t), amax(t)))
+            timed(row, name, fn, (t,), args.iters)
         rows.append(row)
         # the whole cast (amax, scale, both layouts): the eager amax beside the compiled cast, or one compiled graph
         row = {"kernel": "fp8 cast + amax", "shape": list(shape), "bytes": t.numel() * 6, "bitwise": True}
@@ -102,17 +147,20 @@ def main() -> None:
                                           ("swiglu bwd", _dswiglu, (dy, pre), pre.numel() * 5)):
             ref = fn(*fargs)
             row = {"kernel": kernel, "shape": list(shape), "bytes": nbytes, "bitwise": True}
-            for name, dynamic in (("dynamic", True), ("static", False)):
-                kern = compiled(fn, f"{kernel}-{name}", dynamic)
+            for name, dynamic, options in (("dynamic", True, None), ("static", False, None),
+                                           *((f"static {k}", False, o) for k, o in TUNINGS.items())):
+                kern = compiled(fn, f"{kernel}-{name}", dynamic, options)
                 out = kern(*fargs)
                 row["bitwise"] &= bool(torch.equal(out, ref))  # against eager: information, not a check
                 row[f"max_diff_{name}"] = (out.float() - ref.float()).abs().max().item()
                 timed(row, name, kern, fargs, args.iters)
+            if kernel == "swiglu bwd" and cute_dswiglu() is not None:
+                timed(row, "cute", cute_dswiglu(), fargs, args.iters)
             rows.append(row)
     device = torch.cuda.get_device_name()
     args.out.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
     print(f"device {device}; ms: median device time of one call (k: kernels launched); GB/s: the least bytes moved "
-          f"(cast: 2 read + 2 written an element, 6 with the amax's read; SwiGLU: 3 forward, 5 backward per element of "
+          f"(cast: 2 read + 2 written an element, 6 with the amax's read; amax 2; SwiGLU: 3 forward, 5 backward per element of "
           f"[gate | up]) / the best "
           f"time; bitwise: equal to the baseline cast (SwiGLU: to the eager math, for information)")
     for r in rows:

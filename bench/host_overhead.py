@@ -11,7 +11,9 @@ Rows (median microseconds a call over --iters calls, after warm-up, the rows int
 - compiled function alone: the torch.compile'd function with no wrapper at all (the floor);
 - amax and scale: the eager amax_scale (engine/distributed/fp8.py);
 - fp8 cast: the compiled cast version whole (amax, scale, the write of q and q^T);
-- linear fwd+bwd, bf16 / fp8 tensorwise: one linear's forward and backward through engine/distributed/wgrad.py.
+- linear fwd+bwd, bf16 / fp8 tensorwise: one linear's forward and backward through engine/distributed/wgrad.py;
+- mm bf16 / _scaled_mm tensorwise: one GEMM call each (cuBLAS; the FP8 one through cuBLASLt).
+On CUDA also how many host-device syncs each linear makes (torch.cuda's sync debug mode).
 Table last, JSON to --out. Timings on a shared or loaded machine move by tens of percent: compare rows of one run.
 """
 
@@ -21,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -63,6 +66,21 @@ def median_us(rows: dict, iters: int, device: torch.device, rounds: int = 10) ->
     return {name: 1e6 * statistics.median(times) for name, times in samples.items()}
 
 
+def syncs(fn, device: torch.device) -> int | None:
+    """How many times one call makes the host wait for the device (torch.cuda's sync debug mode warns at each): a
+    call that syncs cannot be queued ahead of the GPU, however little host time it takes."""
+    if device.type != "cuda":
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -88,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             y.backward(dy)
         return run
 
+    q8, one = t.to(E4M3), torch.ones((), device=device)
     rows = {
         "compiled call": lambda: kernel(t, scale),
         "compiled call, patched (before)": patched,
@@ -96,11 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         "fp8 cast (compiled version)": lambda: cast(t, E4M3, None, False, transposed=True),
         "linear fwd+bwd, bf16": linear("off"),
         "linear fwd+bwd, fp8 tensorwise": linear(Fp8Recipe("tensorwise", cast)),
+        "mm bf16": lambda: torch.mm(t, t),
+        "_scaled_mm tensorwise": lambda: torch._scaled_mm(q8, q8.t(), scale_a=one, scale_b=one,
+                                                          out_dtype=torch.bfloat16),
     }
     results = median_us(rows, args.iters, device)
+    synced = {name: syncs(rows[name], device) for name in ("linear fwd+bwd, bf16", "linear fwd+bwd, fp8 tensorwise")}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     meta = {"device": name, "cpu": cpu_name(), "cpus": os.cpu_count(), "torch": torch.__version__,
-            "iters": args.iters, "host_us": results}
+            "iters": args.iters, "host_us": results, "host_syncs": synced}
     if args.out:
         Path(args.out).write_text(json.dumps(meta, indent=1))
     print(f"host time a call, {name} driven by {meta['cpu']} ({meta['cpus']} CPUs), torch {torch.__version__}, "
@@ -108,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'call':36} {'us':>9}")
     for key, us in results.items():
         print(f"{key:36} {us:9.1f}")
+    print("host-device syncs a call (torch.cuda sync debug mode; None on CPU): " +
+          ", ".join(f"{k} {v}" for k, v in synced.items()))
     return 0
 
 

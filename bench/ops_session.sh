@@ -61,7 +61,11 @@
 #                                      cache; and --fp8-fast-accum) at DP 4 ZeRO-1 and TP 2 x DP 2 ZeRO-1, six timed steps
 #                                      a row (one job), ~7 minutes
 #   bash bench/ops_session.sh fp8-tp2-profile  two GPUs, CuTeDSL wheels staged: the slice at TP 2, bf16 vs --fp8 timed, then
-#                                      bf16 (rank 0) and FP8 (ranks 0 and 1) profiled (why FP8 at TP 2 is slower), ~6 minutes
+#                                      bf16 (rank 0) and FP8 (ranks 0 and 1) profiled (why FP8 at TP 2 is slower), ~6 minutes;
+#                                      `fp8-tp2-profile bench`: the timing alone (~90 s)
+#   bash bench/ops_session.sh fp8-tp2-full  two GPUs, CuTeDSL wheels staged: the full 8B at TP 2, bf16 vs --fp8 (~4 min)
+#   bash bench/ops_session.sh compiled-shapes  one GPU: the FP8 path's compiled kernels (cast, amax, SwiGLU) dynamic,
+#                                      static and tile-tuned (bench/compiled_shapes.py), ~4 minutes
 #   bash bench/ops_session.sh fp8-wgrad  one GPU, CuTeDSL wheels staged: the fp8_wgrad quack version's GPU tests, then the
 #                                      slice with --op-fp8-wgrad baseline vs quack beside bf16 (one job), ~4 minutes
 #   bash bench/ops_session.sh fp8-det [ID,ID..]  the FP8 cases of tests/engine/test_determinism.py -m gpu (same seed and a
@@ -287,6 +291,7 @@ case "${1:-check}" in
     stamp "the slice at TP 2: bf16 vs --fp8 tensorwise (one job)"
     timeout 200 python3 bench/mfu.py --nproc 2 --common "$SLICE --tp 2" --steps 4 --warmup 2 --engine-timeout 90 \
       --variant tp2-bf16= --variant tp2-fp8="$F" --out "$OUT/mfu_8b4l_tp2_fp8.json" 2>&1 | grep -v "^\[" | tail -5
+    [ "${2:-}" = bench ] && exit 0  # `fp8-tp2-profile bench`: the timing alone
     for v in "bf16:0=" "fp8:0=$F" "fp8:1=$F"; do
       name=${v%%=*}; rank=${name#*:}; name="${name%%:*}_rank$rank"
       stamp "profile of the slice at TP 2: $name"
@@ -296,6 +301,20 @@ case "${1:-check}" in
       grep -iE "^Step|exposed|idle|^\| (GEMM|attention|communication|copies|elementwise)" \
         "$OUT/profile_8b4l_tp2_$name.md" 2>/dev/null | head -10
     done
+    ;;
+  fp8-tp2-full)
+    # Two GPUs: the full MiniCPM4-8B at TP 2 (GAS 8, global batch 16 x 4096), bf16 vs --fp8 tensorwise with the weight
+    # cache (one job): FP8 at TP 2 on the whole model (docs/fp8.md "What is left" 7), ~4 minutes.
+    F="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
+    stamp "full 8B at TP 2: bf16 vs --fp8 tensorwise (one job)"
+    timeout "${FULL_S:-330}" python3 bench/mfu.py --nproc 2 --common "$FULL_TP2" --steps 3 --warmup 2 --engine-timeout 160 \
+      --variant tp2-bf16= --variant tp2-fp8="$F" --out "$OUT/mfu_8b_tp2_fp8.json" 2>&1 | grep -v "^\[" | tail -5
+    ;;
+  compiled-shapes)
+    # One GPU (CuTeDSL wheels optional: the CuTeDSL SwiGLU backward as the bar): the compiled kernels of the FP8 path
+    # (the cast's two layouts, the amax, the SwiGLU) dynamic, static and with inductor's tile tuning, ~4 minutes.
+    stamp "the compiled kernels: shapes and tile tuning (bench/compiled_shapes.py)"
+    timeout "${SHAPES_S:-400}" python3 bench/compiled_shapes.py --out "$OUT/compiled_shapes.json" 2>&1 | grep -v -i warn | tail -24
     ;;
   fp8-wgrad)
     # One GPU, CuTeDSL wheels staged: the fp8_wgrad op's quack version (the weight gradient added in its GEMM's

@@ -48,11 +48,13 @@ def _inputs(args: tuple[torch.Tensor, ...]) -> tuple:
 
 
 class CompiledKernel:
-    """fn compiled (fullgraph; `dynamic` shapes or a graph per shape) for the op version at `entry`; call it like fn.
-    `fix` ends the KernelLoadError of a first failure (which version to use instead)."""
+    """fn compiled (fullgraph; `dynamic` shapes or a graph per shape; inductor `options`, e.g. its tile tuning) for
+    the op version at `entry`; call it like fn. `fix` ends the KernelLoadError of a first failure (which version to
+    use instead)."""
 
-    def __init__(self, fn: Callable, op: str, version: str, entry: str, fix: str, dynamic: bool = True):
-        self._fn = torch.compile(fn, dynamic=dynamic, fullgraph=True)
+    def __init__(self, fn: Callable, op: str, version: str, entry: str, fix: str, dynamic: bool = True,
+                 options: dict | None = None):
+        self._fn = torch.compile(fn, dynamic=dynamic, fullgraph=True, options=options)
         self.op, self.version, self.entry, self.fix = op, version, entry, fix
         self._built: set[str] = set()  # device types it compiled for once
         self._met: dict[tuple, list] = {}  # inputs (_inputs) -> the global states they were called in

@@ -93,6 +93,26 @@ def test_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cpu(fmt):
             assert torch.equal(qt.view(torch.uint8), qtb.view(torch.uint8))
 
 
+@pytest.mark.slow  # torch.compile: two graphs a format
+def test_the_split_transposed_cast_equals_the_baseline_bit_for_bit_on_cpu(monkeypatch):
+    """From SPLIT_NUMEL elements on, q^T is copied from q by a second compiled kernel (fewer device seconds on the
+    8B's big operands): the same bytes as the baseline's, for a forward operand and a transposed view."""
+    from engine.ops.fp8_cast import compiled
+    monkeypatch.setattr(compiled, "SPLIT_NUMEL", 0)
+    calls = []
+    transpose = compiled._TRANSPOSE
+    monkeypatch.setattr(compiled, "_TRANSPOSE", lambda q: calls.append(q.shape) or transpose(q))
+    t = operand(48, 80, torch.bfloat16)
+    for fmt in FORMATS[:2]:
+        for view in (t, t.t()):
+            q, s, qt = compiled.cast(view, *fmt, transposed=True)
+            qb, sb, qtb = cast(view, *fmt, transposed=True)
+            assert torch.equal(s, sb) and q.is_contiguous() and qt.is_contiguous() and qt.shape == view.t().shape
+            assert torch.equal(q.view(torch.uint8), qb.view(torch.uint8))
+            assert torch.equal(qt.view(torch.uint8), qtb.view(torch.uint8))
+    assert len(calls) == 4  # every cast took the split
+
+
 @pytest.mark.slow
 def test_an_fp8_linear_with_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cpu():
     """The three GEMMs of a linear (torch's CPU _scaled_mm emulation), both recipes: the casts are equal bit for bit,
@@ -110,7 +130,8 @@ def test_an_fp8_linear_with_the_compiled_cast_equals_the_baseline_bit_for_bit_on
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cuda():
     """At the 8B slice's shapes (8192 tokens, hidden 4096, the FC1 weight [32768, 4096] among them): Triton kernels,
-    with and without the transpose's copy."""
+    with and without the transpose's copy (one kernel at 8192 x 4096; from q by a second kernel at the two 2^27
+    shapes, SPLIT_NUMEL)."""
     from engine.ops.fp8_cast.compiled import cast as compiled_cast
     for rows, cols in ((8192, 4096), (32768, 4096), (8192, 16384)):
         t = operand(rows, cols, torch.bfloat16, "cuda")
