@@ -16,6 +16,10 @@ from engine.errors import EXIT_DIVERGED, EXIT_USAGE, ConfigError, TrainingDiverg
 
 __all__ = ["main", "build_parser", "config_from_args", "config_reference"]
 
+# EngineConfig fields `plan` takes as flags: every layout is planned with them (engine/plan.py models their memory
+# and speed); the layout's own fields (tp, fsdp, mbs, GAS, recompute) are what it ranks
+PLAN_FIELDS = ("fp8", "fp8_weight_cache")
+
 _GROUP_TITLES = {
     "run": "run", "model": "model (presets fill these)", "batch": "batch", "optim": "optimizer and schedule",
     "data": "data", "eval": "evaluation", "output": "checkpoints and output", "parallel": "parallelism",
@@ -34,18 +38,22 @@ def _add_config_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = (
         group_name = f.metadata["group"]
         if group_name not in groups:
             groups[group_name] = parser.add_argument_group(_GROUP_TITLES[group_name])
-        group = groups[group_name]
-        default = f.default if f.default is not MISSING else None
-        # argparse %-formats help strings: escape the literal percent signs.
-        help_text = f"{f.metadata['help']} (default: {default!r})".replace("%", "%%")
-        kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool, "str": str}[f.type]
-        if kind is bool:
-            group.add_argument(flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
-                               default=argparse.SUPPRESS, help=help_text)
-        else:
-            bare = {"nargs": "?", "const": f.metadata["bare"]} if f.metadata.get("bare") else {}
-            group.add_argument(flag_name(f.name), dest=f.name, type=kind, default=argparse.SUPPRESS,
-                               metavar=kind.__name__.upper(), help=help_text, **bare)
+        _add_field_flag(groups[group_name], f)
+
+
+def _add_field_flag(group, f) -> None:
+    """EngineConfig field `f` as a flag: its name, type, help and default, absent from the namespace when not given."""
+    default = f.default if f.default is not MISSING else None
+    # argparse %-formats help strings: escape the literal percent signs.
+    help_text = f"{f.metadata['help']} (default: {default!r})".replace("%", "%%")
+    kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool, "str": str}[f.type]
+    if kind is bool:
+        group.add_argument(flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                           default=argparse.SUPPRESS, help=help_text)
+    else:
+        bare = {"nargs": "?", "const": f.metadata["bare"]} if f.metadata.get("bare") else {}
+        group.add_argument(flag_name(f.name), dest=f.name, type=kind, default=argparse.SUPPRESS,
+                           metavar=kind.__name__.upper(), help=help_text, **bare)
 
 
 def _toml(value: Any) -> str:
@@ -183,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="--fsdp variants to rank besides FSDP2's defaults (off: none; measured on 4 x H200, "
                            "docs/benchmarks.md \"FSDP tuning\"): exact adds --fsdp-reshard-after-forward never (the "
                            "same sums), all also --fsdp-reduce-dtype bf16 (gradients rounded to bf16 before the sum)")
+    for f in fields(EngineConfig):  # every layout planned with these, as pretrain takes them
+        if f.name in PLAN_FIELDS:
+            _add_field_flag(plan, f)
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
     batches = sub.add_parser("batches", help="write the token batches given optimizer steps of a run train on",
@@ -204,9 +215,10 @@ def _pretrain(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from engine.plan import plan, plan_lines
 
+    given = {name: getattr(args, name) for name in PLAN_FIELDS if hasattr(args, name)}
     layouts = plan(args.preset, args.gpus, args.gpu_mem_gib, seq_length=args.seq_length, global_batch=args.global_batch,
-                   peak_tflops=args.peak_tflops, fsdp_knobs=args.fsdp_knobs)
-    print("\n".join(plan_lines(layouts, args.gpu_mem_gib, as_json=args.json)))
+                   peak_tflops=args.peak_tflops, fsdp_knobs=args.fsdp_knobs, **given)
+    print("\n".join(plan_lines(layouts, args.gpu_mem_gib, as_json=args.json, **given)))
     return 0
 
 

@@ -15,7 +15,7 @@ from engine.flops import PEAK_TFLOPS, flops_per_token
 from engine.model.layers import kv_head_range
 
 __all__ = ["Layout", "plan", "predict", "memory_bytes", "mfu_estimate", "dp_bytes", "fsdp_time_model", "plan_lines",
-           "HEADROOM", "FSDP_OPTIONS"]
+           "fp8_bytes_per_layer", "fp8_speedup", "HEADROOM", "FSDP_OPTIONS"]
 
 HEADROOM = 0.05  # a layout fits when its predicted peak is at most (1 - HEADROOM) x the card's memory
 GIB = 2**30
@@ -40,6 +40,15 @@ _FSDP_MEASURED = (
     (2, {"fsdp_prefetch": 1, "fsdp_reshard_after_forward": "never", "fsdp_grad_sync": "step"}, 0.519),
     (1, {"fsdp_prefetch": 1, "fsdp_reduce_dtype": "bf16"}, 0.525),
 )
+# --fp8 tensorwise's speed over bf16 at the same layout (tokens/s ratio, MiniCPM4-8B, mbs 2, seq 4096, H200,
+# --op-gemm-fc1 compiled): (DP mode, TP, --fp8-weight-cache) -> ratio. TP 1: ZeRO-1 DP 4, two jobs each (1.300 and 1.237
+# with the cache, 1.016 and 1.169 without: bench/results/mfu_8b_4gpu_fp8_h200x4.json, mfu_8b_4gpu_zero1_buckets_fp8_
+# h200x4.json), FSDP 4 (mfu_8b_4gpu_fsdp_fp8_all_gather_h200x4.json); TP 2: the full model at TP 2 on two GPUs at the
+# current code (mfu_8b_tp2_fp8_h200x2.json; TP 2 x DP 2 gave 0.955 before the embedding's and the compiled calls'
+# fixes, ninth session), so TP 2 is estimated at the 4-GPU point. Elsewhere fp8_speedup() says how it extrapolates.
+_FP8_SPEEDUP = {("zero1", 1, True): 1.268, ("zero1", 1, False): 1.092, ("fsdp", 1, False): 1.187,
+                ("zero1", 2, True): 1.070}
+_FP8_MEASURED_AT_4 = {("zero1", 1, True), ("zero1", 1, False), ("fsdp", 1, False)}
 # The --fsdp variants plan(fsdp_knobs=...) ranks, as (--fsdp-reshard-after-forward, --fsdp-reduce-dtype): off, FSDP2's
 # defaults only; exact (the default), also `never` (the same sums); all, also the bf16 reduce-scatter (bf16 sums).
 # --fsdp-grad-sync step is modelled (memory_bytes, dp_bytes, the time model) but not ranked: `never` saves more
@@ -103,7 +112,38 @@ def memory_bytes(cfg: EngineConfig, dp: int) -> float:
     none = 2 * tokens * (5 * h + 2 * qkv + q + 3 * f)
     recompute = cfg.activation_checkpointing
     per_layer = {"none": none, "selective": 2 * tokens * (4 * h + qkv), "full": 2 * tokens * 2 * h}[recompute]
+    per_layer += fp8_bytes_per_layer(cfg, p_layer=layer - 2 * h, tokens=tokens, h=h, f=f)
     return state + cfg.num_layers * per_layer + (none if recompute == "full" else 0)
+
+
+def fp8_bytes_per_layer(cfg: EngineConfig, p_layer: int, tokens: int, h: int, f: int) -> int:
+    """What --fp8 adds to a layer's share of the peak (bytes; p_layer: its linear weights on this TP rank). Tensorwise
+    keeps FP8 copies (docs/fp8.md): each weight's, 1 byte a parameter from forward to backward (the transposed copy
+    dgrad takes), 2 with --fp8-weight-cache (both layouts, held through the step, whatever the recompute); and the
+    inputs of FC1 and FC2 saved as FP8 in place of bf16 (1 byte an element less: QKV's and O's bf16 inputs stay held
+    by the norm and the attention). Under recompute the copies and inputs are made again in backward: only the
+    cache stays. Rowwise recasts in backward from the bf16 tensors: nothing held. Measured: within 0.1 GiB of each
+    FP8 run's peak less its bf16 twin's (tests/engine/test_plan.py)."""
+    if cfg.fp8 != "tensorwise":
+        return 0
+    if cfg.activation_checkpointing != "none":
+        return 2 * p_layer if cfg.fp8_weight_cache else 0
+    return (2 if cfg.fp8_weight_cache else 1) * p_layer - tokens * (h + f)
+
+
+def fp8_speedup(cfg: EngineConfig) -> tuple[float, bool]:
+    """(--fp8's tokens/s over bf16 at cfg's layout, whether measured at the 4-GPU point, no recompute). Measured at TP 1 (ZeRO-1 with
+    and without the weight cache, FSDP without) and TP 2 (ZeRO-1, cache); elsewhere: ZeRO-1's at that TP for --fsdp,
+    TP 2's past TP 2, without the cache the cache's ratio x 1.092 / 1.268 (what leaving it out cost at TP 1).
+    Rowwise: 1.0 (not measured at the CuTeDSL defaults; torchao's rowwise 1.05x on the slice)."""
+    if cfg.fp8 != "tensorwise":
+        return (1.0, False) if cfg.fp8 == "rowwise" else (1.0, True)
+    mode, tp, cache = "fsdp" if cfg.fsdp else "zero1", min(cfg.tp, 2), cfg.fp8_weight_cache
+    for key in ((mode, tp, cache), ("zero1", tp, cache)):
+        if key in _FP8_SPEEDUP:  # measured: the layout and point the runs had (no recompute)
+            return _FP8_SPEEDUP[key], (key == (mode, cfg.tp, cache) and key in _FP8_MEASURED_AT_4
+                                       and cfg.activation_checkpointing == "none")
+    return _FP8_SPEEDUP[("zero1", tp, True)] * _FP8_SPEEDUP[("zero1", 1, False)] / _FP8_SPEEDUP[("zero1", 1, True)], False
 
 
 def dp_bytes(cfg: EngineConfig) -> float:
@@ -206,13 +246,16 @@ def predict(cfg: EngineConfig, gpus: int, peak_tflops: float = PEAK_TFLOPS["H100
             extra, zero1_step, with_prefetch = _fsdp_terms(cfg, dp, step)
             step += max(per_byte * extra + overhead * zero1_step + prefetch * with_prefetch, 0.0)
             measured = False
-    return memory_bytes(cfg, dp) / GIB, step, work / step, measured
+    speedup, fp8_measured = fp8_speedup(cfg)
+    return memory_bytes(cfg, dp) / GIB, step / speedup, speedup * work / step, measured and fp8_measured
 
 
 def plan(preset: str, gpus: int, gpu_mem_gib: float, seq_length: int = 0, global_batch: int = 0,
-         peak_tflops: float = PEAK_TFLOPS["H100"], fsdp_knobs: str = "exact") -> list[Layout]:
+         peak_tflops: float = PEAK_TFLOPS["H100"], fsdp_knobs: str = "exact", fp8: str = "off",
+         fp8_weight_cache: bool = False) -> list[Layout]:
     """Every layout `resolve` accepts, fastest first. seq_length 0: the preset's; global_batch 0: 4 samples per GPU.
-    fsdp_knobs: which --fsdp variants besides FSDP2's defaults to rank (FSDP_OPTIONS)."""
+    fsdp_knobs: which --fsdp variants besides FSDP2's defaults to rank (FSDP_OPTIONS); fp8, fp8_weight_cache: every
+    layout with --fp8 (and --fp8-weight-cache), its memory and speed (fp8_bytes_per_layer, fp8_speedup)."""
     if gpus < 1:
         raise ConfigError("--gpus", gpus, "use a positive number of GPUs", "is out of range")
     if not gpu_mem_gib > 0:
@@ -223,6 +266,7 @@ def plan(preset: str, gpus: int, gpu_mem_gib: float, seq_length: int = 0, global
         raise ConfigError("--fsdp-knobs", fsdp_knobs, f"use one of: {', '.join(FSDP_OPTIONS)}", "is not a valid choice")
     options = [("zero1", "", "")] + [("fsdp", reshard, reduce) for reshard, reduce in FSDP_OPTIONS[fsdp_knobs]]
     out: list[Layout] = []
+    fp8_refusal: ConfigError | None = None  # why --fp8 admits no layout, if it is --fp8's own field that refuses
     for tp in TPS:
         for mode, reshard, reduce in options:
             for mbs in MBS:
@@ -231,12 +275,17 @@ def plan(preset: str, gpus: int, gpu_mem_gib: float, seq_length: int = 0, global
                     try:
                         cfg = resolve(dataclasses.replace(base, tp=tp, fsdp=mode == "fsdp", micro_batch_size=mbs,
                                                           global_batch_size=batch, grad_accum_steps=0,
-                                                          activation_checkpointing=recompute, **knobs), gpus)
-                    except ConfigError:
+                                                          activation_checkpointing=recompute, fp8=fp8,
+                                                          fp8_weight_cache=fp8_weight_cache, **knobs), gpus)
+                    except ConfigError as err:
+                        if err.field.startswith("--fp8"):
+                            fp8_refusal = err
                         continue  # a layout the engine refuses (TP vs heads, batch split, --fsdp at DP 1)
                     peak, step, mfu, measured = predict(cfg, gpus, peak_tflops)
                     out.append(Layout(tp, gpus // tp, mode, mbs, cfg.grad_accum_steps, recompute, peak, step, mfu,
                                       measured, peak <= (1 - HEADROOM) * gpu_mem_gib, reshard, reduce))
+    if not out and fp8_refusal is not None:
+        raise fp8_refusal
     if not out:
         raise ConfigError("--gpus", gpus, f"use a GPU count that --global-batch {batch} splits into (a multiple of TP x "
                           f"DP x mbs)", f"admits no layout of {preset}")
@@ -249,11 +298,15 @@ def plan(preset: str, gpus: int, gpu_mem_gib: float, seq_length: int = 0, global
     return sorted(out, key=lambda x: (not x.fits, x.step_s, x.peak_gib))  # a tie: the smaller one
 
 
-def plan_lines(layouts: list[Layout], gpu_mem_gib: float, as_json: bool = False) -> list[str]:
-    """The table (or one JSON object) `python -m engine plan` prints; the fastest fitting layout is named last."""
+def plan_lines(layouts: list[Layout], gpu_mem_gib: float, as_json: bool = False, fp8: str = "off",
+               fp8_weight_cache: bool = False) -> list[str]:
+    """The table (or one JSON object) `python -m engine plan` prints; the fastest fitting layout is named last, with
+    the --fp8 flags every layout was planned with."""
     best = next(x for x in layouts if x.fits)
+    flags = "" if fp8 == "off" else f"--fp8 {fp8}" + (" --fp8-weight-cache" if fp8_weight_cache else "")
     if as_json:
-        return [json.dumps({"gpu_mem_gib": gpu_mem_gib, "headroom": HEADROOM, "fastest": dataclasses.asdict(best),
+        return [json.dumps({"gpu_mem_gib": gpu_mem_gib, "headroom": HEADROOM, "fp8": fp8,
+                            "fp8_weight_cache": fp8_weight_cache, "fastest": dataclasses.asdict(best),
                             "layouts": [dataclasses.asdict(x) for x in layouts]}, indent=1)]
     lines = [f"{'TP':>3}{'DP':>4} {'mode':<16}{'mbs':>4}{'GAS':>5} {'recompute':<10}{'peak GiB':>9}{'step s':>8}"
              f"{'MFU':>7}  fits (<= {(1 - HEADROOM) * gpu_mem_gib:.1f} GiB)"]
@@ -261,7 +314,7 @@ def plan_lines(layouts: list[Layout], gpu_mem_gib: float, as_json: bool = False)
         lines.append(f"{x.tp:>3}{x.dp:>4} {x.label:<16}{x.mbs:>4}{x.gas:>5} {x.recompute:<10}{x.peak_gib:>9.1f}"
                      f"{x.step_s:>8.3f}{x.mfu:>7.3f}{'' if x.measured else ' est'}  {'yes' if x.fits else 'no'}")
     lines.append(f"fastest that fits: TP {best.tp} x DP {best.dp} {best.label}, mbs {best.mbs}, GAS {best.gas}, recompute "
-                 f"{best.recompute}: {best.peak_gib:.1f} GiB, {best.step_s:.3f} s/step, MFU {best.mfu:.3f}"
-                 + ("" if best.measured else " (estimated)"))
+                 f"{best.recompute}{', ' + flags if flags else ''}: {best.peak_gib:.1f} GiB, {best.step_s:.3f} s/step, "
+                 f"MFU {best.mfu:.3f}" + ("" if best.measured else " (estimated)"))
     return lines
 
