@@ -160,9 +160,9 @@ def main() -> None:
     device = torch.cuda.get_device_name()
     args.out.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
     print(f"device {device}; ms: median device time of one call (k: kernels launched); GB/s: the least bytes moved "
-          f"(cast: 2 read + 2 written an element, 6 with the amax's read; amax 2; SwiGLU: 3 forward, 5 backward per element of "
-          f"[gate | up]) / the best "
-          f"time; bitwise: equal to the baseline cast (SwiGLU: to the eager math, for information)")
+          f"(cast: 2 read + 2 written an element, 6 with the amax's read; amax 2; SwiGLU: 3 forward, 5 backward per "
+          f"element of [gate | up]) / the best time; bitwise: equal to the baseline cast (SwiGLU: to the eager math, "
+          f"for information)")
     for r in rows:
         ways = [k[:-3] for k in r if k.endswith("_ms")]
         best = min(r[f"{w}_ms"] for w in ways)

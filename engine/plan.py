@@ -122,8 +122,8 @@ def fp8_bytes_per_layer(cfg: EngineConfig, p_layer: int, tokens: int, h: int, f:
     dgrad takes), 2 with --fp8-weight-cache (both layouts, held through the step, whatever the recompute); and the
     inputs of FC1 and FC2 saved as FP8 in place of bf16 (1 byte an element less: QKV's and O's bf16 inputs stay held
     by the norm and the attention). Under recompute the copies and inputs are made again in backward: only the
-    cache stays. Rowwise recasts in backward from the bf16 tensors: nothing held. Measured: within 0.1 GiB of each
-    FP8 run's peak less its bf16 twin's (tests/engine/test_plan.py)."""
+    cache stays. Rowwise recasts in backward from the bf16 tensors: nothing held. Measured: within 0.5 GiB of each
+    FP8 run's peak less its bf16 twin's (0.47 at TP 2, <= 0.05 elsewhere; tests/engine/test_plan.py)."""
     if cfg.fp8 != "tensorwise":
         return 0
     if cfg.activation_checkpointing != "none":
@@ -132,9 +132,10 @@ def fp8_bytes_per_layer(cfg: EngineConfig, p_layer: int, tokens: int, h: int, f:
 
 
 def fp8_speedup(cfg: EngineConfig) -> tuple[float, bool]:
-    """(--fp8's tokens/s over bf16 at cfg's layout, whether measured at the 4-GPU point, no recompute). Measured at TP 1 (ZeRO-1 with
-    and without the weight cache, FSDP without) and TP 2 (ZeRO-1, cache); elsewhere: ZeRO-1's at that TP for --fsdp,
-    TP 2's past TP 2, without the cache the cache's ratio x 1.092 / 1.268 (what leaving it out cost at TP 1).
+    """(--fp8's tokens/s over bf16 at cfg's layout, whether measured at the 4-GPU point without recompute). Measured
+    at TP 1 (ZeRO-1 with and without the weight cache, FSDP without) and TP 2 (ZeRO-1, cache); elsewhere: ZeRO-1's at
+    that TP for --fsdp, TP 2's past TP 2, without the cache the cache's ratio x 1.092 / 1.268 (what leaving it out
+    cost at TP 1).
     Rowwise: 1.0 (not measured at the CuTeDSL defaults; torchao's rowwise 1.05x on the slice)."""
     if cfg.fp8 != "tensorwise":
         return (1.0, False) if cfg.fp8 == "rowwise" else (1.0, True)
@@ -143,7 +144,8 @@ def fp8_speedup(cfg: EngineConfig) -> tuple[float, bool]:
         if key in _FP8_SPEEDUP:  # measured: the layout and point the runs had (no recompute)
             return _FP8_SPEEDUP[key], (key == (mode, cfg.tp, cache) and key in _FP8_MEASURED_AT_4
                                        and cfg.activation_checkpointing == "none")
-    return _FP8_SPEEDUP[("zero1", tp, True)] * _FP8_SPEEDUP[("zero1", 1, False)] / _FP8_SPEEDUP[("zero1", 1, True)], False
+    uncached = _FP8_SPEEDUP[("zero1", 1, False)] / _FP8_SPEEDUP[("zero1", 1, True)]
+    return _FP8_SPEEDUP[("zero1", tp, True)] * uncached, False
 
 
 def dp_bytes(cfg: EngineConfig) -> float:

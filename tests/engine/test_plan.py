@@ -172,7 +172,8 @@ def test_fp8_speed_is_the_measured_ratio_there_and_estimated_elsewhere():
     assert fp8[1] == pytest.approx(bf16[1] / _FP8_SPEEDUP[("zero1", 1, True)]) and fp8[3]
     assert fp8[2] == pytest.approx(bf16[2] * _FP8_SPEEDUP[("zero1", 1, True)])
     for estimate in (_eight_b(2, fp8="tensorwise", fp8_weight_cache=True), _eight_b(1, fp8="rowwise"),
-                     _eight_b(4, fp8="tensorwise"), _eight_b(1, fp8="tensorwise", activation_checkpointing="selective")):
+                     _eight_b(4, fp8="tensorwise"),
+                     _eight_b(1, fp8="tensorwise", activation_checkpointing="selective")):
         assert not predict(estimate, 4, 989.0)[3], estimate
 
 

@@ -20,7 +20,8 @@ ENTRY = "engine.ops.fp8_cast.compiled:cast"
 
 
 def _kernel(fn, options: dict | None = None) -> CompiledKernel:
-    return CompiledKernel(fn, "fp8_cast", "compiled", ENTRY, "use --op-fp8-cast baseline", dynamic=False, options=options)
+    return CompiledKernel(fn, "fp8_cast", "compiled", ENTRY, "use --op-fp8-cast baseline", dynamic=False,
+                          options=options)
 
 
 def _writer(dtype: torch.dtype, transposed: bool, options: dict | None = None) -> CompiledKernel:
