@@ -222,11 +222,12 @@ def scaled_mm_nt(a: "torch.Tensor | Fp8Operand", b: "torch.Tensor | Fp8Operand",
 
 
 def _mm_tensorwise(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor, out_dtype: torch.dtype,
-                   fast_accum: bool = False) -> torch.Tensor:
+                   fast_accum: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """(qa / sa) @ (qb / sb)^T of row-major FP8 operands with one scale each: the scales' reciprocals in the GEMM's
-    epilogue (torch._scaled_mm)."""
+    epilogue (torch._scaled_mm); written into `out` (contiguous, out_dtype) where given."""
+    kwargs = {} if out is None else {"out": out}
     return torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out_dtype,
-                            use_fast_accum=fast_accum)
+                            use_fast_accum=fast_accum, **kwargs)
 
 
 def _grad_dtype(recipe: str) -> torch.dtype:
@@ -257,17 +258,21 @@ def scaled_wgrad_add(out: torch.Tensor, qa: torch.Tensor, sa: torch.Tensor, qb: 
     out.add_(_mm_tensorwise(qa, sa, qb, sb, out.dtype))
 
 
-def wgrad_add(out: torch.Tensor, g2, x2, recipe: str) -> None:
+def wgrad_add(out: torch.Tensor, g2, x2, recipe: str, into_zeros: bool = False) -> None:
     """out (a linear's fp32 gradient accumulator) += dy^T x in FP8 by `recipe` (g2 = dy [n, out], x2 [n, in]: tensors
     or Fp8Operands). Tensorwise goes through the recipe's fp8_wgrad version on the row-major FP8 copies of dy^T and
-    x^T (the layouts the linears keep); rowwise (a scale per row along K: not the op's one scale each) writes the
-    product and adds it."""
+    x^T (the layouts the linears keep), or, `into_zeros` (out holds zeros: a step's first micro-batch), the GEMM
+    writes its product into out: the same bits as 0 + product, without the product's fp32 copy and the add (12 bytes
+    a parameter). Rowwise (a scale per row along K: not the op's one scale each) writes the product and adds it."""
     if not keeps_fp8(recipe):
         out.add_(linear_wgrad(g2, x2, recipe, out.dtype))
         return
     fp8_cast = _cast_fn(recipe)
     qa, sa = _operand(g2.t(), _grad_dtype(recipe), None, False, fp8_cast)
     qb, sb = _operand(x2.t(), E4M3, None, False, fp8_cast)
+    if into_zeros:
+        _mm_tensorwise(qa, sa, qb, sb, out.dtype, out=out)
+        return
     (recipe.wgrad if isinstance(recipe, Fp8Recipe) else scaled_wgrad_add)(out, qa, sa, qb, sb)
 
 

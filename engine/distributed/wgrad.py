@@ -15,11 +15,23 @@ __all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "pl
 
 
 class MainGrad:
-    """The fp32 gradient view of one parameter, which fused backward passes accumulate into."""
+    """The fp32 gradient view of one parameter, which fused backward passes accumulate into. It knows when it holds
+    the zeros FlatBuffers.zero_grads wrote (`zeroed`): then an FP8 weight gradient is written into it, not added (the
+    first micro-batch of a step; docs/fp8.md, Recipes)."""
 
     def __init__(self, grad: torch.Tensor):
         self.grad = grad
         self._filled = False
+        self._zero = True  # nothing added since the buffer was zeroed (it is created zeroed)
+
+    def zeroed(self) -> None:
+        """The buffer was just zeroed (FlatBuffers.zero_grads)."""
+        self._zero = True
+
+    def add(self, t: torch.Tensor) -> None:
+        """grad += t (an unfused backward's gradient, FlatBuffers' hook)."""
+        self.grad.add_(t)
+        self._zero = False
 
     def add_mm(self, a: torch.Tensor, b: torch.Tensor) -> None:
         """grad += a @ b, accumulated in fp32 (a, b 2-D in the model dtype)."""
@@ -29,7 +41,7 @@ class MainGrad:
             torch.addmm(self.grad, a, b, out_dtype=self.grad.dtype, out=self.grad)
         else:  # torch has no mixed-dtype addmm on CPU: the same products, accumulated in fp32
             self.grad.addmm_(a.to(self.grad.dtype), b.to(self.grad.dtype))
-        self._filled = True
+        self._filled, self._zero = True, False
 
     def add_rows(self, index: torch.Tensor, rows: torch.Tensor) -> None:
         """grad[index[i]] += rows[i], in the same order every call, whatever torch's deterministic mode says:
@@ -40,16 +52,18 @@ class MainGrad:
             add_rows_by_id(self.grad, index, rows)
         else:
             self.grad.index_add_(0, index, rows)
-        self._filled = True
+        self._filled, self._zero = True, False
 
     def weight_grad(self, grad_y, x, w: torch.Tensor, fp8: str = "off") -> torch.Tensor:
         """A linear's weight gradient grad_y^T x, added here; autograd gets a placeholder. With --fp8 the product
         comes from the FP8 GEMM (engine/distributed/fp8.py wgrad_add; grad_y and x may be FP8 copies, Fp8Operand), added
-        by the recipe's fp8_wgrad version (_scaled_mm's baseline writes the product, then adds it)."""
+        by the recipe's fp8_wgrad version (_scaled_mm's baseline writes the product, then adds it), or written straight
+        into the buffer while it holds zeros (not while a CUDA graph captures: its replays would write again)."""
         g2, x2 = rows(grad_y), rows(x)
         if fp8 != "off":
-            wgrad_add(self.grad, g2, x2, fp8)
-            self._filled = True
+            capturing = self.grad.is_cuda and torch.cuda.is_current_stream_capturing()
+            wgrad_add(self.grad, g2, x2, fp8, into_zeros=self._zero and not capturing)
+            self._filled, self._zero = True, False
         else:
             self.add_mm(g2.t(), x2)
         return placeholder(w)

@@ -72,6 +72,7 @@ class FlatBuffers:
             view = self.params[e.start:e.end].view_as(e.param)
             view.copy_(e.param.detach())
             e.param.data = view
+        self._main_grads: list[MainGrad] = []  # the fused parameters' gradient views (fuse_wgrad)
         self._hooks = [e.param.register_post_accumulate_grad_hook(self._make_hook(e, fuse_wgrad)) for e in self.entries]
 
     def _make_hook(self, entry: Entry, fuse_wgrad: bool):
@@ -79,10 +80,13 @@ class FlatBuffers:
         fused = MainGrad(main) if fuse_wgrad else None
         if fused is not None:
             attach_main_grad(entry.param, fused)
+            self._main_grads.append(fused)
 
         def hook(param: torch.Tensor) -> None:
-            if fused is None or not fused.take():  # a fused backward already added it: the grad is a placeholder
+            if fused is None:
                 main.add_(param.grad)
+            elif not fused.take():  # a fused backward already added it: the grad is a placeholder
+                fused.add(param.grad)
             param.grad = None
 
         return hook
@@ -92,6 +96,8 @@ class FlatBuffers:
 
     def zero_grads(self) -> None:
         self.grads.zero_()
+        for main in self._main_grads:  # an FP8 weight gradient may now be written, not added (MainGrad)
+            main.zeroed()
 
     def shard_ranges(self, dp_rank: int) -> list[tuple[int, int]]:
         """The [start, end) ranges of the flat buffers this DP rank's optimizer owns, one per bucket."""

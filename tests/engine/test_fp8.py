@@ -93,6 +93,67 @@ def test_fp8_linear_autograd_against_the_exact_gradients(recipe):
         assert rel(dw, reference_linear_fp8(x, w, g, recipe)[2]) < 1e-5
 
 
+def _first_write_case(device: str, dtype: torch.dtype) -> None:
+    """MainGrad.weight_grad with --fp8 tensorwise on `device`: while the buffer holds the zeros FlatBuffers.zero_grads
+    wrote, the wgrad GEMM writes its product into it (torch._scaled_mm out=, read at the dispatcher: no add onto the
+    buffer); later micro-batches add; zeroing again writes again. The result is the always-add path's bit for bit
+    (0 + p = p). An unfused gradient added first (FlatBuffers' hook) turns the write off."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Writes(TorchDispatchMode):  # which calls wrote into or added onto the gradient buffer
+        def __init__(self, grad):
+            super().__init__()
+            self.grad, self.calls = grad, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            target = kwargs.get("out", args[0] if func.overloadpacket is torch.ops.aten.add_ else None)
+            if isinstance(target, torch.Tensor) and target.data_ptr() == self.grad.data_ptr():
+                self.calls.append(func.overloadpacket.__name__)
+            return func(*args, **kwargs)
+
+    x, w, _ = (t.to(device, dtype) for t in operands(seed=3))
+    gs = [operands(seed=s)[2].to(device, dtype) for s in (4, 5, 6)]
+
+    def backward(main: MainGrad, g) -> list[str]:
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        attach_main_grad(wr, main)
+        with Writes(main.grad) as writes:
+            fused_linear(xr, wr, "tensorwise").backward(g)
+        return writes.calls
+
+    zeros = torch.zeros(w.shape, dtype=torch.float32, device=device)
+    main = MainGrad(zeros.clone())
+    assert [backward(main, g) for g in gs] == [["_scaled_mm"], ["add_"], ["add_"]]
+    always = MainGrad(zeros.clone())
+    always.add(zeros)  # an add of zeros: the same zeros, no longer known as such
+    assert [backward(always, g) for g in gs] == [["add_"], ["add_"], ["add_"]]
+    assert torch.equal(main.grad, always.grad)
+    main.grad.zero_()
+    main.zeroed()
+    assert backward(main, gs[0]) == ["_scaled_mm"]
+    ref = reference_linear_fp8(x.float(), w.float(), gs[0].float(), "tensorwise")[2]
+    assert rel(main.grad.cpu(), ref.cpu()) < 1e-5  # the product itself (fp32 out on either device)
+    unfused = torch.randn_like(zeros)
+    hooked = MainGrad(zeros.clone())
+    hooked.add(unfused)
+    assert backward(hooked, gs[0]) == ["add_"] and torch.equal(hooked.grad, unfused + main.grad)
+
+
+def test_a_steps_first_fp8_weight_gradient_is_written_into_the_zeroed_buffer_and_the_rest_added():
+    """_first_write_case on CPU (the emulation). A CUDA graph capture also turns the write off (its replays would
+    write again): no capture on CPU, that branch is the GPU's only."""
+    _first_write_case("cpu", torch.float32)
+
+
+@pytest.mark.gpu
+def test_the_first_fp8_weight_gradient_is_written_on_the_gpu_bit_for_bit_as_added():
+    """_first_write_case with bf16 operands on cuBLAS's FP8 GEMM (fp32 out= into the buffer)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a CUDA GPU of compute capability 8.9+")
+    _first_write_case("cuda", torch.bfloat16)
+
+
 def test_scale_follows_amax_and_zero_amax_is_handled():
     t = torch.tensor([[0.5, -3.0], [0.0, 0.25]])
     assert amax_scale(t, E4M3, None, False).item() == pytest.approx(448.0 / 3.0)
@@ -231,6 +292,26 @@ def test_fp8_training_learns_and_resumes_bit_for_bit(tmp_path):
     # within FP8's effect on the loss, observed 4e-4 relative on this model; bound 1e-2)
     step4 = float(deterministic_fields(loss_lines(switched.stdout)[0])[1])
     assert abs(step4 - losses[3]) / losses[3] < 1e-2 and "fp8" not in switched.stderr.lower()
+
+
+@pytest.mark.slow  # two tiny CPU runs
+def test_writing_the_first_micro_batchs_fp8_weight_gradients_trains_bit_for_bit_as_adding_them(tmp_path):
+    """A 3-step CPU run, --fp8 tensorwise at two micro-batches a step (the first writes its FP8 weight gradients into
+    the zeroed buffer, the second adds), against the same run adding every one (tests/engine/fp8_always_add.py):
+    every [LOSS] field and the final checkpoint (weights, fp32 masters, moments) bit for bit."""
+    args = [*TINY_FAST, "--fp8", "tensorwise", "--eval-samples", "0", "--num-steps", "3", "--grad-accum-steps", "2"]
+    ref = run_engine("pretrain", *args, "--run-dir", str(tmp_path / "w"))
+    always = subprocess.run([sys.executable, "-m", "tests.engine.fp8_always_add", "pretrain", *args, "--run-dir",
+                             str(tmp_path / "a")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert always.returncode == 0, always.stderr[-3000:]
+    lines = [deterministic_fields(line) for line in loss_lines(ref.stdout)]
+    assert len(lines) == 3 and lines == [deterministic_fields(line) for line in loss_lines(always.stdout)]
+    final, added = (checkpoint_state(tmp_path / run / "checkpoints" / "step_00000003") for run in "wa")
+    assert final.keys() == added.keys() and len(final) > 10
+    for name, value in final.items():
+        if name.startswith("rng/") or name == "trainer.elapsed_s":  # each process's own seed; the wall clock
+            continue
+        assert torch.equal(value, added[name]) if torch.is_tensor(value) else value == added[name], name
 
 
 @pytest.mark.gpu
