@@ -225,9 +225,8 @@ def _mm_tensorwise(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: tor
                    fast_accum: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """(qa / sa) @ (qb / sb)^T of row-major FP8 operands with one scale each: the scales' reciprocals in the GEMM's
     epilogue (torch._scaled_mm); written into `out` (contiguous, out_dtype) where given."""
-    kwargs = {} if out is None else {"out": out}
     return torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out_dtype,
-                            use_fast_accum=fast_accum, **kwargs)
+                            use_fast_accum=fast_accum, out=out)
 
 
 def _grad_dtype(recipe: str) -> torch.dtype:

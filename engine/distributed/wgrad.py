@@ -61,8 +61,8 @@ class MainGrad:
         into the buffer while it holds zeros (not while a CUDA graph captures: its replays would write again)."""
         g2, x2 = rows(grad_y), rows(x)
         if fp8 != "off":
-            capturing = self.grad.is_cuda and torch.cuda.is_current_stream_capturing()
-            wgrad_add(self.grad, g2, x2, fp8, into_zeros=self._zero and not capturing)
+            write = self._zero and not (self.grad.is_cuda and torch.cuda.is_current_stream_capturing())
+            wgrad_add(self.grad, g2, x2, fp8, into_zeros=write)
             self._filled, self._zero = True, False
         else:
             self.add_mm(g2.t(), x2)
