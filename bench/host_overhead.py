@@ -13,7 +13,8 @@ Rows (median microseconds a call over --iters calls, after warm-up, the rows int
 - fp8 cast: the compiled cast version whole (amax, scale, the write of q and q^T);
 - linear fwd+bwd, bf16 / fp8 tensorwise: one linear's forward and backward through engine/distributed/wgrad.py;
 - mm bf16 / _scaled_mm tensorwise: one GEMM call each (cuBLAS; the FP8 one through cuBLASLt).
-On CUDA also how many host-device syncs each linear makes (torch.cuda's sync debug mode).
+On CUDA also how many host-device syncs each linear makes (torch.cuda's sync debug mode). `--cprofile N`: then N FP8
+linears (weight cached) under cProfile, the functions that take the host's time (own time, and cumulative).
 Table last, JSON to --out. Timings on a shared or loaded machine move by tens of percent: compare rows of one run.
 """
 
@@ -30,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.distributed.fp8 import E4M3, Fp8Recipe, amax_scale  # noqa: E402
+from engine.distributed.fp8 import E4M3, Fp8Recipe, amax_scale, weight_copies_kept  # noqa: E402
 from engine.distributed.wgrad import fused_linear  # noqa: E402
 from engine.ops.fp8_cast.compiled import _COMPILED, cast  # noqa: E402
 from engine.ops.inductor import compile_settings  # noqa: E402
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--iters", type=int, default=500)
     p.add_argument("--out", default="", help="write the rows as JSON here")
+    p.add_argument("--cprofile", type=int, default=0, metavar="N", help="then N FP8 linears under cProfile")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     t = torch.randn(64, 64, device=device).bfloat16()
@@ -100,10 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         with compile_settings():
             kernel._fn(t, scale)
 
-    def linear(recipe: str):
+    def linear(recipe: str, cached: bool = False):
         def run():
-            y = fused_linear(x, w, recipe)
-            y.backward(dy)
+            with weight_copies_kept(cached):  # the weight cast once here, as a step's first micro-batch
+                y = fused_linear(x, w, recipe)
+                y.backward(dy)
+                if cached:  # a later micro-batch: the weight's copies from the cache
+                    y = fused_linear(x, w, recipe)
+                    y.backward(dy)
         return run
 
     q8, one = t.to(E4M3), torch.ones((), device=device)
@@ -115,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "fp8 cast (compiled version)": lambda: cast(t, E4M3, None, False, transposed=True),
         "linear fwd+bwd, bf16": linear("off"),
         "linear fwd+bwd, fp8 tensorwise": linear(Fp8Recipe("tensorwise", cast)),
+        "2 x linear fwd+bwd, fp8, weight cache": linear(Fp8Recipe("tensorwise", cast), cached=True),
         "mm bf16": lambda: torch.mm(t, t),
         "_scaled_mm tensorwise": lambda: torch._scaled_mm(q8, q8.t(), scale_a=one, scale_b=one,
                                                           out_dtype=torch.bfloat16),
@@ -133,7 +140,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:36} {us:9.1f}")
     print("host-device syncs a call (torch.cuda sync debug mode; None on CPU): " +
           ", ".join(f"{k} {v}" for k, v in synced.items()))
+    if args.cprofile:
+        cprofile(linear(Fp8Recipe("tensorwise", cast), cached=True), args.cprofile)
     return 0
+
+
+def cprofile(fn, n: int) -> None:
+    """Where the host's time goes in n calls of fn (cProfile: inflates small calls, so read shares, not totals)."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        fn()
+    prof.disable()
+    for key in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(28)
+        print(f"--- cProfile of {n} x 2 FP8 linears (weight cache), by {key}")
+        print("\n".join(line[:180] for line in out.getvalue().splitlines() if line.strip())[:9000])
 
 
 if __name__ == "__main__":

@@ -106,8 +106,38 @@ def exposed_pieces(comm: list[tuple[float, float, str]], compute: list[tuple[flo
     return out
 
 
-def summarize_kernels(kernels: list[dict], steps: int) -> dict:
-    """kernels: {name, dur, and ts (device timeline) or count (CPU op totals)} in microseconds. Per-step totals by family and by kernel name, exposed comm."""
+def split_tail(comm: list[tuple[float, float, str]], compute: list[tuple[float, float]],
+               windows: list[tuple[float, float]] | None) -> tuple[list[tuple[float, float, str]], float]:
+    """(communication up to the last compute kernel of its step, the time after it). The profile syncs the whole device
+    at each step's end; the engine's loop syncs only the compute stream, so what a step leaves on the wire after its
+    last compute kernel (ZeRO-1's parameter all-gathers, launched after the optimizer) runs beside the next forward
+    there: not exposed. `windows`: the steps' spans (each step starts with the device idle), else one step."""
+    inside, tail = [], 0.0
+    for lo, hi in windows or [(float("-inf"), float("inf"))]:
+        last = max((b for a, b in compute if lo <= a < hi), default=None)
+        for a, b, name in comm:
+            if not lo <= a < hi:
+                continue
+            if last is None or b <= last:
+                inside.append((a, b, name))
+            else:
+                if a < last:
+                    inside.append((a, last, name))
+                tail += b - max(a, last)
+    return inside, tail
+
+
+def step_windows(events: list[dict]) -> list[tuple[float, float]]:
+    """Each profiled step's span (`STEP_MARK` on the host's clock, which the device timeline shares), to the next
+    step's start (the device may still run the step's last kernels after its host span ends)."""
+    starts = sorted(float(e["ts"]) for e in events
+                    if e.get("ph") == "X" and e.get("name") == STEP_MARK and e.get("cat") == "user_annotation")
+    return [(a, b) for a, b in zip(starts, starts[1:] + [float("inf")])]
+
+
+def summarize_kernels(kernels: list[dict], steps: int, windows: list[tuple[float, float]] | None = None) -> dict:
+    """kernels: {name, dur, and ts (device timeline) or count (CPU op totals)} in microseconds. Per-step totals by
+    family and by kernel name, exposed communication (split_tail: not what runs after the step's last compute kernel)."""
     by_family: dict[str, float] = defaultdict(float)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     comm, compute = [], []
@@ -121,6 +151,7 @@ def summarize_kernels(kernels: list[dict], steps: int) -> dict:
     total = sum(by_family.values())
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])
     compute = [(a, b) for a, b, _ in compute]
+    comm, tail = split_tail(comm, compute, windows)
     pieces = exposed_pieces(comm, compute)
     first = min((a for a, _ in compute), default=0.0)
     by_collective: dict[str, float] = defaultdict(float)
@@ -130,6 +161,7 @@ def summarize_kernels(kernels: list[dict], steps: int) -> dict:
             "families": {f: by_family.get(f, 0.0) / 1e3 / steps for f in FAMILIES},
             "top": [{"name": n, "family": family(n), "ms": t / 1e3 / steps, "calls": c / steps} for n, (t, c) in top],
             "exposed_comm_ms": exposed_ms([(a, b) for a, b, _ in comm], compute) / 1e3 / steps if comm else 0.0,
+            "tail_comm_ms": tail / 1e3 / steps,  # after the step's last compute kernel: beside the next forward
             # where the exposed time is: by collective kernel, and the largest pieces (ms after the first compute
             # kernel profiled; one profiled step: ms into it)
             "exposed_by_collective": {n: t / 1e3 / steps for n, t in sorted(by_collective.items(), key=lambda kv: -kv[1])},
@@ -252,6 +284,9 @@ def markdown(title: str, summary: dict, step_ms: float, top: int = 15) -> str:
     if summary["timeline"]:
         lines.append(f"| communication exposed (no compute kernel beside it) | {summary['exposed_comm_ms']:.2f} | "
                      f"{100 * summary['exposed_comm_ms'] / total:.1f} |")
+        if summary.get("tail_comm_ms"):
+            lines.append(f"| communication after the step's last compute kernel (the engine runs it beside the next "
+                         f"forward) | {summary['tail_comm_ms']:.2f} | {100 * summary['tail_comm_ms'] / total:.1f} |")
         if summary.get("exposed_largest"):
             lines += ["", "Exposed communication by collective (ms / step): " + "; ".join(
                 f"`{n[:60]}` {t:.2f}" for n, t in list(summary["exposed_by_collective"].items())[:4]),
@@ -330,7 +365,8 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text()).get("traceEvents", [])
     kernels = _kernels_from_trace(events) if on_cuda else _cpu_ops(prof)
-    summary = {**summarize_kernels(kernels, steps), "gemms": gemms_by_shape(events, steps),
+    windows = step_windows(events) if on_cuda else None
+    summary = {**summarize_kernels(kernels, steps, windows), "gemms": gemms_by_shape(events, steps),
                "idle": idle_gaps(events, steps) if on_cuda else {}}
     return summary, times, trace
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.profile_step import (STEP_MARK, exposed_ms, family, gemm_flops, gemms_by_shape, idle_gaps, insert_section,
-                                markdown, summarize_kernels)
+                                markdown, step_windows, summarize_kernels)
 from tests.conftest import REPO
 
 
@@ -38,18 +38,39 @@ def test_exposed_communication_is_comm_time_without_compute_beside_it():
 
 
 def test_exposed_communication_is_attributed_to_its_collective_and_place():
-    """Which collective is exposed, and where: a reduce-scatter after the last compute kernel (the end of a backward)
-    is all exposed; an all-gather under a GEMM is not; one half under a GEMM is half exposed."""
+    """Which collective is exposed, and where: a reduce-scatter after the backward's last GEMM, which the optimizer
+    waits for, is all exposed; an all-gather under a GEMM is not; one half under a GEMM is half exposed."""
     kernels = [{"name": "nvjet_gemm", "ts": 0.0, "dur": 10000.0},
                {"name": "ncclDevKernel_AllGather_RING_LL", "ts": 2000.0, "dur": 3000.0},  # under the GEMM
                {"name": "ncclDevKernel_ReduceScatter_Sum_f32", "ts": 8000.0, "dur": 4000.0},  # 2 ms past it
-               {"name": "ncclDevKernel_ReduceScatter_Sum_f32", "ts": 12000.0, "dur": 6000.0}]  # all past it
+               {"name": "ncclDevKernel_ReduceScatter_Sum_f32", "ts": 12000.0, "dur": 6000.0},  # all past it
+               {"name": "multi_tensor_apply_kernel", "ts": 18000.0, "dur": 1000.0}]  # the optimizer, after them
     summary = summarize_kernels(kernels, steps=1)
-    assert summary["exposed_comm_ms"] == 8.0
+    assert summary["exposed_comm_ms"] == 8.0 and summary["tail_comm_ms"] == 0.0
     assert summary["exposed_by_collective"] == {"ncclDevKernel_ReduceScatter_Sum_f32": 8.0}
     assert [(p["at_ms"], p["ms"]) for p in summary["exposed_largest"]] == [(12.0, 6.0), (8.0, 2.0)]
     text = markdown("t", summary, 18.0)
     assert "Largest exposed pieces" in text and "6.00 ms at 12.0 ms" in text
+
+
+def test_communication_after_a_steps_last_compute_kernel_is_the_tail_not_exposed():
+    """ZeRO-1's parameter all-gathers follow the optimizer: the profile's device-wide sync at the step's end waits for
+    them, the engine's loop (a compute-stream sync) runs them beside the next forward. Per step window: step 1's
+    gathers after its optimizer (half of one under it) are tail; step 2's reduce-scatter before its optimizer is
+    exposed."""
+    kernels = [{"name": "nvjet_gemm", "ts": 0.0, "dur": 10000.0},
+               {"name": "multi_tensor_apply_kernel", "ts": 10000.0, "dur": 2000.0},
+               {"name": "ncclDevKernel_AllGather_RING_LL", "ts": 11000.0, "dur": 2000.0},  # 1 ms under the optimizer
+               {"name": "ncclDevKernel_AllGather_RING_LL", "ts": 13000.0, "dur": 3000.0},  # all after it
+               {"name": "nvjet_gemm", "ts": 20000.0, "dur": 5000.0},  # step 2
+               {"name": "ncclDevKernel_ReduceScatter_Sum_f32", "ts": 25000.0, "dur": 1000.0},
+               {"name": "multi_tensor_apply_kernel", "ts": 26000.0, "dur": 1000.0}]
+    summary = summarize_kernels(kernels, steps=2, windows=[(0.0, 20000.0), (20000.0, float("inf"))])
+    assert summary["tail_comm_ms"] == (1.0 + 3.0) / 2 and summary["exposed_comm_ms"] == 1.0 / 2
+    assert summary["exposed_by_collective"] == {"ncclDevKernel_ReduceScatter_Sum_f32": 0.5}
+    events = [{"ph": "X", "cat": "user_annotation", "name": STEP_MARK, "ts": t, "dur": 100.0} for t in (20.0, 0.0)]
+    assert step_windows(events) == [(0.0, 20.0), (20.0, float("inf"))]
+    assert "beside the next forward" in markdown("t", summary, 27.0)
 
 
 def test_gemm_kernels_are_grouped_by_their_launching_op_and_shapes():

@@ -133,7 +133,10 @@ def _first_write_case(device: str, dtype: torch.dtype) -> None:
     main.zeroed()
     assert backward(main, gs[0]) == ["_scaled_mm"]
     ref = reference_linear_fp8(x.float(), w.float(), gs[0].float(), "tensorwise")[2]
-    assert rel(main.grad.cpu(), ref.cpu()) < 1e-5  # the product itself (fp32 out on either device)
+    # The product itself, fp32 out. CPU sums in fp32: 1e-5 (the module docstring). Hopper's FP8 tensor cores add
+    # inside an MMA with ~14 mantissa bits (DeepSeek-V3 report, 3.3.2; cuBLAS promotes to fp32 between MMAs): 2^-14
+    # relative, measured 6.8e-5 on an H200 at this shape; bound 2^-12 (4x margin), still 200x under FP8's own 0.05.
+    assert rel(main.grad.cpu(), ref.cpu()) < (2.0**-12 if device == "cuda" else 1e-5)
     unfused = torch.randn_like(zeros)
     hooked = MainGrad(zeros.clone())
     hooked.add(unfused)

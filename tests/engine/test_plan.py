@@ -110,7 +110,8 @@ def test_the_80gb_pick_peaked_within_ten_percent_of_its_prediction_at_production
 
 
 # --fp8 runs, each beside its bf16 twin in one job (H200; the 4-layer slice's and the 2-GPU runs at GAS 8): (file, GPUs)
-FP8_RUNS = (("mfu_8b_4gpu_fp8_h200x4.json", 4), ("mfu_8b_4gpu_fsdp_fp8_all_gather_h200x4.json", 4),
+FP8_RUNS = (("mfu_8b_4gpu_fp8_h200x4.json", 4), ("mfu_8b_4gpu_fp8_s12_h200x4.json", 4),
+            ("mfu_8b_4gpu_fsdp_fp8_all_gather_h200x4.json", 4),
             ("mfu_8b_tp2_fp8_h200x2.json", 2), ("mfu_8b4l_fp8_split_cast_h200x2.json", 1),
             ("mfu_8b4l_tp2_fp8_h200x2.json", 2))
 
@@ -144,24 +145,25 @@ def test_predicted_fp8_peaks_and_what_fp8_adds_are_the_measured_ones():
             added = predicted - bf16, measured - twin["peak_alloc_gib_rank0"]
             assert abs(added[0] - added[1]) < 0.5, (run["name"], added)
             checked += 1
-    assert checked == 10
+    assert checked == 13
 
 
 def test_fp8_speed_is_the_measured_ratio_there_and_estimated_elsewhere():
-    """predict() divides the step by fp8_speedup: at TP 1 ZeRO-1 the mean tokens/s ratio of the two DP 4 jobs (with
-    and without the weight cache), FSDP 4's and TP 2's one job each, read here from the results; measured only at the
+    """predict() divides the step by fp8_speedup: at TP 1 ZeRO-1 the mean tokens/s ratio of the DP 4 jobs (three with
+    the weight cache, two without), FSDP 4's and TP 2's one job each, read here from the results; measured only at the
     4-GPU point without recompute; rowwise, TP 4 and selective recompute are estimates."""
     ratios: dict[tuple, list[float]] = {}
     for name in ("mfu_8b_4gpu_fp8_h200x4.json", "mfu_8b_4gpu_zero1_buckets_fp8_h200x4.json",
-                 "mfu_8b_4gpu_fsdp_fp8_all_gather_h200x4.json", "mfu_8b_tp2_fp8_h200x2.json"):
+                 "mfu_8b_4gpu_fp8_s12_h200x4.json", "mfu_8b_4gpu_fsdp_fp8_all_gather_h200x4.json",
+                 "mfu_8b_tp2_fp8_h200x2.json"):
         runs = [(r, _config_of(r, 2 if "tp2_fp8" in name else 4)) for r in _measured(REPO / "bench" / "results" / name)]
         bf16: dict[tuple, float] = {}
         for r, c in runs:  # the twin: the job's first bf16 row of that layout (not its bucket-size variants)
             if c.fp8 == "off":
                 bf16.setdefault((c.tp, c.fsdp), r["mfu"])
         for r, c in runs:
-            if c.fp8 != "tensorwise" or c.fsdp_fp8_all_gather or ("4gpu" in name and c.tp == 2):
-                continue  # TP 2 x DP 2 (0.955x) predates the embedding's and the compiled calls' fixes
+            if c.fp8 != "tensorwise" or c.fsdp_fp8_all_gather or c.fp8_fast_accum or ("4gpu" in name and c.tp == 2):
+                continue  # TP 2 x DP 2: host-bound, which the model does not know (plan.py); fast accumulation: a knob of its own
             key = ("fsdp" if c.fsdp else "zero1", c.tp, c.fp8_weight_cache)
             ratios.setdefault(key, []).append(r["mfu"] / bf16[(c.tp, c.fsdp)])
     assert set(ratios) == set(_FP8_SPEEDUP)
