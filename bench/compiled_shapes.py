@@ -68,9 +68,12 @@ def timed(row: dict, name: str, fn, args: tuple, iters: int) -> None:
 TUNINGS = {"cdt": {"coordinate_descent_tuning": True}, "autotune": {"max_autotune_pointwise": True}}
 
 
-def compiled(fn, name: str, dynamic: bool, options: dict | None = None) -> CompiledKernel:
-    return CompiledKernel(fn, "bench", name, f"bench/compiled_shapes.py:{name}", "-", dynamic=dynamic,
-                          options=options)
+def compiled(fn, name: str, dynamic: bool, options: dict | None = None):
+    """A static kernel as the engine compiles it (CompiledKernel: a graph per input layout), or (`dynamic`, the A of
+    the dynamic-vs-static rows) torch.compile with dynamic shapes, one graph for every shape."""
+    if dynamic:
+        return torch.compile(fn, dynamic=True, fullgraph=True, options=options)
+    return CompiledKernel(fn, "bench", name, f"bench/compiled_shapes.py:{name}", "-", options=options)
 
 
 def q_only(t, scale):

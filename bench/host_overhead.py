@@ -4,11 +4,11 @@ itself costs nothing (a 64 x 64 operand). Where a GPU step is short (TP 2 halves
     python bench/host_overhead.py --device cuda --out host_overhead.json
 
 Rows (median microseconds a call over --iters calls, after warm-up, the rows interleaved in ten rounds):
-- compiled call: one engine CompiledKernel call (the fp8 cast's compiled write, engine/ops/inductor.py), as it runs
-  now: dynamo's settings patched only on inputs not met before;
-- compiled call, patched: the same compiled function under the settings patch on every call (how CompiledKernel
-  called it before; the A of the A/B);
-- compiled function alone: the torch.compile'd function with no wrapper at all (the floor);
+- compiled call: one engine CompiledKernel call (engine/ops/inductor.py; the fp8 cast's tensorwise graph: amax, scale,
+  write): the layout key, then inductor's compiled code called directly;
+- compiled code alone: that compiled code with no wrapper (the floor);
+- torch.compile call (before): the same function through torch.compile (dynamo: its frame hook, guards, wrappers),
+  as CompiledKernel called it until the twelfth session (the A of the A/B);
 - amax and scale: the eager amax_scale (engine/distributed/fp8.py);
 - fp8 cast: the compiled cast version whole (amax, scale, the write of q and q^T);
 - linear fwd+bwd, bf16 / fp8 tensorwise: one linear's forward and backward through engine/distributed/wgrad.py;
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.distributed.fp8 import E4M3, Fp8Recipe, amax_scale, weight_copies_kept  # noqa: E402
 from engine.distributed.wgrad import fused_linear  # noqa: E402
 from engine.ops.fp8_cast.compiled import _COMPILED, cast  # noqa: E402
-from engine.ops.inductor import compile_settings  # noqa: E402
+from engine.ops.inductor import layout  # noqa: E402
 
 
 def cpu_name() -> str:
@@ -96,11 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     dy = torch.randn(2, 32, 64, device=device).bfloat16()
     scale = amax_scale(t, E4M3, None, False)
     kernel = _COMPILED[E4M3, True]
-    kernel(t, scale)  # compiled (and met) before any timing
-
-    def patched():  # every call under CompiledKernel's own settings, as before
-        with compile_settings():
-            kernel._fn(t, scale)
+    kernel(t)  # compiled before any timing
+    code = kernel._compiled[layout((t,))]
+    dynamo = torch.compile(kernel.fn, dynamic=False, fullgraph=True)
+    dynamo(t)
 
     def linear(recipe: str, cached: bool = False):
         def run():
@@ -114,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
 
     q8, one = t.to(E4M3), torch.ones((), device=device)
     rows = {
-        "compiled call": lambda: kernel(t, scale),
-        "compiled call, patched (before)": patched,
-        "compiled function alone": lambda: kernel._fn(t, scale),
+        "compiled call": lambda: kernel(t),
+        "compiled code alone": lambda: code(t),
+        "torch.compile call (before)": lambda: dynamo(t),
         "amax and scale": lambda: amax_scale(t, E4M3, None, False),
         "fp8 cast (compiled version)": lambda: cast(t, E4M3, None, False, transposed=True),
         "linear fwd+bwd, bf16": linear("off"),

@@ -24,6 +24,8 @@
 #                                      compiled; with --fp8-weight-cache; and --fp8-fast-accum) (the issue's 1.35x: bf16 at its best),
 #                                      beside the torchao float8 + compile loop (FP8_PEER_COMPILE=1: the torch-compile loop too)
 #                                      (`--peer torchao-fp8`: tensorwise, rowwise; the issue's >= 1.10x), one job
+#   bash bench/ops_session.sh fp8-slice  one GPU, CuTeDSL wheels staged: the slice bf16 vs --fp8 tensorwise with the
+#                                      weight cache, one job, no peers (~3 minutes)
 #   bash bench/ops_session.sh tp2      two GPUs: full MiniCPM4-8B at TP 2 against megatron-core and torchtitan
 #                                      at TP 2 (their wheels staged too), one job
 #   bash bench/ops_session.sh fsdp-test  four GPUs: warm the 8B kernels (TP 1 and 2, mbs 2, seq 4096), then the --fsdp
@@ -92,7 +94,8 @@
 #                                      --deterministic) as is, with --tp-fwd-chunks 2 and with --no-tp-comm-overlap (~4 min)
 #   bash bench/ops_session.sh fp8-tp2dp2  four GPUs, CuTeDSL wheels staged: TP 2 x DP 2 --fp8 tensorwise with the weight
 #                                      cache, the same with every FP8 weight gradient added (tests.engine.fp8_always_add),
-#                                      then rank 0's profile (~6 min); `fp8-tp2dp2 profile R`: rank R's profile alone
+#                                      then rank 0's profile (~6 min); `fp8-tp2dp2 profile R`: rank R's profile alone;
+#                                      `fp8-tp2dp2 bench`: bf16 and the cached FP8 row in one job (~3 min)
 #   bash bench/ops_session.sh tp2-overlap  two GPUs: the TP 2 backward overlap on/off, the forward all-reduces
 #                                      in row chunks (--tp-fwd-chunks 2), and the TP 2 profile
 #                                      (exposed communication); a second call, each fits the 10-minute limit
@@ -183,6 +186,13 @@ case "${1:-check}" in
       --variant fp8-weight-cache="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache" \
       --variant fp8-fast-accum="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache --fp8-fast-accum" \
       "${peers[@]}" --out "$OUT/mfu_8b4l_fp8_peers.json" 2>&1 | grep -v "^\[" | tail -10
+    ;;
+  fp8-slice)
+    # The slice's FP8 step against bf16 in one job, no peers (~3 minutes): a change to the FP8 path timed quickly
+    stamp "the slice: bf16 vs --fp8 tensorwise --fp8-weight-cache (gemm_fc1 compiled), one job"
+    timeout 280 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 120 \
+      --variant bf16-defaults= --variant fp8-weight-cache="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache" \
+      --out "$OUT/mfu_8b4l_fp8_slice.json" 2>&1 | grep -v "^\[" | tail -4
     ;;
   fsdp-test)
     warm minicpm4-8b 1
@@ -293,6 +303,13 @@ case "${1:-check}" in
     # the same with every FP8 weight gradient added (tests.engine.fp8_always_add: the first micro-batch's write off),
     # then that row's profile on rank 0 (~6 minutes, four GPUs).
     F="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
+    if [ "${2:-}" = bench ]; then  # `fp8-tp2dp2 bench`: bf16 and the cached FP8 row in one job (the ratio), ~3 minutes
+      stamp "TP 2 x DP 2: bf16 and --fp8 tensorwise with the weight cache (one job)"
+      timeout 230 python3 bench/mfu.py --nproc 4 --common "$FOUR --tp 2" --steps 4 --warmup 2 --engine-timeout 100 \
+        --variant tp2-dp2-bf16= --variant tp2-dp2-fp8-cache="$F" --out "$OUT/mfu_8b_4gpu_tp2dp2_fp8_bench.json" 2>&1 \
+        | grep -v "^\[" | tail -4
+      exit 0
+    fi
     if [ "${2:-}" != profile ]; then  # `fp8-tp2dp2 profile R`: rank R's profile alone
     stamp "TP 2 x DP 2, --fp8 tensorwise with the weight cache (no fast accumulation)"
     timeout 150 python3 bench/mfu.py --nproc 4 --common "$FOUR --tp 2" --steps 4 --warmup 2 --engine-timeout 85 \
@@ -375,7 +392,8 @@ case "${1:-check}" in
     # Host time of the FP8 path's small calls on this machine's CPU driving its GPU (bench/host_overhead.py: the
     # compiled call with and without dynamo's settings patch, the amax, a whole cast, one linear bf16 / FP8), ~1 minute.
     stamp "host time a call (bench/host_overhead.py)"
-    timeout 240 python3 bench/host_overhead.py --device cuda --out "$OUT/host_overhead.json" 2>&1 | grep -v -i warn | tail -10
+    timeout 240 python3 bench/host_overhead.py --device cuda --out "$OUT/host_overhead.json" --cprofile 100 \
+      > "$OUT/host_overhead.log" 2>&1; grep -v -i warn "$OUT/host_overhead.log" | head -14
     ;;
   gpu-tests)
     # The GPU tests named in $2 (comma separated pytest paths or ids, e.g. tests/engine/test_fp8_fast_accum.py), on this

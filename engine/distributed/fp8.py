@@ -27,7 +27,9 @@ def amax_scale(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool)
     An amax of 0 (an all-zero tensor or row) gets scale 1: the zeros cast exactly, and nothing divides by 0."""
     # one reduction kernel, no |t| materialised: the inf-norm is the amax
     amax = torch.linalg.vector_norm(t.detach(), ord=float("inf"), dim=dim, keepdim=dim is not None, dtype=torch.float32)
-    scale = torch.where(amax > 0, torch.finfo(dtype).max / amax, 1.0)  # a scalar 1: no fill kernel (ones_like launched one)
+    # max(dtype) x (1 / amax): two fp32 roundings, the bits every fp8_cast version reproduces (`max / amax` is the same:
+    # torch's Tensor.__rdiv__); a scalar 1 where amax is 0: no fill kernel (ones_like launched one)
+    scale = torch.where(amax > 0, amax.reciprocal() * torch.finfo(dtype).max, 1.0)
     if pow2:
         scale = torch.exp2(torch.floor(torch.log2(scale)))
     return scale
@@ -89,7 +91,8 @@ class Fp8Recipe(str):
 @dataclass(frozen=True)
 class Fp8Operand:
     """A GEMM operand already cast to FP8 with one scale (tensorwise): `q` (2-D, any strides) and its fp32 `scale`;
-    `qt`, where the cast wrote it, the row-major copy of q's transpose. `.t()` is the FP8 copy of the operand's
+    `qt`, where the cast wrote it, the row-major copy of q's transpose; `inv`, where known, 1 / scale, which the GEMM's
+    epilogue takes (fp8_copy forms it once for the operand's two GEMMs, and a cached weight's for every micro-batch). `.t()` is the FP8 copy of the operand's
     transpose, bit for bit what casting t^T gives: the amax, so the scale, is the same, and the cast is elementwise.
     A GEMM takes it as is: row-major already where the cast wrote that layout (`qt`, or q stored transposed), else
     transposed in FP8 (1 byte an element: eager torch moves single bytes slowly, so the linears ask the cast for the
@@ -98,20 +101,27 @@ class Fp8Operand:
     q: torch.Tensor
     scale: torch.Tensor
     qt: torch.Tensor | None = None
+    inv: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
         return self.q.shape
 
+    def inverse(self) -> torch.Tensor:
+        """1 / scale (the same bits as scale.reciprocal(), whichever formed it)."""
+        return self.inv if self.inv is not None else self.scale.reciprocal()
+
     def t(self) -> "Fp8Operand":
-        return Fp8Operand(self.qt, self.scale, self.q) if self.qt is not None else Fp8Operand(self.q.t(), self.scale)
+        if self.qt is not None:
+            return Fp8Operand(self.qt, self.scale, self.q, self.inv)
+        return Fp8Operand(self.q.t(), self.scale, inv=self.inv)
 
     def transposed_only(self) -> "Fp8Operand":
         """The operand as backward keeps it when it needs only its transpose (x for wgrad, W for dgrad): the row-major
         copy of q^T, seen as q (a column-major view); q's own row-major copy is not held. Needs `qt`."""
         if self.qt is None:
             raise ValueError("transposed_only needs the transpose the cast writes (fp8_copy(..., transposed=True))")
-        return Fp8Operand(self.qt.t(), self.scale)
+        return Fp8Operand(self.qt.t(), self.scale, inv=self.inv)
 
 
 def keeps_fp8(recipe: str) -> bool:
@@ -129,8 +139,10 @@ def _cast_fn(recipe: str) -> Callable[..., tuple]:
 
 def fp8_copy(t: torch.Tensor, recipe: str, dtype: torch.dtype = E4M3, transposed: bool = False) -> Fp8Operand:
     """t's tensorwise FP8 copy (keeps_fp8 recipes), cast by the recipe's fp8_cast version; `transposed`: the cast
-    writes the transpose's row-major copy as well (`qt`), in the same pass."""
-    return Fp8Operand(*_cast_fn(recipe)(t, dtype, None, False, transposed=transposed))
+    writes the transpose's row-major copy as well (`qt`), in the same pass. With 1 / scale (`inv`): every keeps_fp8
+    operand feeds two GEMMs."""
+    q, scale, *qt = _cast_fn(recipe)(t, dtype, None, False, transposed=transposed)
+    return Fp8Operand(q, scale, qt[0] if qt else None, scale.reciprocal())
 
 
 # --fp8-weight-cache: the weights' FP8 copies cast so far in this step (inside weight_copies_kept), else None
@@ -158,7 +170,7 @@ def weight_copy(w: torch.Tensor, recipe: str) -> Fp8Operand:
     ones cast for it earlier in the step (weight_copies_kept), or (--fsdp-fp8-all-gather) the copy FSDP2 gathered
     with its transpose: the same bits each way."""
     if isinstance(w, Fp8Weight):
-        return Fp8Operand(w.q, w.scale, w.q.t().contiguous())
+        return Fp8Operand(w.q, w.scale, w.q.t().contiguous(), w.scale.reciprocal())
     if _WEIGHT_COPIES is None:
         return fp8_copy(w, recipe, transposed=True)
     copies = _WEIGHT_COPIES.get(w)
@@ -179,27 +191,28 @@ def rows(t: "torch.Tensor | Fp8Operand") -> "torch.Tensor | Fp8Operand":
 
 
 def save_operands(ctx, *operands) -> None:
-    """ctx.save_for_backward of tensors and Fp8Operands (as their FP8 tensor and scale): all through
+    """ctx.save_for_backward of tensors and Fp8Operands (as their FP8 tensor, scale and 1 / scale): all through
     save_for_backward, so activation checkpointing's saved-tensor hooks see the FP8 copies too."""
     ctx.fp8_operands = tuple(isinstance(o, Fp8Operand) for o in operands)
-    ctx.save_for_backward(*[t for o in operands for t in ((o.q, o.scale) if isinstance(o, Fp8Operand) else (o,))])
+    ctx.save_for_backward(*[t for o in operands
+                            for t in ((o.q, o.scale, o.inverse()) if isinstance(o, Fp8Operand) else (o,))])
 
 
 def saved_operands(ctx) -> list:
     """What save_operands saved, in its order."""
     saved = iter(ctx.saved_tensors)
-    return [Fp8Operand(next(saved), next(saved)) if fp8 else next(saved) for fp8 in ctx.fp8_operands]
+    return [Fp8Operand(next(saved), next(saved), inv=next(saved)) if fp8 else next(saved) for fp8 in ctx.fp8_operands]
 
 
 def _operand(t: "torch.Tensor | Fp8Operand", dtype: torch.dtype, dim: int | None, pow2: bool,
-             fp8_cast: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(FP8 row-major, scale) of a GEMM operand: cast here, or an Fp8Operand's own (in the format asked for)."""
+             fp8_cast: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Fp8Operand:
+    """A GEMM operand as an Fp8Operand with q row-major: cast here, or an Fp8Operand's own (in the format asked for)."""
     if not isinstance(t, Fp8Operand):
-        return fp8_cast(t, dtype, dim, pow2)
+        return Fp8Operand(*fp8_cast(t, dtype, dim, pow2))
     if dim is not None or t.q.dtype != dtype:
         raise ValueError(f"an Fp8Operand ({t.q.dtype}, one scale) was passed where the GEMM casts to {dtype} with "
                          f"scales along dim {dim}: only tensorwise operands are kept in FP8 (keeps_fp8)")
-    return t.q.contiguous(), t.scale
+    return Fp8Operand(t.q.contiguous(), t.scale, inv=t.inv)
 
 
 def scaled_mm_nt(a: "torch.Tensor | Fp8Operand", b: "torch.Tensor | Fp8Operand", recipe: str,
@@ -211,21 +224,21 @@ def scaled_mm_nt(a: "torch.Tensor | Fp8Operand", b: "torch.Tensor | Fp8Operand",
     rowwise = recipe == "rowwise"
     dim = -1 if rowwise else None
     fp8_cast = _cast_fn(recipe)
-    qa, sa = _operand(a, E4M3 if rowwise else a_dtype, dim, rowwise, fp8_cast)
-    qb, sb = _operand(b, E4M3, dim, rowwise, fp8_cast)
+    a8 = _operand(a, E4M3 if rowwise else a_dtype, dim, rowwise, fp8_cast)
+    b8 = _operand(b, E4M3, dim, rowwise, fp8_cast)
     if rowwise:  # scale_a [m, 1], scale_b [1, n]; torch's rowwise kernel writes bf16 on CUDA
-        out = torch.bfloat16 if qa.is_cuda else out_dtype
-        y = torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal().t(), out_dtype=out,
+        out = torch.bfloat16 if a8.q.is_cuda else out_dtype
+        y = torch._scaled_mm(a8.q, b8.q.t(), scale_a=a8.inverse(), scale_b=b8.inverse().t(), out_dtype=out,
                              use_fast_accum=fast_accum)
         return y if y.dtype == out_dtype else y.to(out_dtype)
-    return _mm_tensorwise(qa, sa, qb, sb, out_dtype, fast_accum)
+    return _mm_tensorwise(a8, b8, out_dtype, fast_accum)
 
 
-def _mm_tensorwise(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor, out_dtype: torch.dtype,
-                   fast_accum: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+def _mm_tensorwise(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, fast_accum: bool = False,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """(qa / sa) @ (qb / sb)^T of row-major FP8 operands with one scale each: the scales' reciprocals in the GEMM's
     epilogue (torch._scaled_mm); written into `out` (contiguous, out_dtype) where given."""
-    return torch._scaled_mm(qa, qb.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out_dtype,
+    return torch._scaled_mm(a.q, b.q.t(), scale_a=a.inverse(), scale_b=b.inverse(), out_dtype=out_dtype,
                             use_fast_accum=fast_accum, out=out)
 
 
@@ -254,7 +267,7 @@ def linear_wgrad(g2, x2, recipe: str, out_dtype: torch.dtype) -> torch.Tensor:
 def scaled_wgrad_add(out: torch.Tensor, qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor) -> None:
     """out += (qa / sa) @ (qb / sb)^T in fp32: the fp8_wgrad op's contract (engine/ops/fp8_wgrad/register.toml) in
     plain torch, its `baseline` version (_scaled_mm cannot accumulate: the product is written, then added)."""
-    out.add_(_mm_tensorwise(qa, sa, qb, sb, out.dtype))
+    out.add_(_mm_tensorwise(Fp8Operand(qa, sa), Fp8Operand(qb, sb), out.dtype))
 
 
 def wgrad_add(out: torch.Tensor, g2, x2, recipe: str, into_zeros: bool = False) -> None:
@@ -267,12 +280,12 @@ def wgrad_add(out: torch.Tensor, g2, x2, recipe: str, into_zeros: bool = False) 
         out.add_(linear_wgrad(g2, x2, recipe, out.dtype))
         return
     fp8_cast = _cast_fn(recipe)
-    qa, sa = _operand(g2.t(), _grad_dtype(recipe), None, False, fp8_cast)
-    qb, sb = _operand(x2.t(), E4M3, None, False, fp8_cast)
+    a8 = _operand(g2.t(), _grad_dtype(recipe), None, False, fp8_cast)
+    b8 = _operand(x2.t(), E4M3, None, False, fp8_cast)
     if into_zeros:
-        _mm_tensorwise(qa, sa, qb, sb, out.dtype, out=out)
+        _mm_tensorwise(a8, b8, out.dtype, out=out)
         return
-    (recipe.wgrad if isinstance(recipe, Fp8Recipe) else scaled_wgrad_add)(out, qa, sa, qb, sb)
+    (recipe.wgrad if isinstance(recipe, Fp8Recipe) else scaled_wgrad_add)(out, a8.q, a8.scale, b8.q, b8.scale)
 
 
 def _fake_quant_nt(a: torch.Tensor, b: torch.Tensor, recipe: str, a_dtype: torch.dtype) -> torch.Tensor:

@@ -72,7 +72,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
             if tp.sequence_parallel:  # this rank's rows (a copy: a view would hold the whole gathered copy)
                 n = x2.shape[0]
                 rank = dist.get_rank(tp.group)
-                mine = Fp8Operand(q_full.q[rank * n:(rank + 1) * n].clone(), q_full.scale)
+                mine = Fp8Operand(q_full.q[rank * n:(rank + 1) * n].clone(), q_full.scale, inv=q_full.inv)
             else:
                 mine = q_full.transposed_only()
             save_operands(ctx, mine, qw.transposed_only(), w)
@@ -91,7 +91,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
         if tp.sequence_parallel:  # the full input is needed only for wgrad: gather it while dgrad runs
             if isinstance(x2, Fp8Operand):  # the FP8 rows as bytes (every backend gathers uint8)
                 q, gather = all_gather_new(x2.q.view(torch.uint8), tp.group, tp.size, async_op=True)
-                full = Fp8Operand(q.view(x2.q.dtype), x2.scale)
+                full = Fp8Operand(q.view(x2.q.dtype), x2.scale, inv=x2.inv)
             else:
                 full, gather = all_gather_new(x2, tp.group, tp.size, async_op=True)
         else:

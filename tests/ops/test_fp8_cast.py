@@ -93,6 +93,32 @@ def test_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cpu(fmt):
             assert torch.equal(qt.view(torch.uint8), qtb.view(torch.uint8))
 
 
+def scale_cases(device: str = "cpu", n: int = 400) -> list[torch.Tensor]:
+    """16 x 16 fp32 operands whose amaxes spread over 2^-40..2^40 with random mantissas (and 0, a subnormal): where
+    a scale formed another way (a true fp32 division, an approximate one) rounds differently, some of these show it."""
+    g = torch.Generator().manual_seed(11)
+    amaxes = torch.exp2(torch.rand(n, generator=g, dtype=torch.float64) * 80 - 40).float().tolist() + [0.0, 1e-40]
+    out = []
+    for a in amaxes:
+        t = torch.rand(16, 16, generator=g) * a
+        t[3, 5] = -a  # the amax, exactly
+        out.append(t.to(device))
+    return out
+
+
+@pytest.mark.slow  # torch.compile: one graph a format
+def test_the_compiled_scale_is_the_baselines_bit_for_bit_over_many_amaxes():
+    """The compiled cast forms max(dtype) x (1 / amax) inside its graph (its reciprocal in fp64, rounded to fp32):
+    the baseline's scale bit for bit, and so its q, over amaxes of every magnitude and mantissa."""
+    from engine.ops.fp8_cast.compiled import cast as compiled_cast
+    for fmt in FORMATS[:2]:
+        for t in scale_cases():
+            q, s = compiled_cast(t, *fmt)
+            qb, sb = cast(t, *fmt)
+            assert torch.equal(s, sb), (t.abs().max().item(), s.item(), sb.item())
+            assert torch.equal(q.view(torch.uint8), qb.view(torch.uint8))
+
+
 @pytest.mark.slow  # torch.compile: two graphs a format
 def test_the_split_transposed_cast_equals_the_baseline_bit_for_bit_on_cpu(monkeypatch):
     """From SPLIT_NUMEL elements on, q^T is copied from q by a second compiled kernel (fewer device seconds on the
@@ -145,6 +171,11 @@ def test_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cuda():
                     q2, _, qt = compiled_cast(view, *fmt, transposed=True)
                     assert torch.equal(q2.view(torch.uint8), qb.view(torch.uint8)), (rows, cols, fmt)
                     assert qt.is_contiguous() and torch.equal(qt.view(torch.uint8), qb.t().contiguous().view(torch.uint8))
+    for fmt in FORMATS[:2]:  # the scale formed in Triton (its fp32 division is approximate: the graph's is not)
+        for t in scale_cases("cuda"):
+            q, s = compiled_cast(t, *fmt)
+            qb, sb = cast(t, *fmt)
+            assert torch.equal(s, sb) and torch.equal(q.view(torch.uint8), qb.view(torch.uint8)), t.abs().max().item()
 
 
 @pytest.mark.slow  # two tiny CPU runs, one compiling its casts (~1 min on 2 cores)

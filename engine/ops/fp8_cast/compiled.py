@@ -1,9 +1,10 @@
-"""fp8_cast compiled: the baseline cast (engine/distributed/fp8.py `cast`) with its elementwise part (fp32 multiply,
-clamp, round-to-nearest-even cast; with `transposed`, the transpose's row-major copy too) compiled by torch.compile
-(engine/ops/inductor.py). The amax and the scale stay the baseline's eager code, so the result equals the baseline
-bit for bit. A graph per shape (a run casts a dozen shapes): inductor then writes q and its transpose's row-major
-copy in one tiled kernel, 1.4-1.7x faster than the dynamic-shape graph's two (bench/compiled_shapes.py on an H200);
-from 2^27 elements on two kernels are faster still (q, then q^T from q: SPLIT_NUMEL).
+"""fp8_cast compiled: the baseline cast (engine/distributed/fp8.py `cast`) compiled by torch.compile
+(engine/ops/inductor.py): with one scale (tensorwise) the amax, the scale and the write (fp32 multiply, clamp,
+round-to-nearest-even cast; with `transposed`, the transpose's row-major copy too) in one call; with a scale per row
+(rowwise) the baseline's eager scale, then the compiled write. Either way bit for bit the baseline. A graph per
+shape (a run casts a dozen shapes): inductor then writes q and its transpose's row-major copy in one tiled kernel,
+1.4-1.7x faster than the dynamic-shape graph's two (bench/compiled_shapes.py on an H200); from 2^27 elements on two
+kernels are faster still (q, then q^T from q: SPLIT_NUMEL).
 
 Why each of these: docs/fp8.md, "Speed: the casts fused" and "the cast writes the layout backward takes".
 """
@@ -20,19 +21,38 @@ ENTRY = "engine.ops.fp8_cast.compiled:cast"
 
 
 def _kernel(fn, options: dict | None = None) -> CompiledKernel:
-    return CompiledKernel(fn, "fp8_cast", "compiled", ENTRY, "use --op-fp8-cast baseline", dynamic=False,
-                          options=options)
+    return CompiledKernel(fn, "fp8_cast", "compiled", ENTRY, "use --op-fp8-cast baseline", options=options)
 
 
-def _writer(dtype: torch.dtype, transposed: bool, options: dict | None = None) -> CompiledKernel:
-    def write(t: torch.Tensor, scale: torch.Tensor):
+def _scaled(dtype: torch.dtype, transposed: bool, options: dict | None = None) -> CompiledKernel:
+    """One tensorwise cast whole in one compiled call: the amax, the scale and the write (with `transposed`, the
+    transpose's row-major copy too). One call instead of four eager ops and a compiled one: ~60-75 us less host time
+    a cast (bench/host_overhead.py), and the scale's small kernels inside the graph.
+
+    The scale bit for bit: the baseline's `max / amax` is torch's Tensor.__rdiv__, amax.reciprocal() * max, two fp32
+    roundings (torch's reciprocal is IEEE, correctly rounded). Triton's fp32 division is approximate (div.full), so
+    the graph forms the reciprocal in fp64 and rounds it to fp32: a correctly rounded fp64 quotient rounds to the
+    correctly rounded fp32 one (double rounding is innocuous for a quotient when 53 >= 2 x 24 + 2 bits); then the
+    same fp32 multiply."""
+    fmax = torch.finfo(dtype).max
+
+    def cast(t: torch.Tensor):
+        amax = torch.linalg.vector_norm(t, ord=float("inf"), dtype=torch.float32)
+        scale = torch.where(amax > 0, (1.0 / amax.double()).float() * fmax, 1.0)
         q = scaled_cast(t, scale, dtype).contiguous()
-        return (q, q.t().contiguous()) if transposed else q
-    return _kernel(write, options)
+        return (q, scale, q.t().contiguous()) if transposed else (q, scale)
+    return _kernel(cast, options)
 
 
-# (format, with the transpose's row-major copy) -> the compiled write
-_COMPILED = {(dtype, transposed): _writer(dtype, transposed) for dtype in (E4M3, E5M2) for transposed in (False, True)}
+def _writer(dtype: torch.dtype) -> CompiledKernel:
+    """The write alone, for a scale per row or rounded to a power of two (rowwise): the scale stays eager."""
+    return _kernel(lambda t, scale: scaled_cast(t, scale, dtype).contiguous())
+
+
+FORMATS = (E4M3, E5M2)
+# tensorwise: (format, with the transpose's row-major copy) -> the whole cast compiled; rowwise: format -> the write
+_COMPILED = {(dtype, transposed): _scaled(dtype, transposed) for dtype in FORMATS for transposed in (False, True)}
+_WRITE = {dtype: _writer(dtype) for dtype in FORMATS}
 
 # From this many elements on, q^T is copied from q by a second kernel rather than written beside q by the first:
 # there inductor's one tiled kernel writing both layouts moves ~1.8-2.3 TB/s and the two kernels ~2.4-2.9 TB/s
@@ -41,21 +61,23 @@ _COMPILED = {(dtype, transposed): _writer(dtype, transposed) for dtype in (E4M3,
 # (~90 us) outweighs what it saves. The bytes are the same either way (a transpose of q is exact).
 SPLIT_NUMEL = 1 << 27
 _TUNED = {"coordinate_descent_tuning": True}
-_SPLIT = {dtype: _writer(dtype, False, _TUNED) for dtype in (E4M3, E5M2)}
+_SPLIT = {dtype: _scaled(dtype, False, _TUNED) for dtype in FORMATS}
 _TRANSPOSE = _kernel(lambda q: q.t().contiguous(), _TUNED)
 
 
 def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, transposed: bool = False) -> tuple:
-    """The fp8_cast contract (register.toml): the baseline's scale, the compiled scaled cast (with `transposed`, the
-    transpose's row-major copy from the same read: (q, scale, q^T); from SPLIT_NUMEL elements on, copied from q by a
-    second kernel)."""
-    if (dtype, transposed) not in _COMPILED:
+    """The fp8_cast contract (register.toml). One scale (tensorwise): amax, scale and write in one compiled call
+    (with `transposed`, the transpose's row-major copy from the same read: (q, scale, q^T); from SPLIT_NUMEL elements
+    on, copied from q by a second kernel). A scale per row or a power-of-two scale: the baseline's scale (eager),
+    then the compiled write."""
+    if dtype not in FORMATS:
         raise KernelLoadError("fp8_cast", "compiled", ENTRY, f"no compiled cast to {dtype} (it has E4M3 and E5M2)",
                               "use --op-fp8-cast baseline")
     check_transposed(transposed, dim)
-    scale = amax_scale(t, dtype, dim, pow2)
+    if dim is not None or pow2:
+        scale = amax_scale(t, dtype, dim, pow2)
+        return _WRITE[dtype](t, scale), scale
     if transposed and t.numel() >= SPLIT_NUMEL:
-        q = _SPLIT[dtype](t, scale)
+        q, scale = _SPLIT[dtype](t)
         return q, scale, _TRANSPOSE(q)
-    out = _COMPILED[dtype, transposed](t, scale)
-    return (out[0], scale, out[1]) if transposed else (out, scale)
+    return _COMPILED[dtype, transposed](t)

@@ -33,9 +33,9 @@ def _dswiglu(dy: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 
 
 def _kernel(fn) -> CompiledKernel:
-    # a graph per shape: split and cat by a runtime f cost a division per element (inductor.py)
+    # a graph per shape (inductor.py): split and cat by a runtime f would cost a division per element
     return CompiledKernel(fn, "gemm_fc1", "compiled", "engine.ops.gemm_fc1.compiled:gemm_fc1",
-                          "use --op-gemm-fc1 baseline", dynamic=False)
+                          "use --op-gemm-fc1 baseline")
 
 
 _FORWARD, _BACKWARD = _kernel(_swiglu), _kernel(_dswiglu)
