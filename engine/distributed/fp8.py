@@ -91,12 +91,12 @@ class Fp8Recipe(str):
 @dataclass(frozen=True)
 class Fp8Operand:
     """A GEMM operand already cast to FP8 with one scale (tensorwise): `q` (2-D, any strides) and its fp32 `scale`;
-    `qt`, where the cast wrote it, the row-major copy of q's transpose; `inv`, where known, 1 / scale, which the GEMM's
-    epilogue takes (fp8_copy forms it once for the operand's two GEMMs, and a cached weight's for every micro-batch). `.t()` is the FP8 copy of the operand's
-    transpose, bit for bit what casting t^T gives: the amax, so the scale, is the same, and the cast is elementwise.
-    A GEMM takes it as is: row-major already where the cast wrote that layout (`qt`, or q stored transposed), else
-    transposed in FP8 (1 byte an element: eager torch moves single bytes slowly, so the linears ask the cast for the
-    layout their backward needs instead: docs/fp8.md)."""
+    `qt`, where the cast wrote it, the row-major copy of q's transpose; `inv`, where known, 1 / scale, which the
+    GEMM's epilogue takes (fp8_copy forms it once for the operand's two GEMMs, a cached weight's for every
+    micro-batch). `.t()` is the FP8 copy of the operand's transpose, bit for bit what casting t^T gives: the amax,
+    so the scale, is the same, and the cast is elementwise. A GEMM takes it as is: row-major already where the cast
+    wrote that layout (`qt`, or q stored transposed), else transposed in FP8 (1 byte an element: eager torch moves
+    single bytes slowly, so the linears ask the cast for the layout their backward needs instead: docs/fp8.md)."""
 
     q: torch.Tensor
     scale: torch.Tensor

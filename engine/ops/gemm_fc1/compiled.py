@@ -1,5 +1,5 @@
 """gemm_fc1 compiled: the baseline's GEMM (bf16, or FP8 with --fp8), then the SwiGLU forward and its backward each
-compiled by torch.compile into one kernel (engine/ops/inductor.py).
+compiled by inductor into one kernel (engine/ops/inductor.py).
 
 The baseline's SwiGLU is eager: silu, a multiply of two strided halves, and in backward two multiplies, silu's
 backward and a cat, each a pass over memory (60 ms a step beyond one fused kernel on the 4-layer 8B slice on an
