@@ -14,7 +14,7 @@ from engine.config import FP8_RECIPES
 from engine.distributed.fp8_weight import Fp8Weight
 from engine.errors import ConfigError
 
-__all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "amax_scale", "scaled_cast", "quantize", "cast",
+__all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "scale_for", "amax_scale", "scaled_cast", "quantize", "cast",
            "check_transposed", "keeps_fp8", "fp8_copy", "weight_copies_kept", "weight_copy", "grad_operand", "rows",
            "save_operands", "saved_operands", "scaled_mm_nt", "linear_forward", "linear_dgrad", "linear_wgrad",
            "scaled_wgrad_add", "wgrad_add", "reference_linear_fp8", "check_fp8_device"]
@@ -22,14 +22,22 @@ __all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "amax_scale
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
+def scale_for(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fp32 scale mapping `amax` (fp32) to the largest finite value of `dtype`: max(dtype) x (1 / amax), two fp32
+    roundings. An amax of 0 (an all-zero tensor or row) gets scale 1: the zeros cast exactly, and nothing divides by
+    0 (a scalar 1: no fill kernel). The one formula of every fp8_cast version (the compiled cast's graph calls it too).
+    1 / amax is formed in fp64 and rounded to fp32: a correctly rounded fp64 quotient rounds to the correctly rounded
+    fp32 one (double rounding is innocuous for a quotient when 53 >= 2 x 24 + 2 bits), so these are the bits of
+    torch's IEEE fp32 reciprocal, which Triton's fp32 division (approximate: div.full) would not give in a graph."""
+    return torch.where(amax > 0, (1.0 / amax.double()).float() * torch.finfo(dtype).max, 1.0)
+
+
 def amax_scale(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool) -> torch.Tensor:
-    """fp32 scale mapping t's amax (over all of t, or over `dim`, kept) to the largest finite value of `dtype`.
-    An amax of 0 (an all-zero tensor or row) gets scale 1: the zeros cast exactly, and nothing divides by 0."""
+    """fp32 scale mapping t's amax (over all of t, or over `dim`, kept) to the largest finite value of `dtype`
+    (scale_for); `pow2`: rounded down to a power of two."""
     # one reduction kernel, no |t| materialised: the inf-norm is the amax
     amax = torch.linalg.vector_norm(t.detach(), ord=float("inf"), dim=dim, keepdim=dim is not None, dtype=torch.float32)
-    # max(dtype) x (1 / amax): two fp32 roundings, the bits every fp8_cast version reproduces (`max / amax` is the same:
-    # torch's Tensor.__rdiv__); a scalar 1 where amax is 0: no fill kernel (ones_like launched one)
-    scale = torch.where(amax > 0, amax.reciprocal() * torch.finfo(dtype).max, 1.0)
+    scale = scale_for(amax, dtype)
     if pow2:
         scale = torch.exp2(torch.floor(torch.log2(scale)))
     return scale

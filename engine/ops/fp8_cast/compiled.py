@@ -11,7 +11,7 @@ Why each of these: docs/fp8.md, "Speed: the casts fused" and "the cast writes th
 
 import torch
 
-from engine.distributed.fp8 import E4M3, E5M2, amax_scale, check_transposed, scaled_cast
+from engine.distributed.fp8 import E4M3, E5M2, amax_scale, check_transposed, scale_for, scaled_cast
 from engine.errors import KernelLoadError
 from engine.ops.inductor import CompiledKernel
 
@@ -25,20 +25,13 @@ def _kernel(fn, options: dict | None = None) -> CompiledKernel:
 
 
 def _scaled(dtype: torch.dtype, transposed: bool, options: dict | None = None) -> CompiledKernel:
-    """One tensorwise cast whole in one compiled call: the amax, the scale and the write (with `transposed`, the
-    transpose's row-major copy too). One call instead of four eager ops and a compiled one: ~60-75 us less host time
-    a cast (bench/host_overhead.py), and the scale's small kernels inside the graph.
-
-    The scale bit for bit: the baseline's `max / amax` is torch's Tensor.__rdiv__, amax.reciprocal() * max, two fp32
-    roundings (torch's reciprocal is IEEE, correctly rounded). Triton's fp32 division is approximate (div.full), so
-    the graph forms the reciprocal in fp64 and rounds it to fp32: a correctly rounded fp64 quotient rounds to the
-    correctly rounded fp32 one (double rounding is innocuous for a quotient when 53 >= 2 x 24 + 2 bits); then the
-    same fp32 multiply."""
-    fmax = torch.finfo(dtype).max
+    """One tensorwise cast whole in one compiled call: the amax, the scale (the baseline's own scale_for, whose
+    reciprocal in fp64 keeps a graph's scale the baseline's bit for bit) and the write (with `transposed`, the
+    transpose's row-major copy too). One call instead of the eager amax and scale and a compiled write: ~60-75 us
+    less host time a cast (bench/host_overhead.py), and the scale's small kernels inside the graph."""
 
     def cast(t: torch.Tensor):
-        amax = torch.linalg.vector_norm(t, ord=float("inf"), dtype=torch.float32)
-        scale = torch.where(amax > 0, (1.0 / amax.double()).float() * fmax, 1.0)
+        scale = scale_for(torch.linalg.vector_norm(t, ord=float("inf"), dtype=torch.float32), dtype)
         q = scaled_cast(t, scale, dtype).contiguous()
         return (q, scale, q.t().contiguous()) if transposed else (q, scale)
     return _kernel(cast, options)
