@@ -389,8 +389,9 @@ case "${1:-check}" in
       | tee "$OUT/fp8_determinism.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -12
     ;;
   host-overhead)
-    # Host time of the FP8 path's small calls on this machine's CPU driving its GPU (bench/host_overhead.py: the
-    # compiled call with and without dynamo's settings patch, the amax, a whole cast, one linear bf16 / FP8), ~1 minute.
+    # Host time of the FP8 path's small calls on this machine's CPU driving its GPU (bench/host_overhead.py: a
+    # CompiledKernel call against torch.compile's, the amax, a whole cast, one linear bf16 / FP8, then where an FP8
+    # linear's host time goes under cProfile), ~1 minute.
     stamp "host time a call (bench/host_overhead.py)"
     timeout 240 python3 bench/host_overhead.py --device cuda --out "$OUT/host_overhead.json" --cprofile 100 \
       > "$OUT/host_overhead.log" 2>&1; grep -v -i warn "$OUT/host_overhead.log" | head -14
