@@ -123,6 +123,11 @@ FULL_TP2="--preset minicpm4-8b --tp 2 --micro-batch-size 2 --seq-length 4096 --g
 
 # 4 GPUs, global batch 16 x 4096 (the issue-31 layouts): GAS = 16 / (2 x DP)
 FOUR="--preset minicpm4-8b --micro-batch-size 2 --seq-length 4096 --global-batch-size 16"
+# production-4gpu's job (milestones/production-4gpu.toml) but its layout flag (--tp 2)
+PROD4="--preset minicpm4-8b --seq-length 4096 --micro-batch-size 2 --global-batch-size 32 --deterministic"
+# FP8 as the benchmarks time it: tensorwise at the CuTeDSL defaults (gemm_fc1 compiled: quack's has no FP8 path),
+# each weight cast once a step
+FP8_CACHE="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
 
 case "${1:-check}" in
   fp8)
@@ -158,7 +163,7 @@ case "${1:-check}" in
   fp8-profile)
     nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
     # FP8_PROFILE_BASELINE=1 adds the two rows with every op at its plain-torch version first
-    variants=("bf16-defaults=" "fp8-defaults=--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache")
+    variants=("bf16-defaults=" "fp8-defaults=$FP8_CACHE")
     [ "${FP8_PROFILE_BASELINE:-0}" = 1 ] && variants=("bf16-baseline=$BASELINE_OPS --op-rope baseline" \
       "fp8-baseline=$BASELINE_OPS --op-rope baseline --fp8 tensorwise" "${variants[@]}")
     for v in "${variants[@]}"; do
@@ -183,15 +188,15 @@ case "${1:-check}" in
     peers=(--peer torchao-fp8); [ "${FP8_PEER_COMPILE:-0}" = 1 ] && peers=(--peer torch-compile "${peers[@]}")
     timeout 470 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --peer-timeout 90 \
       --variant bf16-defaults= --variant fp8-defaults="--op-gemm-fc1 compiled --fp8 tensorwise" \
-      --variant fp8-weight-cache="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache" \
-      --variant fp8-fast-accum="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache --fp8-fast-accum" \
+      --variant fp8-weight-cache="$FP8_CACHE" \
+      --variant fp8-fast-accum="$FP8_CACHE --fp8-fast-accum" \
       "${peers[@]}" --out "$OUT/mfu_8b4l_fp8_peers.json" 2>&1 | grep -v "^\[" | tail -10
     ;;
   fp8-slice)
     # The slice's FP8 step against bf16 in one job, no peers (~3 minutes): a change to the FP8 path timed quickly
     stamp "the slice: bf16 vs --fp8 tensorwise --fp8-weight-cache (gemm_fc1 compiled), one job"
     timeout 280 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 120 \
-      --variant bf16-defaults= --variant fp8-weight-cache="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache" \
+      --variant bf16-defaults= --variant fp8-weight-cache="$FP8_CACHE" \
       --out "$OUT/mfu_8b4l_fp8_slice.json" 2>&1 | grep -v "^\[" | tail -4
     ;;
   fsdp-test)
@@ -291,10 +296,9 @@ case "${1:-check}" in
     # session's three gave 1.300x and 1.237x in two jobs); rows that do not fit the card fail alone. ~7 minutes.
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
     stamp "8B on 4 GPUs, bf16 vs --fp8 tensorwise at DP 4 ZeRO-1 and TP 2 x DP 2 ZeRO-1 (one job)"
-    F="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
     timeout 440 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 6 --warmup 2 --engine-timeout 85 \
-      --variant dp4-zero1= --variant dp4-zero1-fp8-cache="$F" --variant dp4-zero1-fp8-fast="$F --fp8-fast-accum" \
-      --variant tp2-dp2-zero1="--tp 2" --variant tp2-dp2-zero1-fp8-fast="--tp 2 $F --fp8-fast-accum" \
+      --variant dp4-zero1= --variant dp4-zero1-fp8-cache="$FP8_CACHE" --variant dp4-zero1-fp8-fast="$FP8_CACHE --fp8-fast-accum" \
+      --variant tp2-dp2-zero1="--tp 2" --variant tp2-dp2-zero1-fp8-fast="--tp 2 $FP8_CACHE --fp8-fast-accum" \
       --out "$OUT/mfu_8b_4gpu_fp8.json" 2>&1 | grep -v "^\[" | tail -8
     ;;
   fp8-tp2dp2)
@@ -302,28 +306,28 @@ case "${1:-check}" in
     # DP 4 ran 1.34x faster and TP 2 on two GPUs 1.07x: which part. The weight-cached row without fast accumulation,
     # the same with every FP8 weight gradient added (tests.engine.fp8_always_add: the first micro-batch's write off),
     # then that row's profile on rank 0 (~6 minutes, four GPUs).
-    F="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
     if [ "${2:-}" = bench ]; then  # `fp8-tp2dp2 bench`: bf16 and the cached FP8 row in one job (the ratio), ~3 minutes
       stamp "TP 2 x DP 2: bf16 and --fp8 tensorwise with the weight cache (one job)"
       timeout 230 python3 bench/mfu.py --nproc 4 --common "$FOUR --tp 2" --steps 4 --warmup 2 --engine-timeout 100 \
-        --variant tp2-dp2-bf16= --variant tp2-dp2-fp8-cache="$F" --out "$OUT/mfu_8b_4gpu_tp2dp2_fp8_bench.json" 2>&1 \
+        --variant tp2-dp2-bf16= --variant tp2-dp2-fp8-cache="$FP8_CACHE" --out "$OUT/mfu_8b_4gpu_tp2dp2_fp8_bench.json" 2>&1 \
         | grep -v "^\[" | tail -4
       exit 0
     fi
     if [ "${2:-}" != profile ]; then  # `fp8-tp2dp2 profile R`: rank R's profile alone
     stamp "TP 2 x DP 2, --fp8 tensorwise with the weight cache (no fast accumulation)"
     timeout 150 python3 bench/mfu.py --nproc 4 --common "$FOUR --tp 2" --steps 4 --warmup 2 --engine-timeout 85 \
-      --variant tp2-dp2-fp8-cache="$F" --out "$OUT/mfu_8b_4gpu_tp2dp2_fp8.json" 2>&1 | grep -v "^\[" | tail -3
+      --variant tp2-dp2-fp8-cache="$FP8_CACHE" --out "$OUT/mfu_8b_4gpu_tp2dp2_fp8.json" 2>&1 | grep -v "^\[" | tail -3
     stamp "the same with every FP8 weight gradient added (no first-micro-batch write)"
     timeout 150 python3 bench/mfu.py --nproc 4 --common "$FOUR --tp 2" --steps 4 --warmup 2 --engine-timeout 85 \
-      --engine-module tests.engine.fp8_always_add --variant tp2-dp2-fp8-cache-always-add="$F" \
+      --engine-module tests.engine.fp8_always_add --variant tp2-dp2-fp8-cache-always-add="$FP8_CACHE" \
       --out "$OUT/mfu_8b_4gpu_tp2dp2_fp8_always_add.json" 2>&1 | grep -v "^\[" | tail -3
     fi
     r="${3:-0}"
     stamp "profile TP 2 x DP 2 --fp8 (rank $r)"
     CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 150 torchrun --standalone --nproc-per-node 4 bench/profile_step.py --steps 1 \
       --warmup 2 --rank "$r" --md "$OUT/profile_8b_4gpu_tp2dp2_fp8_rank$r.md" \
-      --json "$OUT/profile_8b_4gpu_tp2dp2_fp8_rank$r.json" -- $FOUR --tp 2 $F > "$OUT/profile_8b_4gpu_tp2dp2_fp8.log" 2>&1
+      --json "$OUT/profile_8b_4gpu_tp2dp2_fp8_rank$r.json" -- $FOUR --tp 2 $FP8_CACHE \
+      > "$OUT/profile_8b_4gpu_tp2dp2_fp8.log" 2>&1
     echo "rc=$?"
     grep -iE "^Step|exposed|idle|^\| (GEMM|attention|communication|copies|elementwise)" \
       "$OUT/profile_8b_4gpu_tp2dp2_fp8_rank$r.md" 2>/dev/null | head -12
@@ -333,12 +337,11 @@ case "${1:-check}" in
     # waiting 900 ms a step in its all-reduces, i.e. for rank 1: so both ranks' traces (bench/profile_step.py --rank).
     # The slice at TP 2 timed bf16 vs --fp8 tensorwise (one job), then bf16 rank 0 and FP8 ranks 0 and 1 profiled,
     # ~6 minutes on two GPUs.
-    F="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
     stamp "the slice at TP 2: bf16 vs --fp8 tensorwise (one job)"
     timeout 200 python3 bench/mfu.py --nproc 2 --common "$SLICE --tp 2" --steps 4 --warmup 2 --engine-timeout 90 \
-      --variant tp2-bf16= --variant tp2-fp8="$F" --out "$OUT/mfu_8b4l_tp2_fp8.json" 2>&1 | grep -v "^\[" | tail -5
+      --variant tp2-bf16= --variant tp2-fp8="$FP8_CACHE" --out "$OUT/mfu_8b4l_tp2_fp8.json" 2>&1 | grep -v "^\[" | tail -5
     [ "${2:-}" = bench ] && exit 0  # `fp8-tp2-profile bench`: the timing alone
-    for v in "bf16:0=" "fp8:0=$F" "fp8:1=$F"; do
+    for v in "bf16:0=" "fp8:0=$FP8_CACHE" "fp8:1=$FP8_CACHE"; do
       name=${v%%=*}; rank=${name#*:}; name="${name%%:*}_rank$rank"
       stamp "profile of the slice at TP 2: $name"
       CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 150 torchrun --standalone --nproc-per-node 2 bench/profile_step.py --steps 1 \
@@ -351,10 +354,9 @@ case "${1:-check}" in
   fp8-tp2-full)
     # Two GPUs: the full MiniCPM4-8B at TP 2 (GAS 8, global batch 16 x 4096), bf16 vs --fp8 tensorwise with the weight
     # cache (one job): FP8 at TP 2 on the whole model (docs/fp8.md "What is left" 7), ~4 minutes.
-    F="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
     stamp "full 8B at TP 2: bf16 vs --fp8 tensorwise (one job)"
     timeout "${FULL_S:-330}" python3 bench/mfu.py --nproc 2 --common "$FULL_TP2" --steps 3 --warmup 2 --engine-timeout 160 \
-      --variant tp2-bf16= --variant tp2-fp8="$F" --out "$OUT/mfu_8b_tp2_fp8.json" 2>&1 | grep -v "^\[" | tail -5
+      --variant tp2-bf16= --variant tp2-fp8="$FP8_CACHE" --out "$OUT/mfu_8b_tp2_fp8.json" 2>&1 | grep -v "^\[" | tail -5
     ;;
   compiled-shapes)
     # One GPU (CuTeDSL wheels optional: the CuTeDSL SwiGLU backward as the bar): the compiled kernels of the FP8 path
@@ -370,10 +372,10 @@ case "${1:-check}" in
     stamp "fp8_wgrad quack against the baseline, and run to run (tests/ops/test_fp8_wgrad.py -m gpu)"
     timeout 150 python3 -m pytest tests/ops/test_fp8_wgrad.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
       | tee "$OUT/fp8_wgrad_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -10
-    F="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
     stamp "the slice: bf16, --fp8 (weight cache) with --op-fp8-wgrad baseline and quack (one job)"
     timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --variant bf16-defaults= \
-      --variant fp8-wgrad-baseline="$F --op-fp8-wgrad baseline" --variant fp8-wgrad-quack="$F --op-fp8-wgrad quack" \
+      --variant fp8-wgrad-baseline="$FP8_CACHE --op-fp8-wgrad baseline" \
+      --variant fp8-wgrad-quack="$FP8_CACHE --op-fp8-wgrad quack" \
       --out "$OUT/mfu_8b4l_fp8_wgrad.json" 2>&1 | grep -v "^\[" | tail -6
     ;;
   fp8-det)
@@ -446,8 +448,7 @@ case "${1:-check}" in
   production4)
     stamp "production-4gpu's train job: 30 steps, engine clock over steps 6..30 (one job, four GPUs)"
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
-    timeout 250 python3 bench/mfu.py --nproc 4 --common "--preset minicpm4-8b --seq-length 4096 --micro-batch-size 2 \
-      --global-batch-size 32 --deterministic" --steps 25 --warmup 5 --engine-timeout 220 \
+    timeout 250 python3 bench/mfu.py --nproc 4 --common "$PROD4" --steps 25 --warmup 5 --engine-timeout 220 \
       --variant tp2-dp2-zero1-gb32="--tp 2" --out "$OUT/mfu_8b_4gpu_production4.json" 2>&1 | grep -v "^\[" | tail -8
     ;;
   step)
@@ -482,8 +483,8 @@ case "${1:-check}" in
     # production-4gpu's layout and cadence (TP 2 x DP 2 ZeRO-1, global batch 32, --deterministic): the TP backward
     # overlap off, and the forward all-reduces in 2 row chunks, beside the default (one job, four GPUs, ~4 minutes)
     stamp "production-4gpu's job: default, --tp-fwd-chunks 2, --no-tp-comm-overlap (one job)"
-    timeout 330 python3 bench/mfu.py --nproc 4 --common "--preset minicpm4-8b --seq-length 4096 --micro-batch-size 2 \
-      --global-batch-size 32 --deterministic --tp 2" --steps 6 --warmup 3 --engine-timeout 105 --variant default= \
+    timeout 330 python3 bench/mfu.py --nproc 4 --common "$PROD4 --tp 2" --steps 6 --warmup 3 --engine-timeout 105 \
+      --variant default= \
       --variant fwd-chunks2="--tp-fwd-chunks 2" --variant no-overlap="--no-tp-comm-overlap" \
       --out "$OUT/mfu_8b_4gpu_production4_overlap.json" 2>&1 | grep -v "^\[" | tail -5
     ;;

@@ -220,7 +220,7 @@ def _operand(t: "torch.Tensor | Fp8Operand", dtype: torch.dtype, dim: int | None
     if dim is not None or t.q.dtype != dtype:
         raise ValueError(f"an Fp8Operand ({t.q.dtype}, one scale) was passed where the GEMM casts to {dtype} with "
                          f"scales along dim {dim}: only tensorwise operands are kept in FP8 (keeps_fp8)")
-    return Fp8Operand(t.q.contiguous(), t.scale, inv=t.inv)
+    return t if t.q.is_contiguous() else Fp8Operand(t.q.contiguous(), t.scale, inv=t.inv)
 
 
 def scaled_mm_nt(a: "torch.Tensor | Fp8Operand", b: "torch.Tensor | Fp8Operand", recipe: str,
