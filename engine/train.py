@@ -156,7 +156,7 @@ class Trainer:
             self.fsdp = self.optimizer
         else:
             self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4,
-                                       fuse_wgrad=cfg.grad_accum_fusion)
+                                       fuse_wgrad=cfg.grad_accum_fusion, lazy_zero=not cfg.cuda_graphs)
             # --optimizer muon: Muon steps the hidden matrices, AdamW the rest (and takes the grad norm and clips for both)
             parts = muon_parts(self.model, cfg, par) if cfg.optimizer == "muon" else {}
             self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers, tp_grads,
@@ -287,10 +287,17 @@ class Trainer:
             dist.all_reduce(t, group=self.par.dp_group)
         return t
 
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A batch tensor onto the GPU through pinned memory: queued like a kernel, where a copy from pageable memory
+        may hold the host until the copy is done, with the GPU drained meanwhile."""
+        if self.par.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.par.device, non_blocking=True)
+
     def train_step(self) -> tuple[float, float, float]:
         # --document-mask: each micro-batch's document boundaries, found on the host from its CPU tokens
         eos = self.data.train.shards.eos_id
-        micro = [(x.to(self.par.device, non_blocking=True), y.to(self.par.device, non_blocking=True),
+        micro = [(self._to_device(x), self._to_device(y),
                   batch_documents(self.cfg, x, eos, self.par.device)) for x, y in self.loader.next_step()]
         valid = torch.zeros((), dtype=torch.float32, device=self.par.device)
         for _, labels, _ in micro:
@@ -322,6 +329,7 @@ class Trainer:
         if self.fsdp is not None:
             self.fsdp.finish_grads()
         else:
+            self.buffers.settle()
             self.grad_sync.finish()
         loss_value = (self._all_reduce_dp(loss_sum) / valid).item()
         grad_norm = self.optimizer.grad_norm()

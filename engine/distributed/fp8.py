@@ -278,19 +278,21 @@ def scaled_wgrad_add(out: torch.Tensor, qa: torch.Tensor, sa: torch.Tensor, qb: 
     out.add_(_mm_tensorwise(Fp8Operand(qa, sa), Fp8Operand(qb, sb), out.dtype))
 
 
-def wgrad_add(out: torch.Tensor, g2, x2, recipe: str, into_zeros: bool = False) -> None:
+def wgrad_add(out: torch.Tensor, g2, x2, recipe: str, write: bool = False) -> None:
     """out (a linear's fp32 gradient accumulator) += dy^T x in FP8 by `recipe` (g2 = dy [n, out], x2 [n, in]: tensors
-    or Fp8Operands). Tensorwise goes through the recipe's fp8_wgrad version on the row-major FP8 copies of dy^T and
-    x^T (the layouts the linears keep), or, `into_zeros` (out holds zeros: a step's first micro-batch), the GEMM
-    writes its product into out: the same bits as 0 + product, without the product's fp32 copy and the add (12 bytes
-    a parameter). Rowwise (a scale per row along K: not the op's one scale each) writes the product and adds it."""
+    or Fp8Operands), or, `write` (a step's first contribution: engine/distributed/wgrad.py MainGrad), out = dy^T x.
+    Tensorwise adds through the recipe's fp8_wgrad version on the row-major FP8 copies of dy^T and x^T (the layouts
+    the linears keep) and writes with the GEMM's own output (out=): 12 bytes a parameter less than a product's fp32
+    copy and an add, the same bits as 0 + product. Rowwise (a scale per row along K: not the op's one scale each)
+    forms the product, then copies or adds it."""
     if not keeps_fp8(recipe):
-        out.add_(linear_wgrad(g2, x2, recipe, out.dtype))
+        product = linear_wgrad(g2, x2, recipe, out.dtype)
+        out.copy_(product) if write else out.add_(product)
         return
     fp8_cast = _cast_fn(recipe)
     a8 = _operand(g2.t(), _grad_dtype(recipe), None, False, fp8_cast)
     b8 = _operand(x2.t(), E4M3, None, False, fp8_cast)
-    if into_zeros:
+    if write:
         _mm_tensorwise(a8, b8, out.dtype, out=out)
         return
     (recipe.wgrad if isinstance(recipe, Fp8Recipe) else scaled_wgrad_add)(out, a8.q, a8.scale, b8.q, b8.scale)

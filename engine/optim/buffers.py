@@ -40,7 +40,8 @@ class Bucket:
 
 
 class FlatBuffers:
-    def __init__(self, model: nn.Module, *, dp_size: int = 1, bucket_numel: int = 40_000_000, fuse_wgrad: bool = False):
+    def __init__(self, model: nn.Module, *, dp_size: int = 1, bucket_numel: int = 40_000_000, fuse_wgrad: bool = False,
+                 lazy_zero: bool = True):
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         assert named, "model has no trainable parameters"
         dtype, device = named[0][1].dtype, named[0][1].device
@@ -73,6 +74,9 @@ class FlatBuffers:
             view.copy_(e.param.detach())
             e.param.data = view
         self._main_grads: list[MainGrad] = []  # the fused parameters' gradient views (fuse_wgrad)
+        # Fused, every parameter's view is a MainGrad that a step's first contribution writes: zero_grads clears
+        # nothing. Not under --cuda-graphs (lazy_zero False): a captured backward adds into real zeros.
+        self.lazy_zero = lazy_zero and fuse_wgrad
         self._hooks = [e.param.register_post_accumulate_grad_hook(self._make_hook(e, fuse_wgrad)) for e in self.entries]
 
     def _make_hook(self, entry: Entry, fuse_wgrad: bool):
@@ -95,9 +99,18 @@ class FlatBuffers:
         return self.grads[entry.start:entry.end].view_as(entry.param)
 
     def zero_grads(self) -> None:
-        self.grads.zero_()
-        for main in self._main_grads:  # an FP8 weight gradient may now be written, not added (MainGrad)
-            main.zeroed()
+        """Start a step's gradients. Lazily (fused): each view keeps the last step's values until its first
+        contribution writes it (MainGrad) or `settle` zeroes it; the padding between views is zero from the start
+        and stays so (the collectives sum and copy its zeros)."""
+        if not self.lazy_zero:
+            self.grads.zero_()
+        for main in self._main_grads:
+            main.reset(zeroed=not self.lazy_zero)
+
+    def settle(self) -> None:
+        """After a step's last backward, before its gradients are reduced or read: zero the views nothing wrote."""
+        for main in self._main_grads:
+            main.settle()
 
     def shard_ranges(self, dp_rank: int) -> list[tuple[int, int]]:
         """The [start, end) ranges of the flat buffers this DP rank's optimizer owns, one per bucket."""

@@ -130,7 +130,7 @@ def _first_write_case(device: str, dtype: torch.dtype) -> None:
     assert [backward(always, g) for g in gs] == [["add_"], ["add_"], ["add_"]]
     assert torch.equal(main.grad, always.grad)
     main.grad.zero_()
-    main.zeroed()
+    main.reset(zeroed=True)
     assert backward(main, gs[0]) == ["_scaled_mm"]
     ref = reference_linear_fp8(x.float(), w.float(), gs[0].float(), "tensorwise")[2]
     # The product itself, fp32 out. CPU sums in fp32: 1e-5 (the module docstring). Hopper's FP8 tensor cores add
@@ -298,13 +298,15 @@ def test_fp8_training_learns_and_resumes_bit_for_bit(tmp_path):
 
 
 @pytest.mark.slow  # two tiny CPU runs
-def test_writing_the_first_micro_batchs_fp8_weight_gradients_trains_bit_for_bit_as_adding_them(tmp_path):
-    """A 3-step CPU run, --fp8 tensorwise at two micro-batches a step (the first writes its FP8 weight gradients into
-    the zeroed buffer, the second adds), against the same run adding every one (tests/engine/fp8_always_add.py):
-    every [LOSS] field and the final checkpoint (weights, fp32 masters, moments) bit for bit."""
-    args = [*TINY_FAST, "--fp8", "tensorwise", "--eval-samples", "0", "--num-steps", "3", "--grad-accum-steps", "2"]
+@pytest.mark.parametrize("fp8", ["off", "tensorwise"])
+def test_writing_a_steps_first_weight_gradients_trains_bit_for_bit_as_adding_them(tmp_path, fp8):
+    """A 3-step CPU run at two micro-batches a step (the first writes its weight gradients, FP8 or not, over what
+    the last step left in the buffer, the second adds), against the same run clearing the buffer every step and
+    adding every gradient (tests/engine/always_add.py): every [LOSS] field and the final checkpoint (weights, fp32
+    masters, moments) bit for bit."""
+    args = [*TINY_FAST, "--fp8", fp8, "--eval-samples", "0", "--num-steps", "3", "--grad-accum-steps", "2"]
     ref = run_engine("pretrain", *args, "--run-dir", str(tmp_path / "w"))
-    always = subprocess.run([sys.executable, "-m", "tests.engine.fp8_always_add", "pretrain", *args, "--run-dir",
+    always = subprocess.run([sys.executable, "-m", "tests.engine.always_add", "pretrain", *args, "--run-dir",
                              str(tmp_path / "a")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert always.returncode == 0, always.stderr[-3000:]
     lines = [deterministic_fields(line) for line in loss_lines(ref.stdout)]

@@ -305,6 +305,125 @@ def test_a_model_trains_on_the_same_gradients_fused_or_not() -> None:
         assert rel(fused[name], unfused[name]) < 1e-6, name
 
 
+def _stale(shape, device=CPU) -> MainGrad:
+    """A MainGrad as FlatBuffers.zero_grads leaves it lazily: its view still holds the last step's values (NaN here,
+    so that any sum that read them would show it)."""
+    main = MainGrad(torch.full(shape, float("nan"), device=device))
+    main.reset(zeroed=False)
+    return main
+
+
+def _adding(shape, device=CPU) -> MainGrad:
+    """A MainGrad over zeros whose every contribution adds (tests/engine/always_add.py): the reference."""
+    main = MainGrad(torch.zeros(shape, device=device))
+    main._fresh = False
+    return main
+
+
+@pytest.mark.parametrize("fp8", ["off", "tensorwise", "rowwise"])
+def test_a_steps_first_weight_gradient_writes_over_the_last_steps_values(fp8) -> None:
+    """The first micro-batch's weight-gradient GEMM writes the view (its product replaces what the last step left),
+    later ones add: bit for bit the same GEMMs added onto zeros (CPU rounds a written product as one added to 0)."""
+    x, w, dys = _linear_case(CPU, torch.float32 if fp8 == "off" else torch.bfloat16)
+    grads = []
+    for main in (_stale(w.shape), _adding(w.shape)):
+        wr = w.clone().requires_grad_()
+        attach_main_grad(wr, main)
+        for dy in dys:
+            fused_linear(x.clone().requires_grad_(), wr, fp8).backward(dy)
+            assert main.take()
+        grads.append(main.grad)
+    assert torch.isfinite(grads[0]).all() and torch.equal(grads[0], grads[1])
+
+
+def test_a_steps_first_row_sums_and_unfused_gradients_write_over_the_last_steps_values() -> None:
+    """The embedding's rows (repeated ids: the view is cleared, then added to) and an unfused gradient (FlatBuffers'
+    hook: copied), first of a step over the last step's values, then added: as onto zeros, bit for bit."""
+    g = torch.Generator().manual_seed(5)
+    ids = [torch.randint(0, 10, (3, 8), generator=g) for _ in range(2)]
+    dys = [torch.randn(3, 8, 16, generator=g) for _ in range(2)]
+    sums = []
+    for main in (_stale((50, 16)), _adding((50, 16))):
+        wt = torch.zeros(50, 16, requires_grad=True)
+        attach_main_grad(wt, main)
+        for i, dy in zip(ids, dys):
+            fused_embedding(i, wt).backward(dy)
+        sums.append(main.grad)
+    assert torch.equal(sums[0], sums[1]) and sums[0][10:].abs().sum() == 0  # rows never looked up: zeros, not NaN
+    unfused = [torch.randn(4, 4, generator=g).bfloat16() for _ in range(2)]
+    added = []
+    for main in (_stale((4, 4)), _adding((4, 4))):
+        for t in unfused:
+            main.add(t)
+        added.append(main.grad)
+    assert torch.equal(added[0], added[1])
+
+
+def test_settle_zeroes_the_views_nothing_wrote_and_leaves_the_rest() -> None:
+    untouched, written = _stale((4, 4)), _stale((4, 4))
+    written.add(torch.ones(4, 4))
+    cleared = MainGrad(torch.full((4, 4), 7.0))  # zero_grads cleared it (the 7s stand for zeros): not touched again
+    cleared.reset(zeroed=True)
+    for main in (untouched, written, cleared):
+        main.settle()
+    assert torch.equal(untouched.grad, torch.zeros(4, 4)) and torch.equal(written.grad, torch.ones(4, 4))
+    assert torch.equal(cleared.grad, torch.full((4, 4), 7.0))
+
+
+def test_fused_flat_buffers_start_a_step_without_clearing_and_end_it_on_the_same_gradients() -> None:
+    """zero_grads with fused gradients runs nothing on the buffer (the 4 bytes a parameter it would clear); a step
+    over the last step's values (every view NaN) ends, after settle, on the gradients a step from cleared buffers
+    gets, bit for bit, and the padding between the views is still zero; settle zeroes what no backward reached.
+    Unfused, zero_grads clears the buffer."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    cfg = resolve(build_config({"preset": "tiny", "device": "cpu", "compute_dtype": "fp32", "seq_length": 32}))
+    torch.manual_seed(0)
+    model = build_model(cfg, ParallelState.single(CPU), resolve_ops(cfg, CPU), torch.float32)
+    buffers = FlatBuffers(model, fuse_wgrad=True, dp_size=4)  # DP 4: padding to a multiple of 4 x 64 too
+
+    class Touches(TorchDispatchMode):  # the ops run on the gradient buffer's storage
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            for a in [*args, *(kwargs or {}).values()]:
+                if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == buffers.grads.untyped_storage().data_ptr():
+                    self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, cfg.vocab_size, (2, cfg.seq_length + 1), generator=g) for _ in range(3)]
+
+    def step() -> dict[str, torch.Tensor]:
+        with Touches() as touched:
+            buffers.zero_grads()
+        for tokens in batches:
+            model(tokens[:, :-1], tokens[:, 1:]).backward()
+        buffers.settle()
+        return touched.ops, {e.name: buffers.grad_view(e).clone() for e in buffers.entries}
+
+    ops, first = step()  # the buffers start zeroed
+    assert ops == []
+    for e in buffers.entries:
+        buffers.grad_view(e).fill_(float("nan"))
+    _, again = step()
+    assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
+    padding = torch.ones(buffers.numel, dtype=torch.bool)
+    for e in buffers.entries:
+        padding[e.start:e.end] = False
+    assert padding.sum() > 0 and torch.equal(buffers.grads[padding], torch.zeros(int(padding.sum())))
+    buffers.zero_grads()  # a step that reached no parameter: settle leaves zeros, not the last step's gradients
+    buffers.settle()
+    assert buffers.grads.abs().sum() == 0
+    unfused = FlatBuffers(model, fuse_wgrad=False)
+    unfused.grads.fill_(1.0)
+    with Touches() as touched:
+        unfused.zero_grads()
+    assert unfused.grads.abs().sum() == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", ["baseline", "quack"])
 def test_gemm_fc1_versions_add_into_the_main_grad_on_the_gpu(version: str) -> None:
@@ -361,7 +480,8 @@ def test_rows_summed_by_id_on_the_gpu_at_the_8b_shape(masked, torch_deterministi
 
 @pytest.mark.gpu
 def test_cublas_fp32_accumulation_and_sorted_embedding_rows_on_the_gpu() -> None:
-    """bf16 x bf16 -> fp32 with beta 1 in place (torch.addmm out_dtype), three micro-batches, against fp64;
+    """bf16 x bf16 -> fp32, three micro-batches (the first written by torch.mm out_dtype, the others added with beta 1
+    in place by torch.addmm out_dtype), against fp64;
     the embedding's rows summed in the same order twice (bitwise), against fp64."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (run on the device machine)")
