@@ -113,12 +113,22 @@ def _header_value(stdout: str, prefix: str) -> str:
     return next((line[len(prefix):].strip() for line in stdout.splitlines() if line.startswith(prefix)), "")
 
 
-def run_engine(name: str, flags: list[str], args: argparse.Namespace) -> dict:
-    """One engine variant: a real training run, its steady-state numbers."""
+def parse_variant(text: str) -> tuple[str, str, str]:
+    """--variant NAME[@MODULE]=FLAGS -> (NAME, MODULE or "", FLAGS)."""
+    head, sep, flags = text.partition("=")
+    if not sep:
+        raise SystemExit(f"bench/mfu.py: --variant {text!r}: write NAME=FLAGS (NAME= for --common alone)")
+    name, _, module = head.partition("@")
+    return name, module, flags
+
+
+def run_engine(name: str, flags: list[str], args: argparse.Namespace, module: str = "") -> dict:
+    """One engine variant: a real training run (`python -m MODULE pretrain`, default --engine-module), its
+    steady-state numbers."""
     cfg = engine_config(flags, args.nproc or None)
     nproc = args.nproc or cfg.tp
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [*launcher(nproc), "-m", args.engine_module, "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
+        cmd = [*launcher(nproc), "-m", module or args.engine_module, "pretrain", "--device", args.device, "--num-steps", str(args.warmup + args.steps),
                "--eval-samples", "0", "--no-save-final", "--warmup-steps", "0", "--run-dir", tmp, *flags]
         print(f"[{name}] {shlex.join(cmd)}", flush=True)
         poller = GpuPoller()
@@ -360,7 +370,9 @@ def replot(json_paths: list[Path], png: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--common", default="--preset minicpm4-0.5b", help="engine flags of every run (shapes, cadence, layout)")
-    p.add_argument("--variant", action="append", default=[], help="engine variant NAME=FLAGS added to --common (default: engine=)")
+    p.add_argument("--variant", action="append", default=[],
+                   help="engine variant NAME=FLAGS added to --common (default: engine=); NAME@MODULE=FLAGS runs that row "
+                        "as `python -m MODULE pretrain` (an A/B against a reference module in one job)")
     p.add_argument("--peer", action="append", default=[], metavar="NAME[:LAYOUT]",
                    help=f"peer to run beside the engine, at its own layout: NAME one of {', '.join(PEER_VARIANTS)}; "
                         "LAYOUT comma-separated tp=, dp=, sp=on|off, ac=none|selective|full, compile=on|off, mbs=, "
@@ -395,12 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         return replot([Path(f) for f in args.plot], Path(args.png or Path(args.plot[0]).with_suffix(".png")))
     common = shlex.split(args.common) + ["--device", args.device]
-    variants = [v.split("=", 1) for v in (args.variant or ["engine="])]
+    variants = [parse_variant(v) for v in (args.variant or ["engine="])]
     meta = {"argv": sys.argv if argv is None else argv, "steps": args.steps, "warmup": args.warmup, "common": args.common,
             "nproc": args.nproc, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:  # every peer layout is checked before the first run starts
         if args.sweep:
-            points = sweep_points(common + shlex.split(variants[0][1]), args)
+            points = sweep_points(common + shlex.split(variants[0][2]), args)
         else:
             layouts = peer_layouts(args.peer, common, args.nproc)
     except LayoutError as err:
@@ -425,8 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         meta["png"] = plot_sweep(results, png)
         print(meta["png"])
     else:
-        runs = [] if args.no_engine else [lambda n=name, f=flags: run_engine(n, common + shlex.split(f), args)
-                                          for name, flags in variants]
+        runs = [] if args.no_engine else [lambda n=name, m=module, f=flags: run_engine(n, common + shlex.split(f), args, m)
+                                          for name, module, flags in variants]
         runs += [lambda p=peer, v=v, g=given, lay=layout: run_peer(p, v, common, args, (g, lay))
                  for peer, given, layout in layouts for v in PEER_VARIANTS[peer]]
         for run in runs:

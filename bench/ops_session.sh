@@ -92,9 +92,12 @@
 #                                      by the engine's clock over steps 6..30 (the judge: bench/device_gates.sh)
 #   bash bench/ops_session.sh tp2dp2-overlap  four GPUs: production-4gpu's job (TP 2 x DP 2, global batch 32,
 #                                      --deterministic) as is, with --tp-fwd-chunks 2 and with --no-tp-comm-overlap (~4 min)
+#   bash bench/ops_session.sh first-write  four GPUs: DP 4 ZeRO-1 bf16 and --fp8 with the engine's first-write gradients
+#                                      against tests.engine.always_add (the buffer cleared every step), one job (~6 min)
 #   bash bench/ops_session.sh fp8-tp2dp2  four GPUs, CuTeDSL wheels staged: TP 2 x DP 2 --fp8 tensorwise with the weight
-#                                      cache, the same with every FP8 weight gradient added (tests.engine.fp8_always_add),
-#                                      then rank 0's profile (~6 min); `fp8-tp2dp2 profile R`: rank R's profile alone;
+#                                      cache, as is and as tests.engine.always_add (the buffer cleared, every gradient
+#                                      added; one job), then rank 0's profile (~6 min); `fp8-tp2dp2 profile R`: rank R's
+#                                      profile alone;
 #                                      `fp8-tp2dp2 bench`: bf16 and the cached FP8 row in one job (~3 min)
 #   bash bench/ops_session.sh tp2-overlap  two GPUs: the TP 2 backward overlap on/off, the forward all-reduces
 #                                      in row chunks (--tp-fwd-chunks 2), and the TP 2 profile
@@ -301,10 +304,23 @@ case "${1:-check}" in
       --variant tp2-dp2-zero1="--tp 2" --variant tp2-dp2-zero1-fp8-fast="--tp 2 $FP8_CACHE --fp8-fast-accum" \
       --out "$OUT/mfu_8b_4gpu_fp8.json" 2>&1 | grep -v "^\[" | tail -8
     ;;
+  first-write)
+    # A step's first contribution to each fused fp32 gradient writes it, and zero_grads no longer clears the buffer
+    # (thirteenth session; engine/distributed/wgrad.py MainGrad): DP 4 ZeRO-1, bf16 as is / as tests.engine.always_add
+    # (the buffer cleared every step, every gradient added) twice, interleaved, then --fp8 with the weight cache as
+    # is / as always_add; one job, six timed steps after 2 a row (~6 minutes, four GPUs).
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+    stamp "DP 4 ZeRO-1: the first write against always_add, bf16 twice and --fp8 (one job)"
+    A=tests.engine.always_add
+    timeout 560 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 6 --warmup 2 --engine-timeout 85 \
+      --variant dp4-zero1= --variant dp4-zero1-always-add@$A= --variant dp4-zero1-2= --variant dp4-zero1-always-add-2@$A= \
+      --variant dp4-zero1-fp8-cache="$FP8_CACHE" --variant dp4-zero1-fp8-cache-always-add@$A="$FP8_CACHE" \
+      --out "$OUT/mfu_8b_4gpu_first_write.json" 2>&1 | grep -v "^\[" | tail -8
+    ;;
   fp8-tp2dp2)
     # --fp8 at TP 2 x DP 2 ran slower than bf16 (0.456 against 0.545 MFU, twelfth session, with --fp8-fast-accum) while
     # DP 4 ran 1.34x faster and TP 2 on two GPUs 1.07x: which part. The weight-cached row without fast accumulation,
-    # the same with every FP8 weight gradient added (tests.engine.fp8_always_add: the first micro-batch's write off),
+    # the same with every weight gradient added (tests.engine.always_add: the first micro-batch's write off),
     # then that row's profile on rank 0 (~6 minutes, four GPUs).
     if [ "${2:-}" = bench ]; then  # `fp8-tp2dp2 bench`: bf16 and the cached FP8 row in one job (the ratio), ~3 minutes
       stamp "TP 2 x DP 2: bf16 and --fp8 tensorwise with the weight cache (one job)"
@@ -314,13 +330,10 @@ case "${1:-check}" in
       exit 0
     fi
     if [ "${2:-}" != profile ]; then  # `fp8-tp2dp2 profile R`: rank R's profile alone
-    stamp "TP 2 x DP 2, --fp8 tensorwise with the weight cache (no fast accumulation)"
-    timeout 150 python3 bench/mfu.py --nproc 4 --common "$FOUR --tp 2" --steps 4 --warmup 2 --engine-timeout 85 \
-      --variant tp2-dp2-fp8-cache="$FP8_CACHE" --out "$OUT/mfu_8b_4gpu_tp2dp2_fp8.json" 2>&1 | grep -v "^\[" | tail -3
-    stamp "the same with every FP8 weight gradient added (no first-micro-batch write)"
-    timeout 150 python3 bench/mfu.py --nproc 4 --common "$FOUR --tp 2" --steps 4 --warmup 2 --engine-timeout 85 \
-      --engine-module tests.engine.fp8_always_add --variant tp2-dp2-fp8-cache-always-add="$FP8_CACHE" \
-      --out "$OUT/mfu_8b_4gpu_tp2dp2_fp8_always_add.json" 2>&1 | grep -v "^\[" | tail -3
+    stamp "TP 2 x DP 2, --fp8 tensorwise with the weight cache, as is and as tests.engine.always_add (one job)"
+    timeout 250 python3 bench/mfu.py --nproc 4 --common "$FOUR --tp 2" --steps 4 --warmup 2 --engine-timeout 100 \
+      --variant tp2-dp2-fp8-cache="$FP8_CACHE" --variant tp2-dp2-fp8-cache-always-add@tests.engine.always_add="$FP8_CACHE" \
+      --out "$OUT/mfu_8b_4gpu_tp2dp2_fp8.json" 2>&1 | grep -v "^\[" | tail -4
     fi
     r="${3:-0}"
     stamp "profile TP 2 x DP 2 --fp8 (rank $r)"

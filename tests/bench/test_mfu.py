@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.mfu import parse_variant
 from bench.peers.common import check_matmul_params, engine_config, linear_params, summarize
 from bench.peers.compiled import PeerDecoder, build_step, load_engine_weights, matmul_weights
 from engine.distributed import ParallelState
@@ -219,3 +220,24 @@ def test_the_table_shows_the_fp8_peak_mfu_only_for_fp8_rows(capsys):
     lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line[:4] in ("bf16", "fp8 ")}
     # columns: run, GPUs, step s, spread, tok/s, MFU, MFU8, ...
     assert lines["bf16"][5:7] == ["0.400", "-"] and lines["fp8"][5:7] == ["0.500", "0.250"], lines
+
+
+def test_a_variant_names_the_module_it_runs_as():
+    """NAME@MODULE=FLAGS: a row run as `python -m MODULE pretrain` (an A/B against a reference module in one job)."""
+    assert parse_variant("dp4=--tp 2") == ("dp4", "", "--tp 2")
+    assert parse_variant("dp4-add@tests.engine.always_add=") == ("dp4-add", "tests.engine.always_add", "")
+    assert parse_variant("x=--fp8 tensorwise --lr=1e-3") == ("x", "", "--fp8 tensorwise --lr=1e-3")
+    with pytest.raises(SystemExit, match="NAME=FLAGS"):
+        parse_variant("dp4")
+
+
+@pytest.mark.slow  # two tiny CPU engine runs
+def test_a_row_run_as_the_always_add_reference_trains_the_same_losses(tmp_path):
+    """A row of one job run as tests.engine.always_add (the gradient buffer cleared every step, every gradient added):
+    its command names the module, and on CPU its losses are the engine's bit for bit (tests/engine/always_add.py)."""
+    proc, data = _mfu(tmp_path, "--variant", "engine=", "--variant", "always-add@tests.engine.always_add=")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    engine, always = data["results"]
+    assert always["name"] == "always-add" and "tests.engine.always_add" in always["cmd"]
+    assert "tests.engine.always_add" not in engine["cmd"]
+    assert [s["loss"] for s in engine["steps"]] == [s["loss"] for s in always["steps"]]
