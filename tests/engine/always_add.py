@@ -3,8 +3,8 @@ each fused gradient wrote it (engine/distributed/wgrad.py MainGrad): FlatBuffers
 gradient buffer every step and every contribution adds onto it. The reference that first write is held to (bit for
 bit on CPU, where a GEMM writing its product and one adding it onto zeros round alike) and its A/B on the GPU.
 
-How: every MainGrad is reset to a view it knows holds zeros but treats as written to (nothing is fresh), and the
-buffers clear themselves (lazy_zero off)."""
+How: the buffers clear themselves every step (lazy_zero off), and every MainGrad treats its view as already written to
+this step (nothing is fresh), so every contribution adds."""
 
 import sys
 
