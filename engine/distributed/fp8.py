@@ -287,7 +287,10 @@ def wgrad_add(out: torch.Tensor, g2, x2, recipe: str, write: bool = False) -> No
     forms the product, then copies or adds it."""
     if not keeps_fp8(recipe):
         product = linear_wgrad(g2, x2, recipe, out.dtype)
-        out.copy_(product) if write else out.add_(product)
+        if write:
+            out.copy_(product)
+        else:
+            out.add_(product)
         return
     fp8_cast = _cast_fn(recipe)
     a8 = _operand(g2.t(), _grad_dtype(recipe), None, False, fp8_cast)

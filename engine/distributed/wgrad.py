@@ -59,17 +59,13 @@ class MainGrad:
 
     def add_mm(self, a: torch.Tensor, b: torch.Tensor) -> None:
         """grad += a @ b, accumulated in fp32 (a, b 2-D in the model dtype); the step's first writes a @ b."""
-        write = self._first()
-        if a.dtype == self.grad.dtype:
-            torch.mm(a, b, out=self.grad) if write else self.grad.addmm_(a, b)
-        elif a.is_cuda:
-            if write:
-                torch.mm(a, b, out_dtype=self.grad.dtype, out=self.grad)
-            else:
-                torch.addmm(self.grad, a, b, out_dtype=self.grad.dtype, out=self.grad)
-        else:  # torch has no mixed-dtype mm on CPU: the same products, accumulated in fp32
+        if a.dtype != self.grad.dtype and not a.is_cuda:  # no mixed-dtype mm on CPU: the same products in fp32
             a, b = a.to(self.grad.dtype), b.to(self.grad.dtype)
-            torch.mm(a, b, out=self.grad) if write else self.grad.addmm_(a, b)
+        mixed = {} if a.dtype == self.grad.dtype else {"out_dtype": self.grad.dtype}
+        if self._first():
+            torch.mm(a, b, **mixed, out=self.grad)
+        else:
+            torch.addmm(self.grad, a, b, **mixed, out=self.grad)
         self._filled = True
 
     def add_rows(self, index: torch.Tensor, rows: torch.Tensor) -> None:
