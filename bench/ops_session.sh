@@ -94,6 +94,8 @@
 #                                      --deterministic) as is, with --tp-fwd-chunks 2 and with --no-tp-comm-overlap (~4 min)
 #   bash bench/ops_session.sh first-write  four GPUs: DP 4 ZeRO-1 bf16 and --fp8 with the engine's first-write gradients
 #                                      against tests.engine.always_add (the buffer cleared every step), one job (~6 min)
+#   bash bench/ops_session.sh quack-fp8  one GPU, wheels staged: gemm_fc1 quack's --fp8 tensorwise path checked (GPU
+#                                      tests, determinism) and timed on the slice against gemm_fc1 compiled (~7 min)
 #   bash bench/ops_session.sh fp8-tp2dp2  four GPUs, CuTeDSL wheels staged: TP 2 x DP 2 --fp8 tensorwise with the weight
 #                                      cache, as is and as tests.engine.always_add (the buffer cleared, every gradient
 #                                      added; one job), then rank 0's profile (~6 min); `fp8-tp2dp2 profile R`: rank R's
@@ -317,6 +319,21 @@ case "${1:-check}" in
       --variant dp4-zero1= --variant dp4-zero1-always-add@$A= --variant dp4-zero1-2= --variant dp4-zero1-always-add-2@$A= \
       --variant dp4-zero1-fp8-cache="$FP8_CACHE" --variant dp4-zero1-fp8-cache-always-add@$A="$FP8_CACHE" \
       --out "$OUT/mfu_8b_4gpu_first_write.json" 2>&1 | grep -v "^\[" | tail -8
+    ;;
+  quack-fp8)
+    # gemm_fc1 quack's --fp8 tensorwise path (quack's gated GEMM on the FP8 copies, the SwiGLU in its epilogue, the
+    # CuTeDSL SwiGLU backward), written without a GPU (thirteenth session): its GPU tests (against the baseline's FP8
+    # path and the fp32 linear, run to run, the main_grad), same seed and resume bit for bit on one GPU, then the
+    # slice in one job: FP8 with gemm_fc1 compiled (today's) against quack, bf16 beside them (~7 minutes, one GPU).
+    stamp "gemm_fc1 quack --fp8: GPU tests, then determinism (fp8-quack-1gpu)"
+    timeout 200 python3 -m pytest tests/ops/test_gemm_fc1_quack_fp8.py tests/ops/test_ops_dispatch.py -m gpu -q -rA \
+      -p no:cacheprovider 2>&1 | tee "$OUT/quack_fp8_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | tail -6
+    DET_S=200 bash "$0" fp8-det fp8-quack-1gpu
+    stamp "the slice: bf16, --fp8 with gemm_fc1 compiled and with quack (weight cache), one job"
+    timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 110 \
+      --variant bf16-defaults= --variant fp8-compiled="$FP8_CACHE" \
+      --variant fp8-quack="--op-gemm-fc1 quack --fp8 tensorwise --fp8-weight-cache" \
+      --out "$OUT/mfu_8b4l_fp8_quack.json" 2>&1 | grep -v "^\[" | tail -5
     ;;
   fp8-tp2dp2)
     # --fp8 at TP 2 x DP 2 ran slower than bf16 (0.456 against 0.545 MFU, twelfth session, with --fp8-fast-accum) while

@@ -27,6 +27,7 @@ __all__ = [
     "Register",
     "OpSet",
     "register_path",
+    "FP8_CAPABILITIES",
     "check_fp8",
     "load_register",
     "resolve_version",
@@ -48,7 +49,10 @@ _VERSION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _OP_KEYS = ("name", "description", "env", "default", "fp8_default")
-_VERSION_KEYS = ("entry", "devices", "requires", "description")
+_VERSION_KEYS = ("entry", "devices", "requires", "description", "fp8")
+# What a version's `fp8` key may list: the --fp8 recipes it runs, and fast-accum where its forward GEMM can accumulate
+# at the FP8 tensor cores' precision (--fp8-fast-accum). No key: everything its `fp8` keyword is passed.
+FP8_CAPABILITIES = ("tensorwise", "rowwise", "fast-accum")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -60,6 +64,7 @@ class KernelVersion:
     devices: tuple[str, ...]
     requires: tuple[str, ...]
     description: str
+    fp8: tuple[str, ...] | None = None  # what of --fp8 it runs (FP8_CAPABILITIES); None: all of it
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -147,7 +152,15 @@ def _parse_version(name: str, table: Any, path: str) -> KernelVersion:
             raise KernelRegistryError(path, f"{where}.requires", f"has {module!r}, not a dotted module name",
                                       'write e.g. requires = ["flash_attn.cute"]')
     description = _str_field(table, "description", where, path, '"what this version is"')
-    return KernelVersion(name=name, entry=entry, devices=tuple(devices), requires=tuple(requires), description=description)
+    fp8 = None
+    if "fp8" in table:
+        fp8 = _str_list(table, "fp8", where, path, '["tensorwise"]')
+        if not fp8 or set(fp8) - set(FP8_CAPABILITIES) or not set(fp8) & {"tensorwise", "rowwise"}:
+            raise KernelRegistryError(path, f"{where}.fp8", f"is {fp8!r}",
+                                      f"list the recipes it runs (tensorwise, rowwise) and fast-accum where its forward "
+                                      f"GEMM can accumulate fast, or leave the key out (all of them)")
+    return KernelVersion(name=name, entry=entry, devices=tuple(devices), requires=tuple(requires), description=description,
+                         fp8=None if fp8 is None else tuple(fp8))
 
 
 def load_register(op: str, ops_root: Path | None = None) -> Register:
@@ -293,9 +306,10 @@ def check_documents(cfg: EngineConfig, version: str, fn: Callable[..., Any], *, 
                       f"version {version!r} ({entry}) does not take")
 
 
-def check_fp8(cfg: EngineConfig, version: str, fn: Callable[..., Any]) -> None:
-    """Raise ConfigError when --fp8 is on and gemm_fc1 version `fn` has no FP8 path (no keyword-only `fp8`):
-    FC1 would silently stay in bf16 while the run reports FP8."""
+def check_fp8(cfg: EngineConfig, version: str, fn: Callable[..., Any], runs: tuple[str, ...] | None = None) -> None:
+    """Raise ConfigError when --fp8 is on and gemm_fc1 version `fn` has no FP8 path (no keyword-only `fp8`): FC1 would
+    silently stay in bf16 while the run reports FP8; or when its register entry's `fp8` (`runs`) leaves out the recipe
+    or the fast accumulation the run asks for: FC1 would silently run another."""
     if cfg.fp8 == "off":
         return
     param = inspect.signature(fn).parameters.get("fp8")
@@ -304,6 +318,15 @@ def check_fp8(cfg: EngineConfig, version: str, fn: Callable[..., Any]) -> None:
                           "pass --op-gemm-fc1 compiled (or baseline) with --fp8, or leave out --fp8",
                           f"has no FP8 path (engine/ops/gemm_fc1/register.toml: the `fp8` keyword), and --fp8 "
                           f"{cfg.fp8} asks for one")
+    if runs is not None and cfg.fp8 not in runs:
+        recipes = " or ".join(r for r in runs if r != "fast-accum")
+        raise ConfigError("--fp8", cfg.fp8, f"pass --fp8 {recipes}, or --op-gemm-fc1 compiled (or baseline)",
+                          f"is a recipe gemm_fc1 {version} does not run (engine/ops/gemm_fc1/register.toml: fp8 = "
+                          f"{list(runs)})")
+    if runs is not None and cfg.fp8_fast_accum and "fast-accum" not in runs:
+        raise ConfigError("--fp8-fast-accum", True, "leave out --fp8-fast-accum, or pass --op-gemm-fc1 compiled",
+                          f"asks FC1's forward GEMM to accumulate fast, which gemm_fc1 {version}'s FP8 GEMM cannot "
+                          f"(engine/ops/gemm_fc1/register.toml: fp8 = {list(runs)})")
 
 
 def resolve_ops(cfg: EngineConfig, device: torch.device | str, *, ops_root: Path | None = None) -> OpSet:
@@ -316,7 +339,8 @@ def resolve_ops(cfg: EngineConfig, device: torch.device | str, *, ops_root: Path
                                        fp8=cfg.fp8 != "off")
         funcs[op] = load_op(op, versions[op], ops_root=ops_root)
     check_documents(cfg, versions["attention"], funcs["attention"], ops_root=ops_root)
-    check_fp8(cfg, versions["gemm_fc1"], funcs["gemm_fc1"])
+    check_fp8(cfg, versions["gemm_fc1"], funcs["gemm_fc1"],
+              load_register("gemm_fc1", ops_root).versions[versions["gemm_fc1"]].fp8)
     if cfg.fp8 != "off":
         for op in FP8_OPS:
             versions[op] = resolve_version(op, getattr(cfg, f"op_{op}"), device_type, ops_root=ops_root)

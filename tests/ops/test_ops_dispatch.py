@@ -317,3 +317,36 @@ def test_malformed_register_raises_naming_file_key_and_fix(case, ops_root):
 def test_missing_register_file_raises(tmp_path):
     with pytest.raises(KernelRegistryError, match="does not exist"):
         load_register("gemm_fc1", tmp_path)
+
+
+def test_a_versions_fp8_key_says_what_of_fp8_it_runs_and_the_rest_is_refused_at_start(tmp_path):
+    """gemm_fc1 quack's register entry lists fp8 = ["tensorwise"]: --fp8 rowwise and --fp8-fast-accum with it are
+    refused by check_fp8 (ConfigError naming the flag, its value and the fix), tensorwise passes; a version without
+    the key runs every recipe; a key listing no recipe or an unknown word is refused when the register is read."""
+    from engine.config import build_config, resolve
+    from engine.errors import ConfigError
+    from engine.ops.dispatch import check_fp8
+
+    assert load_register("gemm_fc1").versions["quack"].fp8 == ("tensorwise",)
+    assert load_register("gemm_fc1").versions["compiled"].fp8 is None
+
+    def with_fp8(x, w, *, main_grad=None, fp8="off"):
+        return x
+
+    runs = load_register("gemm_fc1").versions["quack"].fp8
+    check_fp8(resolve(build_config({"fp8": "tensorwise"})), "quack", with_fp8, runs)
+    with pytest.raises(ConfigError, match="--fp8='rowwise'.*pass --fp8 tensorwise, or --op-gemm-fc1 compiled"):
+        check_fp8(resolve(build_config({"fp8": "rowwise"})), "quack", with_fp8, runs)
+    fast = resolve(build_config({"fp8": "tensorwise", "fp8_fast_accum": True}))
+    with pytest.raises(ConfigError, match="--fp8-fast-accum=True.*cannot.*leave out --fp8-fast-accum"):
+        check_fp8(fast, "quack", with_fp8, runs)
+    check_fp8(fast, "compiled", with_fp8, None)
+    root = tmp_path / "ops"
+    (root / "gemm_fc1").mkdir(parents=True)
+    for bad in ('["fast-accum"]', '["tensorwise", "blockwise"]', '[]'):
+        (root / "gemm_fc1" / "register.toml").write_text(
+            '[op]\nname = "gemm_fc1"\ndescription = "d"\nenv = "TEMPER_OP_GEMM_FC1"\ndefault = "baseline"\n'
+            '[versions.baseline]\nentry = "m:f"\ndevices = ["cpu", "cuda"]\nrequires = []\ndescription = "d"\n'
+            f'fp8 = {bad}\n')
+        with pytest.raises(KernelRegistryError, match="versions.baseline.fp8.*list the recipes"):
+            load_register("gemm_fc1", root)

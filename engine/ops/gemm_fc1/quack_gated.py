@@ -1,4 +1,5 @@
-"""gemm_fc1 on quack's SM90 gated GEMM (CuTeDSL), with our one-pass SwiGLU backward kernel.
+"""gemm_fc1 on quack's SM90 gated GEMM (CuTeDSL), with our one-pass SwiGLU backward kernel; with --fp8 tensorwise the
+same GEMM on the FP8 copies of x and W.
 
 Why and how: docs/engine/ops.md, section `engine/ops/gemm_fc1/quack_gated.py`.
 """
@@ -6,6 +7,8 @@ Why and how: docs/engine/ops.md, section `engine/ops/gemm_fc1/quack_gated.py`.
 import torch
 from quack.gemm_interface import gemm_gated
 
+from engine.distributed.fp8 import fp8_copy, save_operands, saved_operands, weight_copy
+from engine.distributed.wgrad import linear_grads
 from engine.ops.gemm_fc1.baseline import check_inputs
 from engine.ops.gemm_fc1.cute_dswiglu import dswiglu_concat
 from engine.ops.kernel_cache import configure_quack_cache
@@ -45,13 +48,46 @@ class _GemmFc1(torch.autograd.Function):
         return dx, dw, None
 
 
-def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None) -> torch.Tensor:
+class _GemmFc1Fp8(torch.autograd.Function):
+    """--fp8 tensorwise: quack's gated GEMM on x's and W's FP8 copies (E4M3, K-major: the row-major copies), the two
+    scales' reciprocals as the accumulator's scale before the SwiGLU (quack's `alpha`, fp32), preact and y in x's
+    dtype; quack accumulates FP8 with fp32 promotion (no fast mode: register.toml's fp8 leaves out fast-accum).
+    Backward: the same one-pass SwiGLU backward, then dgrad and wgrad as every FP8 linear runs them
+    (engine/distributed/wgrad.py linear_grads) on the forward's kept copies: x^T's and W^T's FP8 copies, saved as the
+    other linears save them (save_linear), the weight gradient to main_grad."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, main_grad, fp8: str) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        x8, w8 = fp8_copy(x2, fp8, transposed=True), weight_copy(w, fp8)
+        alpha = (x8.inverse() * w8.inverse()).reshape(1)
+        preact, y = gemm_gated(x8.q, w8.q.t(), activation="swiglu", concat_layout=("B",), tuned=False,
+                               store_preact=True, alpha=alpha, out_dtype=x.dtype, postact_dtype=x.dtype)
+        save_operands(ctx, x8.transposed_only(), w8.transposed_only(), w, preact)
+        ctx.fp8, ctx.x_shape, ctx.main_grad = fp8, x.shape, main_grad
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x_op, w_op, w, preact = saved_operands(ctx)
+        dpre = dswiglu_concat(dy.reshape(-1, dy.shape[-1]), preact)  # [M, 2f], concat layout [dgate | dup]
+        dx, dw = linear_grads(dpre, x_op, w, ctx.main_grad, ctx.needs_input_grad, ctx.fp8, w_op, ctx.x_shape)
+        return dx, dw, None, None
+
+
+def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None, fp8: str = "off") -> torch.Tensor:
     """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f].
-    main_grad: see engine/ops/gemm_fc1/register.toml."""
+    main_grad, fp8 (tensorwise only: register.toml): see engine/ops/gemm_fc1/register.toml."""
     check_inputs(x, w)
     if x.dtype not in _DTYPES or w.dtype != x.dtype or not x.is_cuda:
         raise ValueError(f"gemm_fc1 (quack) runs bf16/fp16 CUDA tensors of one dtype; got x {x.dtype} {x.device}, "
                          f"w {w.dtype}: use --op-gemm-fc1 baseline for other dtypes")
     if (w.shape[0] // 2) % 8 or w.shape[1] % 8:
         raise ValueError(f"gemm_fc1 (quack) needs f and h multiples of 8 (16-byte aligned rows); got w {tuple(w.shape)}")
-    return _GemmFc1.apply(x, w, main_grad)
+    if fp8 == "off":
+        return _GemmFc1.apply(x, w, main_grad)
+    if fp8 != "tensorwise" or getattr(fp8, "fast_accum", False):  # refused at start (engine/ops/dispatch.py check_fp8)
+        raise ValueError(f"gemm_fc1 (quack) runs --fp8 tensorwise with full accumulation only; got {fp8!r}"
+                         f"{' with fast accumulation' if getattr(fp8, 'fast_accum', False) else ''}: use "
+                         f"--op-gemm-fc1 compiled")
+    return _GemmFc1Fp8.apply(x, w, main_grad, fp8)
