@@ -32,7 +32,8 @@ def test_quack_fp8_at_the_slice_shapes_against_the_baseline_and_run_to_run():
 
 def test_quack_fp8_hands_its_weight_gradient_to_the_main_grad():
     """Two micro-batches into a MainGrad (the first writes, the second adds) against the unfused weight gradients
-    summed in fp32: the same FP8 GEMMs, so within fp32 rounding of the sum."""
+    summed: the same FP8 GEMMs; the unfused ones arrive in bf16 (w's dtype), so they differ from the fp32 sum by
+    bf16's rounding of each (relative 2^-9 at most an element: 2^-8 bounds the norm of two; measured 1.7e-3)."""
     from engine.ops.gemm_fc1 import quack_gated
 
     x, w, dy = inputs(torch.bfloat16, "cuda", m=1024, f=1024, h=512, seed=1)
@@ -44,4 +45,4 @@ def test_quack_fp8_hands_its_weight_gradient_to_the_main_grad():
         assert main.take()
         wr.grad = None
         unfused += run(quack_gated, x, w, dy * scale, fp8="tensorwise")[2].float()
-    assert ((main.grad - unfused).norm() / unfused.norm()).item() < 1e-6
+    assert ((main.grad - unfused).norm() / unfused.norm()).item() < 2**-8
