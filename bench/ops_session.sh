@@ -94,8 +94,11 @@
 #                                      --deterministic) as is, with --tp-fwd-chunks 2 and with --no-tp-comm-overlap (~4 min)
 #   bash bench/ops_session.sh first-write  four GPUs: DP 4 ZeRO-1 bf16 and --fp8 with the engine's first-write gradients
 #                                      against tests.engine.always_add (the buffer cleared every step), one job (~6 min)
-#   bash bench/ops_session.sh quack-fp8  one GPU, wheels staged: gemm_fc1 quack's --fp8 tensorwise path checked (GPU
-#                                      tests, determinism) and timed on the slice against gemm_fc1 compiled (~7 min)
+#   bash bench/ops_session.sh dp4-bf16  four GPUs: DP 4 ZeRO-1 bf16 three times in one job (issue 31's 0.60; ~4 min)
+#   bash bench/ops_session.sh fp8-kernels  one GPU, wheels staged: the FP8 kernels written without a GPU (gemm_fc1
+#                                      quack and triton, the Triton cast) checked (GPU tests, determinism) and the
+#                                      casts timed (~6 min); `fp8-kernels bench`: the slice with them beside main's
+#                                      FP8 and torchao (~7 min)
 #   bash bench/ops_session.sh fp8-tp2dp2  four GPUs, CuTeDSL wheels staged: TP 2 x DP 2 --fp8 tensorwise with the weight
 #                                      cache, as is and as tests.engine.always_add (the buffer cleared, every gradient
 #                                      added; one job), then rank 0's profile (~6 min); `fp8-tp2dp2 profile R`: rank R's
@@ -130,9 +133,11 @@ FULL_TP2="--preset minicpm4-8b --tp 2 --micro-batch-size 2 --seq-length 4096 --g
 FOUR="--preset minicpm4-8b --micro-batch-size 2 --seq-length 4096 --global-batch-size 16"
 # production-4gpu's job (milestones/production-4gpu.toml) but its layout flag (--tp 2)
 PROD4="--preset minicpm4-8b --seq-length 4096 --micro-batch-size 2 --global-batch-size 32 --deterministic"
-# FP8 as the benchmarks time it: tensorwise at the CuTeDSL defaults (gemm_fc1 compiled: quack's has no FP8 path),
-# each weight cast once a step
-FP8_CACHE="--op-gemm-fc1 compiled --fp8 tensorwise --fp8-weight-cache"
+# FP8 as the benchmarks time it: tensorwise at the defaults, each weight cast once a step. Through the thirteenth
+# session it named gemm_fc1 compiled and the cast was compiled; since the fourteenth both default to their Triton
+# versions, and MAIN13 names what main ran before them (the A of an A/B)
+FP8_CACHE="--fp8 tensorwise --fp8-weight-cache"
+MAIN13="--op-gemm-fc1 compiled --op-fp8-cast compiled"
 
 case "${1:-check}" in
   fp8)
@@ -306,6 +311,15 @@ case "${1:-check}" in
       --variant tp2-dp2-zero1="--tp 2" --variant tp2-dp2-zero1-fp8-fast="--tp 2 $FP8_CACHE --fp8-fast-accum" \
       --out "$OUT/mfu_8b_4gpu_fp8.json" 2>&1 | grep -v "^\[" | tail -8
     ;;
+  dp4-bf16)
+    # Issue 31's 4 x H200 target (>= 0.60 MFU): the best layout, DP 4 ZeRO-1 bf16 (the first write in), three rows of
+    # eight timed steps after 2 in one job: the spread between rows is the machine's, not the code's (~4 minutes).
+    nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
+    stamp "DP 4 ZeRO-1 bf16, three rows (one job)"
+    timeout 400 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 8 --warmup 2 --engine-timeout 120 \
+      --variant dp4-zero1= --variant dp4-zero1-2= --variant dp4-zero1-3= \
+      --out "$OUT/mfu_8b_4gpu_dp4_bf16.json" 2>&1 | grep -v "^\[" | tail -6
+    ;;
   first-write)
     # A step's first contribution to each fused fp32 gradient writes it, and zero_grads no longer clears the buffer
     # (thirteenth session; engine/distributed/wgrad.py MainGrad): DP 4 ZeRO-1, bf16 as is / as tests.engine.always_add
@@ -320,20 +334,33 @@ case "${1:-check}" in
       --variant dp4-zero1-fp8-cache="$FP8_CACHE" --variant dp4-zero1-fp8-cache-always-add@$A="$FP8_CACHE" \
       --out "$OUT/mfu_8b_4gpu_first_write.json" 2>&1 | grep -v "^\[" | tail -8
     ;;
-  quack-fp8)
-    # gemm_fc1 quack's --fp8 tensorwise path (quack's gated GEMM on the FP8 copies, the SwiGLU in its epilogue, the
-    # CuTeDSL SwiGLU backward), written without a GPU (thirteenth session): its GPU tests (against the baseline's FP8
-    # path and the fp32 linear, run to run, the main_grad), same seed and resume bit for bit on one GPU, then the
-    # slice in one job: FP8 with gemm_fc1 compiled (today's) against quack, bf16 beside them (~7 minutes, one GPU).
-    stamp "gemm_fc1 quack --fp8: GPU tests, then determinism (fp8-quack-1gpu)"
-    timeout 200 python3 -m pytest tests/ops/test_gemm_fc1_quack_fp8.py tests/ops/test_ops_dispatch.py -m gpu -q -rA \
-      -p no:cacheprovider 2>&1 | tee "$OUT/quack_fp8_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | tail -6
-    DET_S=200 bash "$0" fp8-det fp8-quack-1gpu
-    stamp "the slice: bf16, --fp8 with gemm_fc1 compiled and with quack (weight cache), one job"
-    timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 110 \
-      --variant bf16-defaults= --variant fp8-compiled="$FP8_CACHE" \
-      --variant fp8-quack="--op-gemm-fc1 quack --fp8 tensorwise --fp8-weight-cache" \
-      --out "$OUT/mfu_8b4l_fp8_quack.json" 2>&1 | grep -v "^\[" | tail -5
+  fp8-kernels)
+    # The FP8 kernels written without a GPU: gemm_fc1 quack's --fp8 path (quack's gated GEMM on the FP8 copies;
+    # thirteenth session), the Triton cast (--op-fp8-cast triton) and gemm_fc1 triton (the SwiGLU's Triton kernels,
+    # the backward's amax fused; fourteenth session). Their GPU tests (each against the baseline and run to run, the
+    # cast bit for bit the baseline at the 8B's shapes and every scale), same seed and resume bit for bit on one GPU
+    # with the Triton ones (fp8-triton-1gpu), then the casts timed (bench/fp8_cast.py) (~6 minutes, one GPU).
+    # `fp8-kernels bench`: the slice in one job: bf16; --fp8 with the weight cache as main ran it (gemm_fc1 compiled,
+    # the compiled cast); with the Triton cast; with gemm_fc1 triton too; that with --fp8-fast-accum; beside torchao
+    # float8 + compile (~5 minutes). The thirteenth session's quack row (1.46 s against 0.68) is not rerun.
+    if [ "${2:-}" = bench ]; then
+      stamp "the slice: bf16, --fp8 (weight cache) with the compiled / Triton cast, gemm_fc1 compiled / triton, + torchao"
+      T="--op-fp8-cast triton"; TT="--op-gemm-fc1 triton --fp8 tensorwise --fp8-weight-cache $T"
+      timeout 590 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 110 --peer-timeout 100 \
+        --variant bf16-defaults= --variant fp8-compiled="$FP8_CACHE $MAIN13" \
+        --variant fp8-triton-cast="$FP8_CACHE --op-gemm-fc1 compiled $T" \
+        --variant fp8-triton="$TT" --variant fp8-triton-fast="$TT --fp8-fast-accum" --peer torchao-fp8 \
+        --out "$OUT/mfu_8b4l_fp8_triton.json" 2>&1 | grep -v "^\[" | tail -8
+      exit 0
+    fi
+    nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | head -1
+    stamp "the FP8 kernels' GPU tests (quack and triton gemm_fc1, the Triton cast)"
+    timeout 220 python3 -m pytest tests/ops/test_gemm_fc1_quack_fp8.py tests/ops/test_gemm_fc1_triton.py \
+      tests/ops/test_fp8_cast.py -m gpu -q -rA -p no:cacheprovider 2>&1 | tee "$OUT/fp8_kernels_tests.log" \
+      | grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | tail -14
+    DET_S=170 bash "$0" fp8-det fp8-triton-1gpu
+    stamp "the casts timed, every version bit for bit (bench/fp8_cast.py)"
+    timeout 150 python3 bench/fp8_cast.py --out "$OUT/fp8_cast.json" 2>&1 | tail -17
     ;;
   fp8-tp2dp2)
     # --fp8 at TP 2 x DP 2 ran slower than bf16 (0.456 against 0.545 MFU, twelfth session, with --fp8-fast-accum) while

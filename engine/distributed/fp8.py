@@ -15,7 +15,7 @@ from engine.distributed.fp8_weight import Fp8Weight
 from engine.errors import ConfigError
 
 __all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "scale_for", "amax_scale", "scaled_cast", "quantize", "cast",
-           "check_transposed", "keeps_fp8", "fp8_copy", "weight_copies_kept", "weight_copy", "grad_operand", "rows",
+           "check_cast", "keeps_fp8", "fp8_copy", "weight_copies_kept", "weight_copy", "grad_operand", "rows",
            "save_operands", "saved_operands", "scaled_mm_nt", "linear_forward", "linear_dgrad", "linear_wgrad",
            "scaled_wgrad_add", "wgrad_add", "reference_linear_fp8", "check_fp8_device"]
 
@@ -56,21 +56,32 @@ def quantize(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool = 
     return scaled_cast(t, scale, dtype), scale
 
 
-def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, transposed: bool = False) -> tuple:
+def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, transposed: bool = False,
+         amax: torch.Tensor | None = None) -> tuple:
     """The fp8_cast op's contract (engine/ops/fp8_cast/register.toml) in plain torch, its `baseline` version: a GEMM
     operand `t` (2-D, any strides: a transposed view for dgrad / wgrad) -> (FP8 copy, row-major contiguous; fp32
     scale) as `quantize` of its contiguous copy; `transposed` (one scale only) adds the row-major copy of the FP8
-    transpose, (q, scale, q^T), for the backward GEMM that takes the operand transposed."""
-    check_transposed(transposed, dim)
-    q, scale = quantize(t.contiguous(), dtype, dim, pow2)
+    transpose, (q, scale, q^T), for the backward GEMM that takes the operand transposed; `amax` (one scale only):
+    t's amax, known already (the kernel that wrote t took it), so not reduced again."""
+    check_cast(transposed, dim, pow2, amax)
+    t = t.contiguous()
+    if amax is None:
+        q, scale = quantize(t, dtype, dim, pow2)
+    else:
+        scale = scale_for(amax, dtype)
+        q = scaled_cast(t, scale, dtype)
     return (q, scale, q.t().contiguous()) if transposed else (q, scale)
 
 
-def check_transposed(transposed: bool, dim: int | None) -> None:
-    """The cast contract's one refusal: a transposed copy with a scale per row (every fp8_cast version asks it)."""
+def check_cast(transposed: bool, dim: int | None, pow2: bool = False, amax: torch.Tensor | None = None) -> None:
+    """The cast contract's refusals (every fp8_cast version asks them): a transposed copy, or a known amax, with a
+    scale per row; a known amax that is not one fp32 value, or with a power-of-two scale."""
     if transposed and dim is not None:
         raise ValueError("a transposed FP8 copy needs one scale for the tensor (dim None): a per-row scale does not "
                          "transpose")
+    if amax is not None and (dim is not None or pow2 or amax.numel() != 1 or amax.dtype != torch.float32):
+        raise ValueError(f"a known amax is one fp32 value for one unrounded scale (dim None, pow2 off); got "
+                         f"{amax.dtype} {tuple(amax.shape)} with dim {dim}, pow2 {pow2}")
 
 
 class Fp8Recipe(str):
@@ -145,11 +156,13 @@ def _cast_fn(recipe: str) -> Callable[..., tuple]:
     return recipe.cast if isinstance(recipe, Fp8Recipe) else cast
 
 
-def fp8_copy(t: torch.Tensor, recipe: str, dtype: torch.dtype = E4M3, transposed: bool = False) -> Fp8Operand:
+def fp8_copy(t: torch.Tensor, recipe: str, dtype: torch.dtype = E4M3, transposed: bool = False,
+             amax: torch.Tensor | None = None) -> Fp8Operand:
     """t's tensorwise FP8 copy (keeps_fp8 recipes), cast by the recipe's fp8_cast version; `transposed`: the cast
-    writes the transpose's row-major copy as well (`qt`), in the same pass. With 1 / scale (`inv`): every keeps_fp8
-    operand feeds two GEMMs."""
-    q, scale, *qt = _cast_fn(recipe)(t, dtype, None, False, transposed=transposed)
+    writes the transpose's row-major copy as well (`qt`), in the same pass; `amax`: t's, where known. With 1 / scale
+    (`inv`): every keeps_fp8 operand feeds two GEMMs."""
+    known = {} if amax is None else {"amax": amax}
+    q, scale, *qt = _cast_fn(recipe)(t, dtype, None, False, transposed=transposed, **known)
     return Fp8Operand(q, scale, qt[0] if qt else None, scale.reciprocal())
 
 
@@ -187,10 +200,10 @@ def weight_copy(w: torch.Tensor, recipe: str) -> Fp8Operand:
     return copies
 
 
-def grad_operand(g2: torch.Tensor, recipe: str) -> "torch.Tensor | Fp8Operand":
+def grad_operand(g2: torch.Tensor, recipe: str, amax: torch.Tensor | None = None) -> "torch.Tensor | Fp8Operand":
     """dy [n, out] as both backward GEMMs take it: cast once (E5M2), in both layouts (dgrad takes dy, wgrad dy^T),
-    where the recipe keeps FP8 copies, else dy."""
-    return fp8_copy(g2, recipe, _grad_dtype(recipe), transposed=True) if keeps_fp8(recipe) else g2
+    where the recipe keeps FP8 copies (`amax`: dy's, where the kernel that wrote it took it), else dy."""
+    return fp8_copy(g2, recipe, _grad_dtype(recipe), transposed=True, amax=amax) if keeps_fp8(recipe) else g2
 
 
 def rows(t: "torch.Tensor | Fp8Operand") -> "torch.Tensor | Fp8Operand":

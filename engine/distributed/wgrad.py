@@ -11,7 +11,7 @@ from engine.distributed.fp8 import (Fp8Operand, fp8_copy, grad_operand, keeps_fp
                                     linear_wgrad, rows, save_operands, saved_operands, weight_copy, wgrad_add)
 
 __all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear", "linear_grads",
-           "save_linear", "saved_linear_grads", "linear_wgrad_to", "fused_linear", "fused_embedding"]
+           "save_linear", "linear_operands", "save_linear_operands", "saved_linear_grads", "linear_wgrad_to", "fused_linear", "fused_embedding"]
 
 
 class MainGrad:
@@ -157,12 +157,13 @@ def linear(x, w, fp8: str = "off", like: torch.Tensor | None = None) -> torch.Te
 
 
 def linear_grads(grad_y: torch.Tensor, x, w: torch.Tensor, sink, needs_input_grad, fp8: str = "off", w_op=None,
-                 x_shape: torch.Size | None = None) -> tuple:
+                 x_shape: torch.Size | None = None, grad_amax: torch.Tensor | None = None) -> tuple:
     """(grad_x, grad_w) of y = F.linear(x, w), each only where autograd asks for it. The weight gradient goes through
     `sink.weight_grad(grad_y, x, w, fp8)` when there is a sink (what that returns is what autograd gets), else it is
     grad_y^T x. `fp8`: the recipe of both GEMMs (off: bf16 / fp32 as the model); with --fp8 dy is cast once here
     for both (tensorwise; rowwise casts it per GEMM: engine/distributed/fp8.py keeps_fp8), `x` may be the forward's
-    FP8 copy (2-D, `x_shape` the input's shape) and `w_op` w's (dgrad's operand; default w)."""
+    FP8 copy (2-D, `x_shape` the input's shape) and `w_op` w's (dgrad's operand; default w); `grad_amax`: dy's amax
+    where the kernel that wrote dy took it (tensorwise: its cast skips the reduction)."""
     x_shape = x.shape if x_shape is None else x_shape
     grad_x = grad_w = None
     if fp8 == "off":
@@ -173,7 +174,7 @@ def linear_grads(grad_y: torch.Tensor, x, w: torch.Tensor, sink, needs_input_gra
             # the contract's sink takes (dy, x, w) (engine/ops/gemm_fc1/register.toml); the recipe only with --fp8
             grad_w = sink.weight_grad(grad_y, x, w) if sink is not None else g2.t().mm(x2)
         return grad_x, grad_w
-    g = grad_operand(grad_y.reshape(-1, grad_y.shape[-1]), fp8)
+    g = grad_operand(grad_y.reshape(-1, grad_y.shape[-1]), fp8, grad_amax)
     if needs_input_grad[0]:
         grad_x = linear_dgrad(g, w if w_op is None else w_op, fp8, grad_y.dtype).view(*x_shape)
     if needs_input_grad[1]:
@@ -187,13 +188,26 @@ def save_linear(ctx, x: torch.Tensor, w: torch.Tensor, fp8: str, keep_x: bool = 
     saved in place of the bf16 x (half its bytes; w's copy is held too), so the backward transposes them instead of
     casting again: the same FP8 values, bit for bit. w itself is saved as well (a parameter: no memory) for the
     weight-gradient sink. Otherwise x and w (rowwise: cast again in backward)."""
+    x_op, w_op = linear_operands(ctx, x, w, fp8, keep_x)
+    save_linear_operands(ctx, x_op, w_op, w)
+    return x_op, w_op
+
+
+def linear_operands(ctx, x: torch.Tensor, w: torch.Tensor, fp8: str, keep_x: bool = True) -> tuple:
+    """save_linear's first half, for an op that fuses the linear with what follows it: the forward GEMM's operands
+    (cast where the recipe keeps FP8 copies), the recipe and x's shape noted in ctx."""
     ctx.fp8, ctx.x_shape = fp8, x.shape
     keep = keeps_fp8(fp8)
     x_op = fp8_copy(rows(x), fp8, transposed=True) if keep and keep_x else x
     w_op = weight_copy(w, fp8) if keep else w
-    # backward takes x^T (wgrad) and W^T (dgrad): keep those layouts only, as the cast wrote them
-    save_operands(ctx, *[o.transposed_only() if isinstance(o, Fp8Operand) else o for o in (x_op, w_op)], w)
     return x_op, w_op
+
+
+def save_linear_operands(ctx, x_op, w_op, w: torch.Tensor, *also: torch.Tensor) -> None:
+    """save_linear's second half: the operands as backward takes them, then `also` (the fusing op's own tensors;
+    saved_operands gives them back after x_op, w_op, w)."""
+    # backward takes x^T (wgrad) and W^T (dgrad): keep those layouts only, as the cast wrote them
+    save_operands(ctx, *[o.transposed_only() if isinstance(o, Fp8Operand) else o for o in (x_op, w_op)], w, *also)
 
 
 def saved_linear_grads(ctx, grad_y: torch.Tensor, sink) -> tuple:

@@ -84,12 +84,15 @@ def _gpus() -> int:
 # plain-torch ops, fp8-defaults: tensorwise at the CuTeDSL defaults with gemm_fc1 `compiled` (quack's has no FP8
 # path), as the FP8 benchmarks run, fp8-wgrad-quack: the same with the weight gradients added in quack's GEMM
 # epilogue (--op-fp8-wgrad quack), and fp8-fast-accum: the fastest FP8 configuration (each weight cast once a step,
-# the forward GEMMs accumulating fast, as torchao's recipes do), fp8-quack: FC1 on quack's gated GEMM in FP8.
+# the forward GEMMs accumulating fast, as torchao's recipes do), fp8-quack: FC1 on quack's gated GEMM in FP8 and the
+# operands cast by the Triton kernels (--op-fp8-cast triton), fp8-triton: FC1's SwiGLU and the casts in the Triton
+# kernels (the SwiGLU backward's amax atomically merged: order-free, so still bit for bit).
 OPS = {"defaults": [], "baseline": BASELINE, "fp8-tensorwise": [*BASELINE, "--fp8", "tensorwise"],
        "fp8-rowwise": [*BASELINE, "--fp8", "rowwise"], "fp8-defaults": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise"],
        "fp8-wgrad-quack": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise", "--op-fp8-wgrad", "quack"],
        "fp8-fast-accum": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise", "--fp8-weight-cache", "--fp8-fast-accum"],
-       "fp8-quack": ["--op-gemm-fc1", "quack", "--fp8", "tensorwise", "--fp8-weight-cache"]}
+       "fp8-quack": ["--op-gemm-fc1", "quack", "--fp8", "tensorwise", "--fp8-weight-cache", "--op-fp8-cast", "triton"],
+       "fp8-triton": ["--op-gemm-fc1", "triton", "--fp8", "tensorwise", "--fp8-weight-cache", "--op-fp8-cast", "triton"]}
 
 
 @pytest.mark.gpu

@@ -64,6 +64,33 @@ def test_the_baseline_cast_writes_the_transpose_row_major_bit_for_bit(fmt):
     assert torch.equal(q.view(torch.uint8), cast(t, *fmt)[0].view(torch.uint8))
 
 
+@pytest.mark.parametrize("version", ["baseline", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_a_known_amax_gives_the_same_cast_bit_for_bit(version):
+    """The contract's `amax` (a kernel that wrote t took its amax: gemm_fc1 triton's SwiGLU backward): the scale and
+    both layouts equal the cast that reduces t itself, bit for bit, for both formats and a transposed view."""
+    from engine.ops.fp8_cast import compiled
+    fn = cast if version == "baseline" else compiled.cast
+    t = operand(48, 80, torch.bfloat16)
+    for fmt in FORMATS[:2]:
+        for view in (t, t.t()):
+            amax = view.float().abs().amax()
+            for transposed in (False, True):
+                got, want = fn(view, *fmt, transposed=transposed, amax=amax), cast(view, *fmt, transposed=transposed)
+                assert len(got) == len(want) and torch.equal(got[1], want[1])
+                for a, b in zip(got[::2], want[::2]):
+                    assert a.is_contiguous() and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_a_known_amax_is_refused_where_it_cannot_be_the_scales():
+    """One fp32 value for one unrounded scale: with a scale per row, rounded to a power of two, or not fp32, the cast
+    refuses it (every version checks it: check_cast)."""
+    t = operand(16, 16, torch.bfloat16)
+    for dim, pow2, amax in ((-1, True, torch.tensor(3.0)), (None, True, torch.tensor(3.0)),
+                            (None, False, torch.tensor(3.0, dtype=torch.float64)), (None, False, torch.ones(2))):
+        with pytest.raises(ValueError, match="a known amax is one fp32 value"):
+            cast(t, E4M3, dim, pow2, amax=amax)
+
+
 def test_a_transposed_copy_with_row_scales_is_refused():
     with pytest.raises(ValueError, match="per-row scale does not transpose"):
         cast(operand(16, 16, torch.bfloat16), E4M3, -1, True, transposed=True)
@@ -176,6 +203,62 @@ def test_the_compiled_cast_equals_the_baseline_bit_for_bit_on_cuda():
             q, s = compiled_cast(t, *fmt)
             qb, sb = cast(t, *fmt)
             assert torch.equal(s, sb) and torch.equal(q.view(torch.uint8), qb.view(torch.uint8)), t.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("config", [None, ((1024, 4, 2), (32, 64, 4)), ((8192, 16, 4), (128, 128, 8))],
+                         ids=["default", "small-tiles", "big-tiles"])
+def test_the_triton_cast_equals_the_baseline_bit_for_bit_on_cuda(config):
+    """engine/ops/fp8_cast/triton_cast.py at the 8B slice's shapes and at shapes no tile divides, both layouts of the
+    operand, both formats, rowwise, with and without q^T; at its default launch shapes and two others (a launch
+    shape moves work between programs, never a bit: the amax is a max, the write elementwise). Then the scale over
+    the amaxes of every magnitude (formed in the kernel from the partials, its reciprocal in fp64), and an all-zero,
+    a NaN and an inf operand (scale 1, 1 and 0 as the baseline's)."""
+    from engine.ops.fp8_cast import triton_cast
+
+    def tensorwise(view, fmt, transposed=False):
+        if config is None:
+            return triton_cast.cast(view, *fmt, transposed=transposed)
+        return triton_cast.tensorwise(view, fmt[0], transposed, *config)
+
+    for rows, cols in ((8192, 4096), (8192, 32768), (32768, 4096), (1000, 72), (72, 1000)):
+        t = operand(rows, cols, torch.bfloat16, "cuda")
+        for fmt in FORMATS:
+            for view in (t, t.t()):
+                qb, sb = cast(view, *fmt)
+                q, s = tensorwise(view, fmt) if fmt[1] is None and not fmt[2] else triton_cast.cast(view, *fmt)
+                assert q.is_contiguous() and q.shape == view.shape, (rows, cols, fmt)
+                assert torch.equal(q.view(torch.uint8), qb.view(torch.uint8)) and torch.equal(s, sb), (rows, cols, fmt)
+                if fmt[1] is None:
+                    q2, s2, qt = tensorwise(view, fmt, transposed=True) if not fmt[2] else \
+                        triton_cast.cast(view, *fmt, transposed=True)
+                    assert torch.equal(q2.view(torch.uint8), qb.view(torch.uint8)) and torch.equal(s2, sb)
+                    assert qt.is_contiguous() and torch.equal(qt.view(torch.uint8), qb.t().contiguous().view(torch.uint8))
+    for fmt in FORMATS[:2]:
+        for t in scale_cases("cuda"):
+            q, s, qt = tensorwise(t, fmt, transposed=True)
+            qb, sb = cast(t, *fmt)
+            assert torch.equal(s, sb) and torch.equal(q.view(torch.uint8), qb.view(torch.uint8)), t.abs().max().item()
+        for special in (0.0, float("nan"), float("inf")):
+            t = operand(64, 48, torch.bfloat16, "cuda")
+            if special == 0.0:
+                t.zero_()
+            else:
+                t[7, 9] = special
+            (q, s), (qb, sb) = tensorwise(t, fmt), cast(t, *fmt)
+            assert torch.equal(s, sb) and torch.equal(q.view(torch.uint8), qb.view(torch.uint8)), special
+
+
+def test_the_triton_cast_refuses_an_operand_it_has_no_kernel_for():
+    """CPU tensors (the version runs on CUDA; the registry says so before a run starts) and formats no recipe casts
+    to: a clear error naming the version to use instead. Needs triton importable (the GPU image has it)."""
+    pytest.importorskip("triton")
+    from engine.ops.fp8_cast import triton_cast
+    with pytest.raises(KernelLoadError, match="no Triton cast to torch.float8_e4m3fnuz.*--op-fp8-cast baseline"):
+        triton_cast.cast(torch.ones(16, 16), torch.float8_e4m3fnuz, None, False)
+    with pytest.raises(ValueError, match=r"casts 2-D CUDA operands; got \(16, 16\) on cpu: use --op-fp8-cast baseline"):
+        triton_cast.cast(torch.ones(16, 16), E4M3, None, False)
 
 
 @pytest.mark.slow  # two tiny CPU runs, one compiling its casts (~1 min on 2 cores)

@@ -114,10 +114,11 @@ def test_real_registers_are_valid_and_default_to_the_measured_cutedsl_versions()
 
 
 def test_a_fp8_run_on_cuda_that_names_no_gemm_fc1_gets_the_registers_fp8_default():
-    """gemm_fc1's CUDA default (quack) has no FP8 path: `--fp8` alone resolves to its fp8_default (compiled), a
-    version that is named stays named (and check_fp8 refuses one without the path), CPU keeps baseline."""
-    assert load_register("gemm_fc1").fp8_default == "compiled"
-    assert resolve_version("gemm_fc1", "", "cuda", fp8=True) == "compiled"
+    """gemm_fc1's CUDA default (quack) runs --fp8 slower than cuBLAS's FP8 GEMM: `--fp8` alone resolves to its
+    fp8_default (triton), a version that is named stays named (and check_fp8 refuses what it cannot run), CPU keeps
+    baseline."""
+    assert load_register("gemm_fc1").fp8_default == "triton"
+    assert resolve_version("gemm_fc1", "", "cuda", fp8=True) == "triton"
     assert resolve_version("gemm_fc1", "", "cuda") == CUDA_DEFAULTS["gemm_fc1"]
     assert resolve_version("gemm_fc1", "quack", "cuda", fp8=True) == "quack"
     assert resolve_version("gemm_fc1", "", "cpu", fp8=True) == "baseline"

@@ -11,7 +11,7 @@ Why each of these: docs/fp8.md, "Speed: the casts fused" and "the cast writes th
 
 import torch
 
-from engine.distributed.fp8 import E4M3, E5M2, amax_scale, check_transposed, scale_for, scaled_cast
+from engine.distributed.fp8 import E4M3, E5M2, amax_scale, check_cast, scale_for, scaled_cast
 from engine.errors import KernelLoadError
 from engine.ops.inductor import CompiledKernel
 
@@ -37,15 +37,20 @@ def _scaled(dtype: torch.dtype, transposed: bool, options: dict | None = None) -
     return _kernel(cast, options)
 
 
-def _writer(dtype: torch.dtype) -> CompiledKernel:
-    """The write alone, for a scale per row or rounded to a power of two (rowwise): the scale stays eager."""
-    return _kernel(lambda t, scale: scaled_cast(t, scale, dtype).contiguous())
+def _writer(dtype: torch.dtype, transposed: bool = False) -> CompiledKernel:
+    """The write alone, for a scale per row or rounded to a power of two (rowwise), or formed from a known amax: the
+    scale stays eager; with `transposed` (one scale), the transpose's row-major copy too."""
+    def write(t: torch.Tensor, scale: torch.Tensor):
+        q = scaled_cast(t, scale, dtype).contiguous()
+        return (q, q.t().contiguous()) if transposed else q
+    return _kernel(write)
 
 
 FORMATS = (E4M3, E5M2)
 # tensorwise: (format, with the transpose's row-major copy) -> the whole cast compiled; rowwise: format -> the write
 _COMPILED = {(dtype, transposed): _scaled(dtype, transposed) for dtype in FORMATS for transposed in (False, True)}
 _WRITE = {dtype: _writer(dtype) for dtype in FORMATS}
+_WRITE_T = {dtype: _writer(dtype, transposed=True) for dtype in FORMATS}
 
 # From this many elements on, q^T is copied from q by a second kernel rather than written beside q by the first:
 # there inductor's one tiled kernel writing both layouts moves ~1.8-2.3 TB/s and the two kernels ~2.4-2.9 TB/s
@@ -59,15 +64,22 @@ _SPLIT = {dtype: _scaled(dtype, False, _TUNED) for dtype in FORMATS}
 _TRANSPOSE = _kernel(lambda q: q.t().contiguous(), _TUNED)
 
 
-def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, transposed: bool = False) -> tuple:
+def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, transposed: bool = False,
+         amax: torch.Tensor | None = None) -> tuple:
     """The fp8_cast contract (register.toml). One scale (tensorwise): amax, scale and write in one compiled call
     (with `transposed`, the transpose's row-major copy from the same read: (q, scale, q^T); from SPLIT_NUMEL elements
     on, copied from q by a second kernel). A scale per row or a power-of-two scale: the baseline's scale (eager),
-    then the compiled write."""
+    then the compiled write. A known `amax`: its scale (eager), then the compiled write of q (and q^T)."""
     if dtype not in FORMATS:
         raise KernelLoadError("fp8_cast", "compiled", ENTRY, f"no compiled cast to {dtype} (it has E4M3 and E5M2)",
                               "use --op-fp8-cast baseline")
-    check_transposed(transposed, dim)
+    check_cast(transposed, dim, pow2, amax)
+    if amax is not None:
+        scale = scale_for(amax, dtype)
+        if not transposed:
+            return _WRITE[dtype](t, scale), scale
+        q, qt = _WRITE_T[dtype](t, scale)
+        return q, scale, qt
     if dim is not None or pow2:
         scale = amax_scale(t, dtype, dim, pow2)
         return _WRITE[dtype](t, scale), scale
