@@ -54,10 +54,10 @@ def main() -> None:
                         "compiled": lambda t: compiled.cast(t, E4M3, None, False, transposed=True),
                         "triton": lambda t: triton_cast.cast(t, E4M3, None, False, transposed=True)}
             if not args.no_sweep:
-                for cfg in AMAX_CONFIGS:
-                    versions[f"triton amax {cfg}"] = lambda t, c=cfg: triton_cast.tensorwise(t, E4M3, True, amax_config=c)
-                for cfg in CAST_CONFIGS:
-                    versions[f"triton tile {cfg}"] = lambda t, c=cfg: triton_cast.tensorwise(t, E4M3, True, cast_config=c)
+                for c in AMAX_CONFIGS:
+                    versions[f"triton amax {c}"] = lambda t, c=c: triton_cast.tensorwise(t, E4M3, True, amax_config=c)
+                for c in CAST_CONFIGS:
+                    versions[f"triton tile {c}"] = lambda t, c=c: triton_cast.tensorwise(t, E4M3, True, cast_config=c)
             for name, fn in versions.items():
                 if not same(fn(sets[0]), ref):
                     mismatches.append(f"{name} {shape} {layout}")

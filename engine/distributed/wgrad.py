@@ -11,7 +11,8 @@ from engine.distributed.fp8 import (Fp8Operand, fp8_copy, grad_operand, keeps_fp
                                     linear_wgrad, rows, save_operands, saved_operands, weight_copy, wgrad_add)
 
 __all__ = ["MainGrad", "add_rows_by_id", "attach_main_grad", "main_grad_of", "placeholder", "linear", "linear_grads",
-           "save_linear", "linear_operands", "save_linear_operands", "saved_linear_grads", "linear_wgrad_to", "fused_linear", "fused_embedding"]
+           "save_linear", "linear_operands", "save_linear_operands", "saved_linear_grads", "linear_wgrad_to",
+           "fused_linear", "fused_embedding"]
 
 
 class MainGrad:

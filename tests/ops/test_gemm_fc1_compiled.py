@@ -122,13 +122,19 @@ def test_on_cuda_at_the_slice_shapes_against_the_baseline_and_run_to_run():
     linear and no further from it than the baseline, --fp8 tensorwise by the FP8 bound (docstring), and the Triton
     kernels bit for bit run to run."""
     x, w, dy = inputs(torch.bfloat16, "cuda", m=8192, f=16384, h=4096)
+    assert_like_baseline(compiled, x, w, dy, ({}, {"fp8": "tensorwise"}))
+
+
+def assert_like_baseline(version, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, settings) -> None:
+    """For each of `settings` (gemm_fc1 keywords): bf16 no further (x 1.05) from the fp32 linear than the baseline,
+    --fp8 by the FP8 bound (docstring); then the version bit for bit run to run."""
     ref = reference(x, w, dy, torch.float32)
-    for kw in ({}, {"fp8": "tensorwise"}):
-        base, comp = run(baseline, x, w, dy, **kw), run(compiled, x, w, dy, **kw)
+    for kw in settings:
+        base, got = run(baseline, x, w, dy, **kw), run(version, x, w, dy, **kw)
         if kw:
-            assert_fp8_close(ref, base, comp, kw)
+            assert_fp8_close(ref, base, got, kw)
         else:
-            for name, r, b, c in zip(("y", "dx", "dw"), ref, base, comp):
+            for name, r, b, c in zip(("y", "dx", "dw"), ref, base, got):
                 assert rel(c, r) <= 1.05 * rel(b, r) + 1e-4, (name, rel(c, r), rel(b, r))
-        again = run(compiled, x, w, dy, **kw)
-        assert all(torch.equal(a, c) for a, c in zip(again, comp)), kw
+        again = run(version, x, w, dy, **kw)
+        assert all(torch.equal(a, c) for a, c in zip(again, got)), kw

@@ -3,12 +3,13 @@ q^T, the transpose staged through shared memory so both stores run along rows.
 
 Why: inductor's one kernel writing both layouts moved ~2 TB/s on an H200 (the slice's 272 casts a step took 38 ms,
 docs/fp8.md "Where the slice's FP8 step goes"; 4 bytes an element: a bf16 read, two FP8 writes), half the memory's
-speed; this one ~3.5 TB/s (22.7 ms; bench/fp8_cast.py). Here each program loads a [BM, BN] tile of t (along its contiguous dimension, whichever that is), scales,
-clamps and rounds it once, and stores the tile to q and its transpose to q^T; Triton lays the transposed store out
-through shared memory. The amax reads t once beforehand (each program a few blocks loaded together, its max
-merged into one value by an atomic max), and the cast kernel forms the scale from it as the baseline does:
-max(dtype) x (1 / amax) with the reciprocal in fp64, rounded to fp32 (engine/distributed/fp8.py scale_for), 1 for
-an amax of 0 or NaN. A memset and two launches a cast, no small torch kernels.
+speed; this one ~3.5 TB/s (22.4 ms; bench/fp8_cast.py). Each program loads a [BM, BN] tile of t (along its
+contiguous dimension, whichever that is), scales, clamps and rounds it once, and stores the tile to q and its
+transpose to q^T; Triton lays the transposed store out through shared memory. The amax reads t once beforehand
+(each program a few blocks loaded together, its max merged into one value by an atomic max), and the cast kernel
+forms the scale from it as the baseline does: max(dtype) x (1 / amax) with the reciprocal in fp64, rounded to fp32
+(engine/distributed/fp8.py scale_for), 1 for an amax of 0 or NaN. A memset and two launches a cast, no small torch
+kernels; with a known `amax` (the contract's: the kernel that wrote t took it) the cast kernel alone.
 
 A scale per row or rounded to a power of two (rowwise) comes from the baseline's eager `amax_scale`; the write is
 the same kernel reading that scale. Every path equals the baseline bit for bit (tests/ops/test_fp8_cast.py -m gpu):
@@ -80,7 +81,7 @@ def _cast_tile(x_ptr, q_ptr, qt_ptr, amax_ptr, scale_ptr, M, N, sxm, sxn, scale_
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """t's elements as one contiguous run (t itself, or the transposed view's storage): the amax reads memory in order."""
+    """t's elements as one contiguous run (t itself, or the transposed view's storage): the amax reads them in order."""
     if t.is_contiguous():
         return t
     if t.t().is_contiguous():
