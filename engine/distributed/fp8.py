@@ -161,8 +161,7 @@ def fp8_copy(t: torch.Tensor, recipe: str, dtype: torch.dtype = E4M3, transposed
     """t's tensorwise FP8 copy (keeps_fp8 recipes), cast by the recipe's fp8_cast version; `transposed`: the cast
     writes the transpose's row-major copy as well (`qt`), in the same pass; `amax`: t's, where known. With 1 / scale
     (`inv`): every keeps_fp8 operand feeds two GEMMs."""
-    known = {} if amax is None else {"amax": amax}
-    q, scale, *qt = _cast_fn(recipe)(t, dtype, None, False, transposed=transposed, **known)
+    q, scale, *qt = _cast_fn(recipe)(t, dtype, None, False, transposed=transposed, amax=amax)
     return Fp8Operand(q, scale, qt[0] if qt else None, scale.reciprocal())
 
 

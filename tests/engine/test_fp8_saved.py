@@ -20,9 +20,9 @@ from tests.parallel.workers import RECAST, single_run, spawn
 
 
 def counting(calls: list, cast_fn=cast):
-    def fn(t, dtype, dim, pow2, transposed=False):
+    def fn(t, dtype, dim, pow2, transposed=False, amax=None):
         calls.append((tuple(t.shape), t.is_contiguous(), dtype, transposed))
-        return cast_fn(t, dtype, dim, pow2, transposed=transposed)
+        return cast_fn(t, dtype, dim, pow2, transposed=transposed, amax=amax)
     return fn
 
 

@@ -138,3 +138,21 @@ def assert_like_baseline(version, x: torch.Tensor, w: torch.Tensor, dy: torch.Te
                 assert rel(c, r) <= 1.05 * rel(b, r) + 1e-4, (name, rel(c, r), rel(b, r))
         again = run(version, x, w, dy, **kw)
         assert all(torch.equal(a, c) for a, c in zip(again, got)), kw
+
+
+def assert_hands_main_grad(version, fp8: str) -> None:
+    """Two micro-batches into a MainGrad (the first writes, the second adds) against the unfused weight gradients
+    summed: the same GEMMs; the unfused ones arrive in bf16 (w's dtype), so they differ from the fp32 sum by bf16's
+    rounding of each (relative 2^-9 at most an element: 2^-8 bounds the norm of two; measured 1.7e-3)."""
+    from engine.distributed import MainGrad
+
+    x, w, dy = inputs(torch.bfloat16, "cuda", m=1024, f=1024, h=512, seed=1)
+    main = MainGrad(torch.zeros(w.shape, dtype=torch.float32, device="cuda"))
+    unfused = torch.zeros(w.shape, dtype=torch.float32, device="cuda")
+    wr = w.detach().clone().requires_grad_()
+    for scale in (1.0, -0.5):
+        version.gemm_fc1(x, wr, main_grad=main, fp8=fp8).backward(dy * scale)
+        assert main.take()
+        wr.grad = None
+        unfused += run(version, x, w, dy * scale, fp8=fp8)[2].float()
+    assert rel(main.grad, unfused) < 2**-8, fp8

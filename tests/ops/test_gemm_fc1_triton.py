@@ -13,9 +13,8 @@ on CPU too (TRITON_INTERPRET=1, a development check, not the suite's: its FP8 co
 import pytest
 import torch
 
-from engine.distributed import MainGrad
 from engine.distributed.fp8 import E5M2, cast
-from tests.ops.test_gemm_fc1_compiled import assert_like_baseline, inputs, rel, run
+from tests.ops.test_gemm_fc1_compiled import assert_hands_main_grad, assert_like_baseline, inputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -48,19 +47,7 @@ def test_the_fused_amax_is_the_reductions_and_nan_survives():
 
 
 def test_triton_hands_its_weight_gradient_to_the_main_grad():
-    """Two micro-batches into a MainGrad (the first writes, the second adds) against the unfused weight gradients
-    summed: the same GEMMs; the unfused ones arrive in bf16 (w's dtype), so they differ from the fp32 sum by bf16's
-    rounding of each (relative 2^-9 at most an element: 2^-8 bounds the norm of two)."""
+    """tests/ops/test_gemm_fc1_compiled.py assert_hands_main_grad (its bound and why), bf16 and FP8."""
     from engine.ops.gemm_fc1 import triton_swiglu
-
-    x, w, dy = inputs(torch.bfloat16, "cuda", m=1024, f=1024, h=512, seed=1)
     for fp8 in ("off", "tensorwise"):
-        main = MainGrad(torch.zeros(w.shape, dtype=torch.float32, device="cuda"))
-        unfused = torch.zeros(w.shape, dtype=torch.float32, device="cuda")
-        wr = w.detach().clone().requires_grad_()
-        for scale in (1.0, -0.5):
-            triton_swiglu.gemm_fc1(x, wr, main_grad=main, fp8=fp8).backward(dy * scale)
-            assert main.take()
-            wr.grad = None
-            unfused += run(triton_swiglu, x, w, dy * scale, fp8=fp8)[2].float()
-        assert rel(main.grad, unfused) < 2**-8, fp8
+        assert_hands_main_grad(triton_swiglu, fp8)

@@ -49,8 +49,7 @@ def _writer(dtype: torch.dtype, transposed: bool = False) -> CompiledKernel:
 FORMATS = (E4M3, E5M2)
 # tensorwise: (format, with the transpose's row-major copy) -> the whole cast compiled; rowwise: format -> the write
 _COMPILED = {(dtype, transposed): _scaled(dtype, transposed) for dtype in FORMATS for transposed in (False, True)}
-_WRITE = {dtype: _writer(dtype) for dtype in FORMATS}
-_WRITE_T = {dtype: _writer(dtype, transposed=True) for dtype in FORMATS}
+_WRITE = {(dtype, transposed): _writer(dtype, transposed) for dtype in FORMATS for transposed in (False, True)}
 
 # From this many elements on, q^T is copied from q by a second kernel rather than written beside q by the first:
 # there inductor's one tiled kernel writing both layouts moves ~1.8-2.3 TB/s and the two kernels ~2.4-2.9 TB/s
@@ -77,12 +76,12 @@ def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, trans
     if amax is not None:
         scale = scale_for(amax, dtype)
         if not transposed:
-            return _WRITE[dtype](t, scale), scale
-        q, qt = _WRITE_T[dtype](t, scale)
+            return _WRITE[dtype, False](t, scale), scale
+        q, qt = _WRITE[dtype, True](t, scale)
         return q, scale, qt
     if dim is not None or pow2:
         scale = amax_scale(t, dtype, dim, pow2)
-        return _WRITE[dtype](t, scale), scale
+        return _WRITE[dtype, False](t, scale), scale
     if transposed and t.numel() >= SPLIT_NUMEL:
         q, scale = _SPLIT[dtype](t)
         return q, scale, _TRANSPOSE(q)

@@ -24,7 +24,7 @@ import triton.language as tl
 from engine.distributed.fp8 import E4M3, E5M2, amax_scale, check_cast
 from engine.errors import KernelLoadError
 
-__all__ = ["cast"]
+__all__ = ["cast", "max_nan", "merge_amax"]
 
 _FORMATS = {E4M3: tl.float8e4nv, E5M2: tl.float8e5}
 
@@ -38,20 +38,28 @@ CAST_BM, CAST_BN, CAST_WARPS = 64, 64, 4
 
 
 @triton.jit
-def _max_nan(a, b):
+def max_nan(a, b):
+    """max keeping NaN (tl.maximum's default drops it): an amax of a tensor with a NaN is NaN, as torch's."""
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
+def merge_amax(amax_ptr, block_max):
+    """Merge a program's max |x| (>= 0, or NaN) into the tensor's amax: an atomic max on int32, zeroed beforehand. The
+    bits of floats >= 0 order as integers and a NaN's sit above +inf's, so the integer max is the float max, NaN kept;
+    a max is exact in any order, so the result is the same whatever order the programs run in."""
+    tl.atomic_max(amax_ptr, block_max.to(tl.int32, bitcast=True), sem="relaxed")
+
+
+@triton.jit
 def _amax(x_ptr, amax_ptr, numel, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    """max |x| over UNROLL blocks of the flat x (NaN if any is NaN), then an atomic max into amax (int32: the bits of
-    a float >= 0 order as integers, a NaN's above +inf's, so one integer max keeps NaN, as torch's amax does)."""
+    """max |x| over UNROLL blocks of the flat x (NaN if any is NaN), merged into amax (int32 bits: merge_amax)."""
     start = tl.program_id(0).to(tl.int64) * (BLOCK * UNROLL)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for i in tl.static_range(UNROLL):  # unrolled: the loads are issued together, not one latency each
         offs = start + i * BLOCK + tl.arange(0, BLOCK)
-        acc = _max_nan(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)))
-    tl.atomic_max(amax_ptr, tl.reduce(acc, 0, _max_nan).to(tl.int32, bitcast=True), sem="relaxed")
+        acc = max_nan(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)))
+    merge_amax(amax_ptr, tl.reduce(acc, 0, max_nan))
 
 
 @triton.jit
@@ -59,7 +67,7 @@ def _cast_tile(x_ptr, q_ptr, qt_ptr, amax_ptr, scale_ptr, M, N, sxm, sxn, scale_
                FMAX: tl.constexpr, OUT: tl.constexpr, FROM_AMAX: tl.constexpr, TRANSPOSED: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr):
     """One [BM, BN] tile of t -> q (row-major [M, N]) and, with TRANSPOSED, q^T (row-major [N, M]). FROM_AMAX: the
-    scale from the amax (int32 bits, `_amax`; program (0, 0) stores it); else read at scale_ptr + row x
+    scale from the amax (int32 bits, merge_amax; program (0, 0) stores it); else read at scale_ptr + row x
     scale_row_stride."""
     pm = tl.program_id(0)
     pn = tl.program_id(1)

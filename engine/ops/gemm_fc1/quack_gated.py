@@ -7,8 +7,8 @@ Why and how: docs/engine/ops.md, section `engine/ops/gemm_fc1/quack_gated.py`.
 import torch
 from quack.gemm_interface import gemm_gated
 
-from engine.distributed.fp8 import fp8_copy, save_operands, saved_operands, weight_copy
-from engine.distributed.wgrad import linear_grads
+from engine.distributed.fp8 import saved_operands
+from engine.distributed.wgrad import linear_grads, linear_operands, save_linear_operands
 from engine.ops.gemm_fc1.baseline import check_inputs
 from engine.ops.gemm_fc1.cute_dswiglu import dswiglu_concat
 from engine.ops.kernel_cache import configure_quack_cache
@@ -54,17 +54,16 @@ class _GemmFc1Fp8(torch.autograd.Function):
     dtype; quack accumulates FP8 with fp32 promotion (no fast mode: register.toml's fp8 leaves out fast-accum).
     Backward: the same one-pass SwiGLU backward, then dgrad and wgrad as every FP8 linear runs them
     (engine/distributed/wgrad.py linear_grads) on the forward's kept copies: x^T's and W^T's FP8 copies, saved as the
-    other linears save them (save_linear), the weight gradient to main_grad."""
+    other linears save them (linear_operands, save_linear_operands), the weight gradient to main_grad."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, main_grad, fp8: str) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        x8, w8 = fp8_copy(x2, fp8, transposed=True), weight_copy(w, fp8)
+        x8, w8 = linear_operands(ctx, x, w, fp8)
         alpha = (x8.inverse() * w8.inverse()).reshape(1)
         preact, y = gemm_gated(x8.q, w8.q.t(), activation="swiglu", concat_layout=("B",), tuned=False,
                                store_preact=True, alpha=alpha, out_dtype=x.dtype, postact_dtype=x.dtype)
-        save_operands(ctx, x8.transposed_only(), w8.transposed_only(), w, preact)
-        ctx.fp8, ctx.x_shape, ctx.main_grad = fp8, x.shape, main_grad
+        save_linear_operands(ctx, x8, w8, w, preact)
+        ctx.main_grad = main_grad
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from engine.distributed.fp8 import keeps_fp8
 from engine.distributed.wgrad import linear, linear_grads, linear_operands, save_linear_operands, saved_operands
+from engine.ops.fp8_cast.triton_cast import max_nan, merge_amax
 from engine.ops.gemm_fc1.baseline import check_inputs
 
 __all__ = ["gemm_fc1"]
@@ -43,15 +44,10 @@ def _swiglu_fwd(pre_ptr, y_ptr, M, F, BM: tl.constexpr, BF: tl.constexpr):
 
 
 @triton.jit
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _swiglu_bwd(dy_ptr, pre_ptr, dpre_ptr, amax_ptr, M, F, dy_stride, AMAX: tl.constexpr, BM: tl.constexpr,
                 BF: tl.constexpr):
     """dpre [M, 2F] = [dgate | dup] from dy [M, F] and pre = [gate | up]; AMAX: max |dpre| as stored (NaN if any),
-    atomically into amax (int32 bits of a float >= 0, as engine/ops/fp8_cast/triton_cast.py's `_amax`)."""
+    merged into amax (int32 bits: engine/ops/fp8_cast/triton_cast.py merge_amax)."""
     rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     rf = tl.program_id(1).to(tl.int64) * BF + tl.arange(0, BF)
     inside = (rm[:, None] < M) & (rf[None, :] < F)
@@ -65,9 +61,8 @@ def _swiglu_bwd(dy_ptr, pre_ptr, dpre_ptr, amax_ptr, M, F, dy_stride, AMAX: tl.c
     tl.store(dpre_ptr + at, dgate, mask=inside)
     tl.store(dpre_ptr + at + F, dup, mask=inside)
     if AMAX:
-        m = _max_nan(tl.abs(dgate.to(tl.float32)), tl.abs(dup.to(tl.float32)))
-        m = tl.reduce(tl.reduce(m, 1, _max_nan), 0, _max_nan)
-        tl.atomic_max(amax_ptr, m.to(tl.int32, bitcast=True), sem="relaxed")
+        m = max_nan(tl.abs(dgate.to(tl.float32)), tl.abs(dup.to(tl.float32)))
+        merge_amax(amax_ptr, tl.reduce(tl.reduce(m, 1, max_nan), 0, max_nan))
 
 
 def swiglu(pre: torch.Tensor) -> torch.Tensor:
