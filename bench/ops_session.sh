@@ -10,6 +10,10 @@
 #   bash bench/ops_session.sh graphs-test  one GPU: --cuda-graphs bit for bit against eager (GPU tests)
 #   bash bench/ops_session.sh graphs   one GPU: the slice's MFU with CUDA graphs off / on, twice each, beside
 #                                      torch.compile (one job; a second call)
+#   bash bench/ops_session.sh graphs-fp8  one GPU, wheels staged: --cuda-graphs bit for bit against eager (its GPU tests:
+#                                      defaults, baseline-unfused-recompute, --fp8 tensorwise --fp8-weight-cache), ~6 min;
+#                                      `graphs-fp8 bench`: the slice bf16 and --fp8 (weight cache) each eager and graphed,
+#                                      FP8 graphed with --fp8-fast-accum, beside torchao float8 + compile (~6 min)
 #   bash bench/ops_session.sh fp8      one GPU, no wheels: the --fp8 GPU tests, then the 4-layer 8B slice bf16 vs --fp8
 #                                      tensorwise (kept FP8 copies) vs rowwise, both with --op-fp8-cast compiled
 #                                      (FP8_EAGER=1: also tensorwise with the eager cast; all other ops baseline), one job
@@ -524,6 +528,21 @@ case "${1:-check}" in
   graphs-test)
     stamp "--cuda-graphs against eager, bit for bit (0.5B: defaults; baseline ops, unfused, recompute)"
     timeout 500 python3 -m pytest tests/engine/test_cuda_graphs.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$OUT/graphs_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|Error" | tail -12
+    ;;
+  graphs-fp8)
+    # The two graphs (a step's first micro-batch, the others: engine/cuda_graph.py), which --fp8-weight-cache and the
+    # first-write gradients run under since the fifteenth session.
+    if [ "${2:-}" = bench ]; then
+      stamp "the slice: bf16 and --fp8 tensorwise --fp8-weight-cache, eager and --cuda-graphs, + fast accum, + torchao"
+      timeout 590 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 110 --peer-timeout 100 \
+        --variant bf16= --variant bf16-graphs="--cuda-graphs" --variant fp8="$FP8_CACHE" \
+        --variant fp8-graphs="$FP8_CACHE --cuda-graphs" --variant fp8-graphs-fast="$FP8_CACHE --cuda-graphs --fp8-fast-accum" \
+        --peer torchao-fp8 --out "$OUT/mfu_8b4l_fp8_graphs.json" 2>&1 | grep -v "^\[" | tail -9
+      exit 0
+    fi
+    stamp "--cuda-graphs against eager, bit for bit (0.5B: defaults; baseline ops, unfused, recompute; FP8 weight cache)"
+    timeout 560 python3 -m pytest tests/engine/test_cuda_graphs.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
       | tee "$OUT/graphs_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|Error" | tail -12
     ;;
   graphs)

@@ -237,9 +237,10 @@ class EngineConfig:
                                        "attention outputs of each layer, recompute the cheap ops (torchtitan's per-op "
                                        "SAC policy; engine/model/recompute.py). The former boolean flag: a bare "
                                        "--activation-checkpointing still means full", "perf", bare="full")
-    cuda_graphs: bool = _f(False, "capture one micro-batch's forward and backward as a CUDA graph and replay it for every "
-                           "later micro-batch (one launch instead of hundreds; same bits as without; one CUDA GPU: TP 1, "
-                           "DP 1, no --document-mask; engine/cuda_graph.py)", "perf")
+    cuda_graphs: bool = _f(False, "capture a step's first micro-batch and a later one, forward and backward, as two CUDA "
+                           "graphs and replay them for every later step's micro-batches (one launch instead of "
+                           "hundreds; same bits as without; one CUDA GPU: TP 1, DP 1, no --document-mask; "
+                           "engine/cuda_graph.py)", "perf")
     fp8: str = _f("off", "GEMMs of the decoder's linear layers (QKV, O, FC1, FC2) in FP8 with dynamic scaling "
                   "(torch._scaled_mm; docs/fp8.md): off; tensorwise (one scale per tensor, E4M3 forward, E5M2 output "
                   "gradients, torchao's default recipe); rowwise (a scale per row, E4M3 throughout, power-of-2 scales). "
@@ -251,7 +252,7 @@ class EngineConfig:
                                 "once a step, on its first micro-batch, and reuse the copies for the step's other "
                                 "micro-batches (TransformerEngine's is_first_microbatch): the same bits, GAS - 1 of "
                                 "every GAS weight casts fewer, for 2 bytes a linear parameter held through the step "
-                                "(docs/fp8.md); not with --cuda-graphs", "perf")
+                                "(docs/fp8.md)", "perf")
     fp8_fast_accum: bool = _f(False, "with --fp8: the forward GEMMs (y = x W^T) accumulate at the FP8 tensor cores' own "
                               "precision (torch._scaled_mm use_fast_accum), as torchao's float8 recipes do; the "
                               "backward GEMMs (dgrad, wgrad) keep the periodic fp32 promotion. Faster forward GEMMs "
@@ -553,7 +554,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
     dp = world_size // cfg.tp
     if cfg.cuda_graphs and (cfg.tp > 1 or dp > 1):
         raise ConfigError("--cuda-graphs", True, "train on one GPU (TP 1, DP 1), or leave out --cuda-graphs",
-                          f"replays one captured micro-batch, which holds no TP or DP communication (this launch: "
+                          f"replays captured micro-batches, which hold no TP or DP communication (this launch: "
                           f"TP {cfg.tp} x DP {dp})")
     if cfg.cuda_graphs and cfg.document_mask:
         raise ConfigError("--cuda-graphs", True, "leave out --document-mask or --cuda-graphs",
@@ -592,18 +593,13 @@ def _check_fp8(cfg: EngineConfig) -> None:
     """--fp8: FP8 GEMMs (cuBLAS / CUTLASS through torch._scaled_mm) need every dimension a multiple of 16: the
     widths each TP rank multiplies (hidden, head_dim, FFN shard) and the tokens of a micro-batch (a weight
     gradient's reduction; per forward row chunk of --tp-fwd-chunks). --fp8-weight-cache keeps tensorwise copies
-    (one scale transposes with the weight; rowwise casts W per GEMM) and needs eager micro-batches (a CUDA graph
-    replays the casts of the micro-batch it captured)."""
+    (one scale transposes with the weight; rowwise casts W per GEMM)."""
     if cfg.fp8_fast_accum and cfg.fp8 == "off":
         raise ConfigError("--fp8-fast-accum", True, "add --fp8 tensorwise (or rowwise), or leave out --fp8-fast-accum",
                           "sets how FP8 GEMMs accumulate, and this run has none (--fp8 off)")
     if cfg.fp8_weight_cache and cfg.fp8 != "tensorwise":
         raise ConfigError("--fp8-weight-cache", True, "add --fp8 tensorwise, or leave out --fp8-weight-cache",
                           f"keeps tensorwise FP8 copies of the weights, and --fp8 is {cfg.fp8}")
-    if cfg.fp8_weight_cache and cfg.cuda_graphs:
-        raise ConfigError("--fp8-weight-cache", True, "leave out --fp8-weight-cache or --cuda-graphs",
-                          "casts the weights on a step's first micro-batch only, and --cuda-graphs replays one "
-                          "captured micro-batch for all of them")
     if cfg.fp8 == "off":
         return
     for name, value in (("hidden_size", cfg.hidden_size), ("head_dim", cfg.head_dim)):

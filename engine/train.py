@@ -156,7 +156,7 @@ class Trainer:
             self.fsdp = self.optimizer
         else:
             self.buffers = FlatBuffers(self.model, dp_size=par.dp_size, bucket_numel=int(cfg.ddp_bucket_mb * 1e6) // 4,
-                                       fuse_wgrad=cfg.grad_accum_fusion, lazy_zero=not cfg.cuda_graphs)
+                                       fuse_wgrad=cfg.grad_accum_fusion)
             # --optimizer muon: Muon steps the hidden matrices, AdamW the rest (and takes the grad norm and clips for both)
             parts = muon_parts(self.model, cfg, par) if cfg.optimizer == "muon" else {}
             self.optimizer = MixedPrecisionAdamW(self.buffers, cfg, par, self.lr_multipliers, tp_grads,
@@ -166,7 +166,7 @@ class Trainer:
             self.param_gather = ParamGather(self.buffers, par, self.model, overlap=cfg.overlap_param_gather)
         self.spike_guard = LossSpikeGuard(cfg, par)
         self.save_at = save_steps(cfg)  # --save-at: steps checkpointed besides the cadence
-        self.micro_graph = MicroBatchGraph(self.model) if cfg.cuda_graphs else None
+        self.micro_graph = MicroBatchGraph(self.model, self.buffers) if cfg.cuda_graphs else None
         self.step = 0
         self.elapsed_s = 0.0  # training seconds so far, agreed by all ranks (the slowest's), over resumes
         if self.resume_from is not None:
@@ -310,12 +310,11 @@ class Trainer:
         else:
             self.buffers.zero_grads()
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.par.device)
-        if self.micro_graph is not None:  # --cuda-graphs: each micro-batch one replay (one process: nothing to wait for)
-            for inputs, labels, _ in micro:
-                loss_sum += self.micro_graph(inputs, labels, valid)
-            micro = []  # nothing left for the eager loop
         with weight_copies_kept(self.cfg.fp8_weight_cache):  # --fp8-weight-cache: each weight cast once a step
             for i, (inputs, labels, documents) in enumerate(micro):
+                if self.micro_graph is not None:  # --cuda-graphs: one replay (one process: nothing to wait for)
+                    loss_sum += self.micro_graph(inputs, labels, valid, first=i == 0)
+                    continue
                 loss = self.model(inputs, labels, documents)
                 if count is not None:
                     count.wait()

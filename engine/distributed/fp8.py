@@ -15,7 +15,7 @@ from engine.distributed.fp8_weight import Fp8Weight
 from engine.errors import ConfigError
 
 __all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "scale_for", "amax_scale", "scaled_cast", "quantize", "cast",
-           "check_cast", "keeps_fp8", "fp8_copy", "weight_copies_kept", "weight_copy", "grad_operand", "rows",
+           "check_cast", "keeps_fp8", "fp8_copy", "weight_copies_kept", "kept_weight_copies", "weight_copy", "grad_operand", "rows",
            "save_operands", "saved_operands", "scaled_mm_nt", "linear_forward", "linear_dgrad", "linear_wgrad",
            "scaled_wgrad_add", "wgrad_add", "reference_linear_fp8", "check_fp8_device"]
 
@@ -183,6 +183,11 @@ def weight_copies_kept(on: bool) -> Iterator[None]:
         yield
     finally:
         _WEIGHT_COPIES = None
+
+
+def kept_weight_copies() -> list[Fp8Operand]:
+    """The copies weight_copies_kept holds now (engine/cuda_graph.py keeps the ones a graph captured alive)."""
+    return [] if _WEIGHT_COPIES is None else list(_WEIGHT_COPIES.values())
 
 
 def weight_copy(w: torch.Tensor, recipe: str) -> Fp8Operand:

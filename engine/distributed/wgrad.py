@@ -39,15 +39,20 @@ class MainGrad:
             self.grad.zero_()
         self._stale = False
 
+    @property
+    def written(self) -> bool:
+        """Whether a contribution has reached the view this step."""
+        return not self._fresh
+
+    def mark_written(self) -> None:
+        """A contribution reached the view outside Python: the replay of a CUDA graph that captured its write
+        (engine/cuda_graph.py), so `settle` must keep it and later contributions add."""
+        self._fresh = self._stale = False
+
     def _first(self) -> bool:
-        """Whether this contribution writes the view (the step's first) rather than adding. Not while a CUDA graph
-        captures: its replays would write again, so that path clears the buffer and every contribution adds."""
+        """Whether this contribution writes the view (the step's first) rather than adding. A CUDA graph captures
+        the decision, so engine/cuda_graph.py replays a graph that writes only as a step's first micro-batch."""
         first, self._fresh = self._fresh, False
-        if first and self.grad.is_cuda and torch.cuda.is_current_stream_capturing():
-            if self._stale:
-                raise RuntimeError("a CUDA graph captured a backward onto a gradient buffer that was not zeroed: "
-                                   "FlatBuffers(lazy_zero=False) is the one for --cuda-graphs")
-            return False
         self._stale = False
         return first
 

@@ -75,7 +75,8 @@ class FlatBuffers:
             e.param.data = view
         self._main_grads: list[MainGrad] = []  # the fused parameters' gradient views (fuse_wgrad)
         # Fused, every parameter's view is a MainGrad that a step's first contribution writes: zero_grads clears
-        # nothing. Not under --cuda-graphs (lazy_zero False): a captured backward adds into real zeros.
+        # nothing (--cuda-graphs too: engine/cuda_graph.py replays the captured writes as a step's first micro-batch).
+        # lazy_zero False clears the buffer every step (tests/engine/always_add.py, the A/B against it).
         self.lazy_zero = lazy_zero and fuse_wgrad
         self._hooks = [e.param.register_post_accumulate_grad_hook(self._make_hook(e, fuse_wgrad)) for e in self.entries]
 
@@ -106,6 +107,11 @@ class FlatBuffers:
             self.grads.zero_()
         for main in self._main_grads:
             main.reset(zeroed=not self.lazy_zero)
+
+    def unwritten(self) -> list[MainGrad]:
+        """The fused views no contribution has reached yet this step (engine/cuda_graph.py: those a captured first
+        micro-batch writes are the ones this loses while it captures)."""
+        return [main for main in self._main_grads if not main.written]
 
     def settle(self) -> None:
         """After a step's last backward, before its gradients are reduced or read: zero the views nothing wrote."""

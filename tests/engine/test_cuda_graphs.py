@@ -1,11 +1,12 @@
-"""--cuda-graphs: a replayed micro-batch computes the same bits as the eager one (engine/cuda_graph.py).
+"""--cuda-graphs: replayed micro-batches compute the same bits as the eager ones (engine/cuda_graph.py).
 
 The eager engine is the reference here: it is checked against HF Llama and fp32 PyTorch elsewhere
 (tests/engine/test_reference.py and others), and a graph replays the kernels the eager micro-batch launched, on the
 same data, so any difference at all is a defect: inputs or token counts not copied in before a replay, a gradient
-added twice or not at all (the Python-side hooks run only during capture), weights read from stale memory after the
-optimizer or a resume wrote them. Bitwise means every [LOSS] field but time and MFU, and every [EVAL] line, is the
-same string. GPU only (`-m gpu`): a CPU run refuses the flag (tests/engine/test_bad_input.py).
+added twice or not at all (the Python-side hooks run only during capture), a step's first gradients added onto the
+last step's instead of written (the two graphs swapped, or FlatBuffers.settle zeroing what a replay wrote), weights
+or their --fp8-weight-cache copies read from stale memory after the optimizer or a resume wrote them. Bitwise
+means every [LOSS] field but time and MFU, and every [EVAL] line, is the same string. GPU only (`-m gpu`): a CPU run refuses the flag (tests/engine/test_bad_input.py).
 """
 
 import shutil
@@ -20,8 +21,9 @@ BASELINE = ["--op-attention", "baseline", "--op-rmsnorm", "baseline", "--op-gemm
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [[], [*BASELINE, "--no-grad-accum-fusion", "--activation-checkpointing"]],
-                         ids=["defaults", "baseline-unfused-recompute"])
+@pytest.mark.parametrize("variant", [[], [*BASELINE, "--no-grad-accum-fusion", "--activation-checkpointing"],
+                                     ["--fp8", "tensorwise", "--fp8-weight-cache"]],
+                         ids=["defaults", "baseline-unfused-recompute", "fp8-weight-cache"])
 def test_graphed_runs_and_a_graphed_resume_match_the_eager_run_bit_for_bit(variant, tmp_path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
