@@ -14,9 +14,6 @@
 #                                      defaults, baseline-unfused-recompute, --fp8 tensorwise --fp8-weight-cache), ~6 min;
 #                                      `graphs-fp8 bench`: the slice bf16 and --fp8 (weight cache) each eager and graphed,
 #                                      FP8 graphed with --fp8-fast-accum, beside torchao float8 + compile (~6 min)
-#   bash bench/ops_session.sh manual-gc  one GPU, wheels staged: --gc-every 5 (Python's collector between steps) A/B on the
-#                                      slice: bf16, --fp8 graphed, eager FP8, each without and with (~5 min); `manual-gc
-#                                      peer`: bf16, FP8 graphed + fast accumulation without and with, beside torchao (~6 min)
 #   bash bench/ops_session.sh fp8      one GPU, no wheels: the --fp8 GPU tests, then the 4-layer 8B slice bf16 vs --fp8
 #                                      tensorwise (kept FP8 copies) vs rowwise, both with --op-fp8-cast compiled
 #                                      (FP8_EAGER=1: also tensorwise with the eager cast; all other ops baseline), one job
@@ -547,22 +544,6 @@ case "${1:-check}" in
     stamp "--cuda-graphs against eager, bit for bit (0.5B: defaults; baseline ops, unfused, recompute; FP8 weight cache)"
     timeout 560 python3 -m pytest tests/engine/test_cuda_graphs.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
       | tee "$OUT/graphs_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|Error" | tail -12
-    ;;
-  manual-gc)
-    # The slice's step times vary by ~15 ms at the start of some steps (the profile: the host inside a collector pass
-    # while the GPU idles); --gc-every moves the passes between steps. A pass runs inside the timed steps (before step 6).
-    G="--gc-every 5"; F="$FP8_CACHE --cuda-graphs"
-    if [ "${2:-}" = peer ]; then
-      stamp "the slice: bf16, --fp8 graphed + fast accumulation, without and with $G, beside torchao (one job)"
-      timeout 590 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 110 --peer-timeout 100 \
-        --variant bf16= --variant fp8-graphs-fast="$F --fp8-fast-accum" --variant fp8-graphs-fast-gc="$F --fp8-fast-accum $G" \
-        --peer torchao-fp8 --out "$OUT/mfu_8b4l_manual_gc_peer.json" 2>&1 | grep -v "^\[" | tail -7
-      exit 0
-    fi
-    stamp "the slice: bf16, --fp8 graphed, --fp8 eager, each without and with $G (one job)"
-    timeout 590 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 110 \
-      --variant bf16= --variant bf16-gc="$G" --variant fp8-graphs="$F" --variant fp8-graphs-gc="$F $G" \
-      --variant fp8-gc="$FP8_CACHE $G" --out "$OUT/mfu_8b4l_manual_gc.json" 2>&1 | grep -v "^\[" | tail -7
     ;;
   graphs)
     stamp "MFU of the slice, CUDA graphs off / on twice each, beside torch.compile (one job)"

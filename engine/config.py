@@ -237,10 +237,6 @@ class EngineConfig:
                                        "attention outputs of each layer, recompute the cheap ops (torchtitan's per-op "
                                        "SAC policy; engine/model/recompute.py). The former boolean flag: a bare "
                                        "--activation-checkpointing still means full", "perf", bare="full")
-    gc_every: int = _f(0, "run Python's garbage collector every N steps, between steps, with automatic collection off "
-                       "(torchtitan's gc_freq, Megatron-LM's --manual-gc): no collector pass stalls the host inside a "
-                       "step; a step's reference cycles wait up to N steps. 0: Python's automatic collector "
-                       "(engine/manual_gc.py)", "perf")
     cuda_graphs: bool = _f(False, "capture a step's first micro-batch and a later one, forward and backward, as two CUDA "
                            "graphs and replay them for every later step's micro-batches (one launch instead of "
                            "hundreds; same bits as without; one CUDA GPU: TP 1, DP 1, no --document-mask; "
@@ -483,7 +479,7 @@ def resolve(cfg: EngineConfig, world_size: int = 1) -> EngineConfig:
               "log_every", "lr", "init_std", "dim_model_base", "skip_spike_window", "skip_spike_max_consecutive",
               "rope_theta", "scale_emb", "scale_depth", "tp_fwd_chunks")
     _positive(cfg, "grad_accum_steps", "global_batch_size", "warmup_steps", "decay_steps", "eval_every", "eval_samples",
-              "fsdp_prefetch", "save_every", "save_last", "gc_every", "weight_decay", "grad_clip", "peak_tflops", "rms_norm_eps", "adam_eps",
+              "fsdp_prefetch", "save_every", "save_last", "weight_decay", "grad_clip", "peak_tflops", "rms_norm_eps", "adam_eps",
               allow_zero=True)
     if not cfg.ddp_bucket_mb > 0:
         raise ConfigError("--ddp-bucket-mb", cfg.ddp_bucket_mb, "use a positive size in MB (160 is Megatron's 40M elements)", "is out of range")

@@ -28,7 +28,6 @@ from engine.env import launch_env, pin_cublas_workspace
 from engine.errors import EXIT_USAGE, ConfigError, TrainingDiverged
 from engine.evaluate import evaluate
 from engine.flops import flops_per_token, matmul_params, mfu, peak_flops, peak_fp8_flops
-from engine.manual_gc import ManualGC
 from engine.step_log import MetricsWriter, skip_line
 from engine.model import IGNORE_INDEX, Transformer, batch_documents, build_model
 from engine.model.tp_grads import global_param_count
@@ -388,11 +387,9 @@ class Trainer:
         cfg = self.cfg
         self.stop.install()
         saved_at = self.step if self.resume_from is not None else -1
-        collector = ManualGC(cfg.gc_every)  # --gc-every: Python's collector between steps, not inside them
         try:
             if cfg.eval_every and self.step == 0:
                 self._evaluate()  # the starting point every later evaluation is read against
-            collector.start()
             started, before, paused = self.clock(), self.elapsed_s, 0.0  # paused: periodic evaluations
             while self.step < cfg.num_steps:
                 if self._budget_spent():  # checked first: a run resumed with its budget spent trains no step
@@ -402,7 +399,6 @@ class Trainer:
                 if self.par.device.type == "cuda":
                     torch.cuda.current_stream(self.par.device).synchronize()
                 t0 = time.perf_counter()
-                collector.before_step(self.step)  # inside the step's timed window: its cost is in the step times
                 loss, grad_norm, lr = self.train_step()
                 if self.par.device.type == "cuda":
                     torch.cuda.current_stream(self.par.device).synchronize()
@@ -451,7 +447,6 @@ class Trainer:
                 self.save()
             return 0
         finally:
-            collector.stop()
             if self.param_gather is not None:
                 self.param_gather.wait_all()
             try:
