@@ -66,6 +66,9 @@
 #   bash bench/ops_session.sh fp8-4gpu  four GPUs, CuTeDSL wheels staged: the full 8B, bf16 vs --fp8 tensorwise (weight
 #                                      cache; and --fp8-fast-accum) at DP 4 ZeRO-1 and TP 2 x DP 2 ZeRO-1, six timed steps
 #                                      a row (one job), ~7 minutes
+#   bash bench/ops_session.sh fp8-layouts  four GPUs, CuTeDSL wheels staged: the planner's other FP8 points with the default
+#                                      FP8 kernels (engine/plan.py _FP8_SPEEDUP): DP 4 ZeRO-1 without the weight cache,
+#                                      TP 1 x FSDP 4, TP 2 x DP 2 ZeRO-1 with the cache, each beside its bf16 twin (~4 min)
 #   bash bench/ops_session.sh fp8-tp2-profile  two GPUs, CuTeDSL wheels staged: the slice at TP 2, bf16 vs --fp8 timed, then
 #                                      bf16 (rank 0) and FP8 (ranks 0 and 1) profiled (why FP8 at TP 2 is slower), ~6 minutes;
 #                                      `fp8-tp2-profile bench`: the timing alone (~90 s)
@@ -302,6 +305,15 @@ case "${1:-check}" in
       --variant fsdp4="--fsdp" --variant fsdp4-fp8="$FP8" --variant fsdp4-fp8-ag="$FP8 --fsdp-fp8-all-gather" \
       --variant tp2-fsdp2-fp8="--tp 2 $FP8" --variant tp2-fsdp2-fp8-ag="--tp 2 $FP8 --fsdp-fp8-all-gather" \
       --out "$OUT/mfu_8b_4gpu_fsdp_fp8_all_gather.json" 2>&1 | grep -v "^\[" | tail -8
+    ;;
+  fp8-layouts)
+    # fp8-4gpu measured DP 4 with the cache on the default FP8 kernels (gemm_fc1 triton, the Triton cast); the planner's
+    # other measured points predate them (--op-gemm-fc1 compiled): each again, beside its bf16 twin, one job.
+    stamp "8B on 4 GPUs, bf16 vs --fp8 tensorwise: DP 4 without the cache, FSDP 4, TP 2 x DP 2 with the cache (one job)"
+    timeout 400 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 5 --warmup 2 --engine-timeout 80 \
+      --variant dp4-zero1= --variant dp4-zero1-fp8="--fp8 tensorwise" --variant fsdp4="--fsdp" \
+      --variant fsdp4-fp8="--fsdp --fp8 tensorwise" --variant tp2-dp2-zero1="--tp 2" \
+      --variant tp2-dp2-zero1-fp8-cache="--tp 2 $FP8_CACHE" --out "$OUT/mfu_8b_4gpu_fp8_layouts.json" 2>&1 | grep -v "^\[" | tail -9
     ;;
   fp8-4gpu)
     # Issue 32's second target: the full MiniCPM4-8B on 4 GPUs at the scale-out issue's best layout, FP8 >= 1.30x bf16.

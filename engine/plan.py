@@ -40,15 +40,14 @@ _FSDP_MEASURED = (
     (2, {"fsdp_prefetch": 1, "fsdp_reshard_after_forward": "never", "fsdp_grad_sync": "step"}, 0.519),
     (1, {"fsdp_prefetch": 1, "fsdp_reduce_dtype": "bf16"}, 0.525),
 )
-# --fp8 tensorwise's speed over bf16 at the same layout (tokens/s ratio, MiniCPM4-8B, mbs 2, seq 4096, H200,
-# --op-gemm-fc1 compiled): (DP mode, TP, --fp8-weight-cache) -> ratio. TP 1: ZeRO-1 DP 4, the mean of three jobs with
-# the cache (1.300, 1.237, 1.338: bench/results/mfu_8b_4gpu_fp8_h200x4.json, mfu_8b_4gpu_zero1_buckets_fp8_h200x4.json,
-# mfu_8b_4gpu_fp8_s12_h200x4.json) and two without (1.016, 1.169), FSDP 4 (mfu_8b_4gpu_fsdp_fp8_all_gather_h200x4.json);
-# TP 2: ZeRO-1 TP 2 x DP 2 with the cache (mfu_8b_4gpu_tp2dp2_fp8_s13_h200x4.json), measured after the FP8 linear's
-# host time was halved (twelfth session); the jobs before that were host-bound there (0.84-0.96x; docs/fp8.md).
-# Elsewhere fp8_speedup() says how it extrapolates.
-_FP8_SPEEDUP = {("zero1", 1, True): 1.292, ("zero1", 1, False): 1.092, ("fsdp", 1, False): 1.187,
-                ("zero1", 2, True): 1.208}
+# --fp8 tensorwise's speed over bf16 at the same layout (tokens/s ratio, MiniCPM4-8B, mbs 2, seq 4096, 4 x H200) with
+# the FP8 kernels a run gets by default (gemm_fc1 triton, the Triton cast; fifteenth session): (DP mode, TP,
+# --fp8-weight-cache) -> ratio. ZeRO-1 DP 4 with the cache: bench/results/mfu_8b_4gpu_fp8_s15_h200x4.json; DP 4 without
+# it, TP 1 x FSDP 4 and ZeRO-1 TP 2 x DP 2 with it: mfu_8b_4gpu_fp8_layouts_s15_h200x4.json (one job, each beside its
+# bf16 twin). The kernels before them (--op-gemm-fc1 compiled, the compiled cast) measured 1.292 / 1.092 / 1.187 /
+# 1.208 at these points (docs/fp8.md). Elsewhere fp8_speedup() says how it extrapolates.
+_FP8_SPEEDUP = {("zero1", 1, True): 1.399, ("zero1", 1, False): 1.379, ("fsdp", 1, False): 1.309,
+                ("zero1", 2, True): 1.179}
 # The --fsdp variants plan(fsdp_knobs=...) ranks, as (--fsdp-reshard-after-forward, --fsdp-reduce-dtype): off, FSDP2's
 # defaults only; exact (the default), also `never` (the same sums); all, also the bf16 reduce-scatter (bf16 sums).
 # --fsdp-grad-sync step is modelled (memory_bytes, dp_bytes, the time model) but not ranked: `never` saves more
@@ -133,18 +132,21 @@ def fp8_bytes_per_layer(cfg: EngineConfig, p_layer: int, tokens: int, h: int, f:
 
 def fp8_speedup(cfg: EngineConfig) -> tuple[float, bool]:
     """(--fp8's tokens/s over bf16 at cfg's layout, whether measured at the 4-GPU point without recompute). Measured
-    at TP 1 (ZeRO-1 with and without the weight cache, FSDP without) and TP 2 (ZeRO-1, cache); elsewhere: ZeRO-1's at
-    that TP for --fsdp, TP 2's past TP 2, without the cache the cache's ratio x 1.092 / 1.292 (what leaving it out
-    cost at TP 1).
+    at TP 1 (ZeRO-1 with and without the weight cache, FSDP without) and TP 2 (ZeRO-1, cache); elsewhere, in this
+    order: the same DP mode's ratio with the cache the other way, times (or over) what the cache is worth at TP 1
+    under ZeRO-1; ZeRO-1's at that TP likewise; TP 2's past TP 2.
     Rowwise: 1.0 (not measured at the CuTeDSL defaults; torchao's rowwise 1.05x on the slice)."""
     if cfg.fp8 != "tensorwise":
         return (1.0, False) if cfg.fp8 == "rowwise" else (1.0, True)
     mode, tp, cache = "fsdp" if cfg.fsdp else "zero1", min(cfg.tp, 2), cfg.fp8_weight_cache
-    for key in ((mode, tp, cache), ("zero1", tp, cache)):
+    worth = _FP8_SPEEDUP[("zero1", 1, True)] / _FP8_SPEEDUP[("zero1", 1, False)]  # the cache's, as a factor
+    other = worth if cache else 1 / worth
+    for key, factor in (((mode, tp, cache), 1.0), ((mode, tp, not cache), other), (("zero1", tp, cache), 1.0),
+                        (("zero1", tp, not cache), other)):
         if key in _FP8_SPEEDUP:  # measured: the layout and point the runs had (no recompute)
-            return _FP8_SPEEDUP[key], key == (mode, cfg.tp, cache) and cfg.activation_checkpointing == "none"
-    uncached = _FP8_SPEEDUP[("zero1", 1, False)] / _FP8_SPEEDUP[("zero1", 1, True)]
-    return _FP8_SPEEDUP[("zero1", tp, True)] * uncached, False
+            exact = key == (mode, cfg.tp, cache) and cfg.activation_checkpointing == "none"
+            return _FP8_SPEEDUP[key] * factor, exact
+    raise AssertionError(f"no measured FP8 ratio at TP {tp}")  # _FP8_SPEEDUP has ZeRO-1 at TP 1 and 2
 
 
 def dp_bytes(cfg: EngineConfig) -> float:
