@@ -7,11 +7,11 @@
 #   bash bench/ops_session.sh step     one GPU: the 4-layer 8B slice's profile (families, top kernels, GEMMs by
 #                                      shape with TFLOP/s) into docs/benchmarks.md, the same GEMMs alone and back to
 #                                      back (bench/step_gemms.py: SM clock, power), then MFU against torch.compile
-#   bash bench/ops_session.sh graphs-test  one GPU: --cuda-graphs bit for bit against eager (GPU tests)
+#   bash bench/ops_session.sh graphs-test  one GPU: --cuda-graphs bit for bit against eager (GPU tests, the FP8 weight cache's too)
 #   bash bench/ops_session.sh graphs   one GPU: the slice's MFU with CUDA graphs off / on, twice each, beside
 #                                      torch.compile (one job; a second call)
-#   bash bench/ops_session.sh graphs-fp8  one GPU, wheels staged: --cuda-graphs bit for bit against eager (its GPU tests:
-#                                      defaults, baseline-unfused-recompute, --fp8 tensorwise --fp8-weight-cache), ~6 min;
+#   bash bench/ops_session.sh graphs-fp8  one GPU, wheels staged: graphs-test (defaults, baseline-unfused-recompute,
+#                                      --fp8 tensorwise --fp8-weight-cache), ~5 min;
 #                                      `graphs-fp8 bench`: the slice bf16 and --fp8 (weight cache) each eager and graphed,
 #                                      FP8 graphed with --fp8-fast-accum, beside torchao float8 + compile (~6 min)
 #   bash bench/ops_session.sh fp8      one GPU, no wheels: the --fp8 GPU tests, then the 4-layer 8B slice bf16 vs --fp8
@@ -560,8 +560,8 @@ case "${1:-check}" in
       --out "$OUT/mfu_8b4l.json" 2>&1 | tail -8
     ;;
   graphs-test)
-    stamp "--cuda-graphs against eager, bit for bit (0.5B: defaults; baseline ops, unfused, recompute)"
-    timeout 500 python3 -m pytest tests/engine/test_cuda_graphs.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
+    stamp "--cuda-graphs against eager, bit for bit (0.5B: defaults; baseline ops, unfused, recompute; FP8 weight cache)"
+    timeout 560 python3 -m pytest tests/engine/test_cuda_graphs.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
       | tee "$OUT/graphs_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|Error" | tail -12
     ;;
   graphs-fp8)
@@ -575,9 +575,7 @@ case "${1:-check}" in
         --peer torchao-fp8 --out "$OUT/mfu_8b4l_fp8_graphs.json" 2>&1 | grep -v "^\[" | tail -9
       exit 0
     fi
-    stamp "--cuda-graphs against eager, bit for bit (0.5B: defaults; baseline ops, unfused, recompute; FP8 weight cache)"
-    timeout 560 python3 -m pytest tests/engine/test_cuda_graphs.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
-      | tee "$OUT/graphs_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed|Error" | tail -12
+    bash "$0" graphs-test
     ;;
   graphs)
     stamp "MFU of the slice, CUDA graphs off / on twice each, beside torch.compile (one job)"

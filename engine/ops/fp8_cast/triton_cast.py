@@ -99,16 +99,19 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def _write(t: torch.Tensor, dtype: torch.dtype, transposed: bool, amax: torch.Tensor | None,
-           scale: torch.Tensor, cast_config: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+           scale: torch.Tensor, cast_config: tuple[int, int, int] = (CAST_BM, CAST_BN, CAST_WARPS)) -> tuple:
+    """The cast kernel over t, as the contract returns it: (q, scale) or (q, scale, q^T). `amax` (int32 bits): the
+    kernel forms the scale from it into `scale`; else it reads `scale` (one, or one a row)."""
     bm, bn, warps = cast_config
     m, n = t.shape
     q = torch.empty((m, n), dtype=dtype, device=t.device)
     qt = torch.empty((n, m), dtype=dtype, device=t.device) if transposed else q
+    flat_scale = scale.reshape(-1)
     _cast_tile[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        t, q, qt, scale if amax is None else amax, scale, m, n, t.stride(0), t.stride(1), 1 if scale.numel() > 1 else 0,
-        FMAX=torch.finfo(dtype).max, OUT=_FORMATS[dtype], FROM_AMAX=amax is not None, TRANSPOSED=transposed,
-        BM=bm, BN=bn, num_warps=warps)
-    return q, (qt if transposed else None)
+        t, q, qt, flat_scale if amax is None else amax, flat_scale, m, n, t.stride(0), t.stride(1),
+        1 if scale.numel() > 1 else 0, FMAX=torch.finfo(dtype).max, OUT=_FORMATS[dtype], FROM_AMAX=amax is not None,
+        TRANSPOSED=transposed, BM=bm, BN=bn, num_warps=warps)
+    return (q, scale, qt) if transposed else (q, scale)
 
 
 def tensorwise(t: torch.Tensor, dtype: torch.dtype, transposed: bool,
@@ -122,8 +125,7 @@ def tensorwise(t: torch.Tensor, dtype: torch.dtype, transposed: bool,
     _amax[(triton.cdiv(flat.numel(), block * unroll),)](flat, amax, flat.numel(), BLOCK=block, UNROLL=unroll,
                                                         num_warps=warps)
     scale = torch.empty((), dtype=torch.float32, device=t.device)
-    q, qt = _write(t, dtype, transposed, amax, scale, cast_config or (CAST_BM, CAST_BN, CAST_WARPS))
-    return (q, scale, qt) if transposed else (q, scale)
+    return _write(t, dtype, transposed, amax, scale, cast_config or (CAST_BM, CAST_BN, CAST_WARPS))
 
 
 def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, transposed: bool = False,
@@ -139,10 +141,7 @@ def cast(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool, trans
                          f"--op-fp8-cast baseline")
     if amax is not None:  # the kernel reads the amax's bits as int32 (_amax writes it so)
         scale = torch.empty((), dtype=torch.float32, device=t.device)
-        q, qt = _write(t, dtype, transposed, amax.reshape(()).view(torch.int32), scale, (CAST_BM, CAST_BN, CAST_WARPS))
-        return (q, scale, qt) if transposed else (q, scale)
+        return _write(t, dtype, transposed, amax.reshape(()).view(torch.int32), scale)
     if dim is None and not pow2:
         return tensorwise(t, dtype, transposed)
-    scale = amax_scale(t, dtype, dim, pow2)
-    q, qt = _write(t, dtype, transposed, None, scale.reshape(-1), (CAST_BM, CAST_BN, CAST_WARPS))
-    return (q, scale, qt) if transposed else (q, scale)
+    return _write(t, dtype, transposed, None, amax_scale(t, dtype, dim, pow2))
