@@ -66,10 +66,6 @@
 #   bash bench/ops_session.sh fp8-4gpu  four GPUs, CuTeDSL wheels staged: the full 8B, bf16 vs --fp8 tensorwise (weight
 #                                      cache; and --fp8-fast-accum) at DP 4 ZeRO-1 and TP 2 x DP 2 ZeRO-1, six timed steps
 #                                      a row (one job), ~7 minutes
-#   bash bench/ops_session.sh read-ahead  one GPU, wheels staged: the next step's batches read during this step's backward
-#                                      (engine/train.py _read_ahead) against reading them at the step's start
-#                                      (tests.engine.no_read_ahead), A/B twice: bf16, FP8 graphed + fast accumulation
-#                                      (~6 min); `read-ahead 4`: four GPUs, DP 4 ZeRO-1 bf16 the same A/B (~4 min)
 #   bash bench/ops_session.sh fp8-layouts  four GPUs, CuTeDSL wheels staged: the planner's other FP8 points with the default
 #                                      FP8 kernels (engine/plan.py _FP8_SPEEDUP): DP 4 ZeRO-1 without the weight cache,
 #                                      TP 1 x FSDP 4, TP 2 x DP 2 ZeRO-1 with the cache, each beside its bf16 twin (~4 min)
@@ -309,24 +305,6 @@ case "${1:-check}" in
       --variant fsdp4="--fsdp" --variant fsdp4-fp8="$FP8" --variant fsdp4-fp8-ag="$FP8 --fsdp-fp8-all-gather" \
       --variant tp2-fsdp2-fp8="--tp 2 $FP8" --variant tp2-fsdp2-fp8-ag="--tp 2 $FP8 --fsdp-fp8-all-gather" \
       --out "$OUT/mfu_8b_4gpu_fsdp_fp8_all_gather.json" 2>&1 | grep -v "^\[" | tail -8
-    ;;
-  read-ahead)
-    # The GPU idled at some steps' start while the host read, pinned and queued the batch (the slice's profiles); the
-    # loop now does that during the previous step's backward. Each row beside the engine that reads at the step's start.
-    N="tests.engine.no_read_ahead"
-    if [ "${2:-}" = 4 ]; then
-      stamp "DP 4 ZeRO-1 bf16: read ahead / at the step's start, twice (one job)"
-      timeout 400 python3 bench/mfu.py --nproc 4 --common "$FOUR" --steps 8 --warmup 2 --engine-timeout 90 \
-        --variant dp4-ahead= --variant dp4-start@$N= --variant dp4-ahead-2= --variant dp4-start-2@$N= \
-        --out "$OUT/mfu_8b_4gpu_read_ahead.json" 2>&1 | grep -v "^\[" | tail -6
-      exit 0
-    fi
-    F="$FP8_CACHE --cuda-graphs --fp8-fast-accum"
-    stamp "the slice: bf16 and FP8 graphed + fast accumulation, read ahead / at the step's start, twice (one job)"
-    timeout 590 python3 bench/mfu.py --common "$SLICE" --steps 6 --warmup 2 --engine-timeout 100 \
-      --variant bf16-ahead= --variant bf16-start@$N= --variant fp8-ahead="$F" --variant fp8-start@$N="$F" \
-      --variant fp8-ahead-2="$F" --variant fp8-start-2@$N="$F" --out "$OUT/mfu_8b4l_read_ahead.json" 2>&1 \
-      | grep -v "^\[" | tail -8
     ;;
   fp8-layouts)
     # fp8-4gpu measured DP 4 with the cache on the default FP8 kernels (gemm_fc1 triton, the Triton cast); the planner's

@@ -7,7 +7,7 @@ import json
 import math
 import signal
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -102,16 +102,6 @@ class _StopFlag:
         self.signal_name = signal.Signals(signum).name
 
 
-@dataclass(frozen=True)
-class _ReadAhead:
-    """The next step's micro-batches, read before this step's loss sync, and the loader as of this step: its
-    position (what a checkpoint records) and a data mix's token counts (what the step's log line reports)."""
-
-    micro: list
-    loader_state: dict[str, Any]
-    source_tokens: dict[str, int] | None
-
-
 class Trainer:
     """Holds one run's state; `run()` trains from the current step to cfg.num_steps (or the --max-wall-s budget).
 
@@ -177,7 +167,6 @@ class Trainer:
         self.spike_guard = LossSpikeGuard(cfg, par)
         self.save_at = save_steps(cfg)  # --save-at: steps checkpointed besides the cadence
         self.micro_graph = MicroBatchGraph(self.model, self.buffers) if cfg.cuda_graphs else None
-        self.ahead: _ReadAhead | None = None  # the next step's batches, read during this one (_read_ahead)
         self.step = 0
         self.elapsed_s = 0.0  # training seconds so far, agreed by all ranks (the slowest's), over resumes
         if self.resume_from is not None:
@@ -229,7 +218,7 @@ class Trainer:
         state = {
             "optim": fsdp_optimizer_state(self.fsdp, self.par, stage) if self.fsdp is not None else
             optimizer_state(self.optimizer, self.par, stage, self.muon),
-            "trainer": {"step": self.step, "adam_step": self.optimizer.adam_step(), "data": self._loader_state()},
+            "trainer": {"step": self.step, "adam_step": self.optimizer.adam_step(), "data": self.loader.state_dict()},
         }
         if with_elapsed:
             state["trainer"]["elapsed_s"] = self.elapsed_s
@@ -282,7 +271,6 @@ class Trainer:
             load_optimizer_state(self.optimizer, state["optim"], self.par, int(state["trainer"]["adam_step"]), self.muon)
             self.param_gather.start()  # each DP rank restored only its own slices of the parameters
             self.param_gather.wait_all()
-        self.ahead = None
         self.loader.load_state_dict(state["trainer"]["data"])
         if not self.resharding:
             rng = state[f"rng/rank{self.par.rank}"]
@@ -306,31 +294,11 @@ class Trainer:
             return t
         return t.pin_memory().to(self.par.device, non_blocking=True)
 
-    def _read_step(self) -> list[tuple[torch.Tensor, torch.Tensor, Any]]:
-        """The loader's next step: this rank's micro-batches, their copies to the device queued."""
+    def train_step(self) -> tuple[float, float, float]:
         # --document-mask: each micro-batch's document boundaries, found on the host from its CPU tokens
         eos = self.data.train.shards.eos_id
         micro = [(self._to_device(x), self._to_device(y),
                   batch_documents(self.cfg, x, eos, self.par.device)) for x, y in self.loader.next_step()]
-        return micro
-
-    def _read_ahead(self) -> None:
-        """Read the next step's batches while the GPU still runs this step's backward, so reading, pinning and
-        queueing their copies costs the next step no idle GPU at its start. Not past the run's last step; what
-        checkpoints and logs see of the loader stays as of this step (_loader_state, run())."""
-        if self.step + 1 >= self.cfg.num_steps:
-            return
-        state = self.loader.state_dict()
-        tokens = self.loader.tokens_by_source() if isinstance(self.loader, MixLoader) else None
-        self.ahead = _ReadAhead(self._read_step(), state, tokens)
-
-    def _loader_state(self) -> dict[str, Any]:
-        """The loader's position after the steps trained so far (a batch read ahead is not one of them)."""
-        return self.ahead.loader_state if self.ahead is not None else self.loader.state_dict()
-
-    def train_step(self) -> tuple[float, float, float]:
-        ahead, self.ahead = self.ahead, None
-        micro = ahead.micro if ahead is not None else self._read_step()
         valid = torch.zeros((), dtype=torch.float32, device=self.par.device)
         for _, labels, _ in micro:
             valid += (labels != IGNORE_INDEX).sum()
@@ -362,7 +330,6 @@ class Trainer:
         else:
             self.buffers.settle()
             self.grad_sync.finish()
-        self._read_ahead()  # before the sync below: the host is idle until the GPU finishes the step
         loss_value = (self._all_reduce_dp(loss_sum) / valid).item()
         grad_norm = self.optimizer.grad_norm()
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
@@ -447,9 +414,8 @@ class Trainer:
                 extra: dict[str, Any] = {"elapsed_s": self.elapsed_s}
                 if cfg.fp8 != "off":  # beside `mfu` (bf16's peak, comparable with every run); the wire line is fixed
                     extra["mfu_fp8_peak"] = mfu(cfg, cfg.tokens_per_step, dt, self.par.world_size, self.peak_fp8)
-                if isinstance(self.loader, MixLoader):  # as of this step, not of a batch read ahead
-                    extra["source_tokens"] = (self.ahead.source_tokens if self.ahead is not None
-                                              else self.loader.tokens_by_source())
+                if isinstance(self.loader, MixLoader):
+                    extra["source_tokens"] = self.loader.tokens_by_source()
                 self.metrics.log_step(step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=cfg.tokens_per_step,
                                       time_s=dt, mfu=mfu(cfg, cfg.tokens_per_step, dt, self.par.world_size, self.peak),
                                       peak_mem_gib=mem, skipped_batches=self.spike_guard.skipped_total,
