@@ -75,9 +75,8 @@
 #   bash bench/ops_session.sh fp8-tp2-full  two GPUs, CuTeDSL wheels staged: the full 8B at TP 2, bf16 vs --fp8 (~4 min)
 #   bash bench/ops_session.sh compiled-shapes  one GPU: the FP8 path's compiled kernels (cast, amax, SwiGLU) dynamic,
 #                                      static and tile-tuned (bench/compiled_shapes.py), ~4 minutes
-#   bash bench/ops_session.sh fp8-wgrad  one GPU, CuTeDSL wheels staged: the fp8_wgrad versions timed at the slice's
-#                                      shapes (bench/fp8_wgrad.py), then their GPU tests, ~4 minutes; `fp8-wgrad slice`:
-#                                      the slice, FP8 graphed + fast with the wgrad baseline vs triton (one job), ~6 min
+#   bash bench/ops_session.sh fp8-wgrad  one GPU, CuTeDSL wheels staged: the fp8_wgrad quack version's GPU tests, then the
+#                                      slice with --op-fp8-wgrad baseline vs quack beside bf16 (one job), ~4 minutes
 #   bash bench/ops_session.sh fp8-det [ID,ID..]  the FP8 cases of tests/engine/test_determinism.py -m gpu (same seed and a
 #                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all ten), ~150 s a case
 #   bash bench/ops_session.sh host-overhead  one GPU: host time of a compiled call, a cast, one linear bf16 / FP8 (~1 min)
@@ -440,25 +439,18 @@ case "${1:-check}" in
     timeout "${SHAPES_S:-400}" python3 bench/compiled_shapes.py --out "$OUT/compiled_shapes.json" 2>&1 | grep -v -i warn | tail -24
     ;;
   fp8-wgrad)
-    # One GPU: the fp8_wgrad op's versions (a later micro-batch's FP8 weight gradient added into the fp32 gradient):
-    # bench/fp8_wgrad.py times and checks them at the slice's shapes (the triton version's launch shapes swept), then
-    # their GPU tests (tests/ops/test_fp8_wgrad.py -m gpu; quack's need the CuTeDSL wheels staged), ~4 minutes.
-    # `fp8-wgrad slice` (wheels staged): the slice, bf16 beside FP8 graphed + fast accumulation with the wgrad
-    # baseline and triton, twice, and the eager FP8 defaults with triton (one job), ~6 minutes.
-    if [ "${2:-}" = slice ]; then
-      F="$FP8_CACHE --cuda-graphs --fp8-fast-accum"
-      stamp "the slice: bf16, FP8 graphed + fast with --op-fp8-wgrad baseline / triton twice, FP8 defaults with triton"
-      timeout 590 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 95 --variant bf16= \
-        --variant fp8-gf-base="$F" --variant fp8-gf-triton="$F --op-fp8-wgrad triton" --variant fp8-gf-base-2="$F" \
-        --variant fp8-gf-triton-2="$F --op-fp8-wgrad triton" --variant fp8-triton="$FP8_CACHE --op-fp8-wgrad triton" \
-        --out "$OUT/mfu_8b4l_fp8_wgrad.json" 2>&1 | grep -v "^\[" | tail -8
-      exit 0
-    fi
-    stamp "fp8_wgrad versions at the slice's shapes (bench/fp8_wgrad.py)"
-    timeout 300 python3 bench/fp8_wgrad.py --out "$OUT/fp8_wgrad.json" 2>&1 | grep -v -i warn | tail -22
-    stamp "fp8_wgrad quack and triton against the baseline, and run to run (tests/ops/test_fp8_wgrad.py -m gpu)"
-    timeout 200 python3 -m pytest tests/ops/test_fp8_wgrad.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
-      | tee "$OUT/fp8_wgrad_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -16
+    # One GPU, CuTeDSL wheels staged: the fp8_wgrad op's quack version (the weight gradient added in its GEMM's
+    # epilogue) against the baseline (tests/ops/test_fp8_wgrad.py -m gpu), then the 4-layer 8B slice, bf16 vs --fp8
+    # tensorwise with the weight cache, the wgrad baseline and quack (one job), ~4 minutes; `fp8-det
+    # fp8-wgrad-quack-1gpu` for its determinism.
+    stamp "fp8_wgrad quack against the baseline, and run to run (tests/ops/test_fp8_wgrad.py -m gpu)"
+    timeout 150 python3 -m pytest tests/ops/test_fp8_wgrad.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$OUT/fp8_wgrad_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -10
+    stamp "the slice: bf16, --fp8 (weight cache) with --op-fp8-wgrad baseline and quack (one job)"
+    timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --variant bf16-defaults= \
+      --variant fp8-wgrad-baseline="$FP8_CACHE --op-fp8-wgrad baseline" \
+      --variant fp8-wgrad-quack="$FP8_CACHE --op-fp8-wgrad quack" \
+      --out "$OUT/mfu_8b4l_fp8_wgrad.json" 2>&1 | grep -v "^\[" | tail -6
     ;;
   fp8-det)
     # Same seed and a resume bit for bit on the GPU with --fp8 (tests/engine/test_determinism.py): the cases named in

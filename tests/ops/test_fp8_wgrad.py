@@ -1,7 +1,7 @@
 """The fp8_wgrad op (engine/ops/fp8_wgrad/register.toml): a linear's tensorwise FP8 weight gradient added into its
 fp32 accumulator. CPU: resolution and the layers' recipe, the baseline against an fp64 reference of the quantised
 operands, and the linears' weight-gradient path through it bit for bit the path it replaced (_scaled_mm, then add).
-GPU (`-m gpu`): the quack and triton versions against the baseline at the 8B linears' shapes and run to run."""
+GPU (`-m gpu`): the quack version against the baseline at the 8B linears' shapes and run to run."""
 
 import copy
 
@@ -35,9 +35,7 @@ def test_fp8_resolves_the_wgrad_version_and_the_layers_recipe_carries_it():
     assert copy.deepcopy(tp.fp8).wgrad is scaled_wgrad_add  # a copied recipe keeps its versions
     with pytest.raises(ConfigError, match=r"'quack'.*(cuda|CUDA)"):  # CuTeDSL: CUDA only, refused on CPU by name
         resolve_ops(EngineConfig(fp8="tensorwise", op_fp8_wgrad="quack"), "cpu")
-    with pytest.raises(ConfigError, match=r"'triton'.*(cuda|CUDA)"):
-        resolve_ops(EngineConfig(fp8="tensorwise", op_fp8_wgrad="triton"), "cpu")
-    with pytest.raises(ConfigError, match=r"'fused'.*not a version of op 'fp8_wgrad'.*baseline, quack, triton"):
+    with pytest.raises(ConfigError, match=r"'fused'.*not a version of op 'fp8_wgrad'.*baseline, quack"):
         resolve_ops(EngineConfig(fp8="tensorwise", op_fp8_wgrad="fused"), "cpu")
 
 
@@ -75,38 +73,25 @@ def _cuda() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 
 
-def _version(name: str):
-    """A CUDA version's wgrad_add, imported only when its test runs (CuTeDSL, Triton)."""
-    if name == "quack":
-        from engine.ops.fp8_wgrad.quack_add import wgrad_add
-    else:
-        from engine.ops.fp8_wgrad.triton_add import wgrad_add
-    return wgrad_add
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs an SM90 GPU")
-@pytest.mark.parametrize("version", ["quack", "triton"])
-@pytest.mark.parametrize("m, n", [(6144, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (3072, 4096), (4608, 4100)],
-                         ids=["qkv", "o", "fc1", "fc2", "qkv-tp2", "ragged-n"])
-def test_cuda_versions_equal_the_baseline_to_fp32_rounding_and_repeat_bit_for_bit(version, m, n):
-    """The 8B linears' weight gradients over 8192 tokens (mbs 2 x 4096), added to a filled accumulator: quack and
-    triton round once (alpha * acc + out), the baseline twice (the scaled product, then the add), so they differ by
-    fp32 ulps of the result; the product's own accumulation order may differ too, bounded like any fp32 GEMM of
-    k = 8192 terms (1e-5 of the product's scale). Fast accumulation (the MMA's reduced-precision sums over all of k)
-    misses that bound by ~100x, so the bound also says the partial sums were promoted. Two calls give the same bits.
-    ragged-n: a last column tile only partly inside (the epilogue's mask)."""
-    if version == "quack" and n % 8:
-        pytest.skip("quack takes n a multiple of 8 only")
-    wgrad = _version(version)
+@pytest.mark.parametrize("m, n", [(6144, 4096), (4096, 4096), (32768, 4096), (4096, 16384), (3072, 4096)],
+                         ids=["qkv", "o", "fc1", "fc2", "qkv-tp2"])
+def test_quack_equals_the_baseline_to_fp32_rounding_and_repeats_bit_for_bit(m, n):
+    """The 8B linears' weight gradients over 8192 tokens (mbs 2 x 4096), added to a filled accumulator: quack rounds
+    once (alpha * acc + out), the baseline twice (the scaled product, then the add), so they differ by fp32 ulps of
+    the result; the product's own accumulation order may differ too (bounded like any fp32 GEMM of k = 8192
+    terms: 1e-5 of the product's scale). Two calls give the same bits."""
+    from engine.ops.fp8_wgrad.quack_add import wgrad_add as quack_add
+
     dy, x = _operands(m, n, 8192, seed=2, device="cuda")
     qa, sa = cast(dy.t(), E5M2, None, False)
     qb, sb = cast(x.t(), E4M3, None, False)
     start = torch.randn(m, n, device="cuda") * 1e-2
     base, fast, again = start.clone(), start.clone(), start.clone()
     scaled_wgrad_add(base, qa, sa, qb, sb)
-    wgrad(fast, qa, sa, qb, sb)
-    wgrad(again, qa, sa, qb, sb)
+    quack_add(fast, qa, sa, qb, sb)
+    quack_add(again, qa, sa, qb, sb)
     assert torch.equal(fast, again)
     scale = (base - start).abs().max().item()
     assert (fast - base).abs().max().item() <= 1e-5 * scale + 1e-7, ((fast - base).abs().max().item(), scale)
@@ -114,10 +99,11 @@ def test_cuda_versions_equal_the_baseline_to_fp32_rounding_and_repeat_bit_for_bi
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs an SM90 GPU")
-@pytest.mark.parametrize("version", ["quack", "triton"])
-def test_cuda_versions_refuse_what_their_kernels_cannot_take(version):
+def test_quack_refuses_what_its_kernel_cannot_take():
+    from engine.ops.fp8_wgrad.quack_add import wgrad_add as quack_add
+
     dy, x = _operands(64, 48, 40, device="cuda")  # k = 40: not a multiple of 16
     qa, sa = cast(dy.t(), E5M2, None, False)
     qb, sb = cast(x.t(), E4M3, None, False)
     with pytest.raises(ValueError, match="multiple of 16.*--op-fp8-wgrad baseline"):
-        _version(version)(torch.zeros(64, 48, device="cuda"), qa, sa, qb, sb)
+        quack_add(torch.zeros(64, 48, device="cuda"), qa, sa, qb, sb)
