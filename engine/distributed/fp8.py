@@ -14,7 +14,7 @@ from engine.config import FP8_RECIPES
 from engine.distributed.fp8_weight import Fp8Weight
 from engine.errors import ConfigError
 
-__all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "scale_for", "amax_scale", "scaled_cast", "quantize", "cast",
+__all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "scale_for", "amax_of", "amax_scale", "scaled_cast", "quantize", "cast",
            "check_cast", "keeps_fp8", "fp8_copy", "weight_copies_kept", "kept_weight_copies", "weight_copy", "grad_operand", "rows",
            "save_operands", "saved_operands", "scaled_mm_nt", "linear_forward", "linear_dgrad", "linear_wgrad",
            "scaled_wgrad_add", "wgrad_add", "reference_linear_fp8", "check_fp8_device"]
@@ -32,12 +32,16 @@ def scale_for(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(amax > 0, (1.0 / amax.double()).float() * torch.finfo(dtype).max, 1.0)
 
 
+def amax_of(t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """max |t| in fp32 over all of t (one value, []), or over `dim` (kept); NaN where t has one, as torch.amax.
+    One reduction kernel, no |t| materialised: the inf-norm is the amax."""
+    return torch.linalg.vector_norm(t.detach(), ord=float("inf"), dim=dim, keepdim=dim is not None, dtype=torch.float32)
+
+
 def amax_scale(t: torch.Tensor, dtype: torch.dtype, dim: int | None, pow2: bool) -> torch.Tensor:
     """fp32 scale mapping t's amax (over all of t, or over `dim`, kept) to the largest finite value of `dtype`
     (scale_for); `pow2`: rounded down to a power of two."""
-    # one reduction kernel, no |t| materialised: the inf-norm is the amax
-    amax = torch.linalg.vector_norm(t.detach(), ord=float("inf"), dim=dim, keepdim=dim is not None, dtype=torch.float32)
-    scale = scale_for(amax, dtype)
+    scale = scale_for(amax_of(t, dim), dtype)
     if pow2:
         scale = torch.exp2(torch.floor(torch.log2(scale)))
     return scale

@@ -127,13 +127,14 @@ class _RowParallelLinear(torch.autograd.Function):
     """y = sum over the TP group of x @ w^T (x: this rank's slice of the features, w: its column block), all-reduced in
     place in `tp.fwd_chunks` row chunks as they are computed. Backward is a linear's (the sum's gradient is the identity:
     every rank gets the whole grad_y): `linear_grads`, the weight gradient through `sink` when there is one.
-    Tensorwise FP8 saves the forward's FP8 copies (save_linear); with several row chunks each chunk of x is cast
-    with its own scale, so x is saved in bf16 and cast again (whole) for wgrad, and only w's copy is kept."""
+    Tensorwise FP8 saves the forward's FP8 copies (save_linear; `x_amax`: x's, where known); with several row chunks
+    each chunk of x is cast with its own scale, so x is saved in bf16 and cast again (whole) for wgrad, and only w's
+    copy is kept (x_amax unused)."""
 
     @staticmethod
-    def forward(ctx, x, w, sink, tp):  # type: ignore[override]
+    def forward(ctx, x, w, sink, tp, x_amax):  # type: ignore[override]
         ctx.sink = sink
-        x_op, w_op = save_linear(ctx, x, w, tp.fp8, keep_x=tp.fwd_chunks == 1)
+        x_op, w_op = save_linear(ctx, x, w, tp.fp8, keep_x=tp.fwd_chunks == 1, x_amax=x_amax)
         x2 = x.reshape(-1, x.shape[-1])
         n = x2.shape[0]
         y = torch.empty(n, w.shape[0], dtype=x2.dtype, device=x2.device)
@@ -151,19 +152,22 @@ class _RowParallelLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
-        return (*saved_linear_grads(ctx, grad_y, ctx.sink), None, None)
+        return (*saved_linear_grads(ctx, grad_y, ctx.sink), None, None, None)
 
 
-def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm, sink=None) -> torch.Tensor:
+def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, tp: TPComm, sink=None,
+                        x_amax: torch.Tensor | None = None) -> torch.Tensor:
     """Row-parallel linear for TP > 1, the end of a TP region: [.., in / tp] -> the sum over TP [.., out] (SP: this
     rank's rows of it, [n / tp, out]). The weight gradient goes to `sink` (the MLP region's hand-over) or else to w's
-    MainGrad when gradient-accumulation fusion is on."""
+    MainGrad when gradient-accumulation fusion is on. `x_amax`: x's amax (this rank's shard) where the kernel that
+    wrote x took it (tensorwise FP8: x's cast skips its reduction). x is the GEMM's input under SP too (the
+    reduce-scatter comes after the GEMM)."""
     if sink is None and w.requires_grad:
         sink = main_grad_of(w)
     if tp.sequence_parallel:
         plain = sink is None and tp.fp8 == "off"  # an FP8 GEMM has no autograd of its own
-        return row_output(linear(x, w) if plain else linear_wgrad_to(x, w, sink, tp.fp8), tp)
-    return _RowParallelLinear.apply(x, w, sink, tp)
+        return row_output(linear(x, w) if plain else linear_wgrad_to(x, w, sink, tp.fp8, x_amax), tp)
+    return _RowParallelLinear.apply(x, w, sink, tp, x_amax)
 
 
 class WgradHandOver:

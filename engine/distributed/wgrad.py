@@ -188,23 +188,26 @@ def linear_grads(grad_y: torch.Tensor, x, w: torch.Tensor, sink, needs_input_gra
     return grad_x, grad_w
 
 
-def save_linear(ctx, x: torch.Tensor, w: torch.Tensor, fp8: str, keep_x: bool = True) -> tuple:
+def save_linear(ctx, x: torch.Tensor, w: torch.Tensor, fp8: str, keep_x: bool = True,
+                x_amax: torch.Tensor | None = None) -> tuple:
     """Save in ctx what `saved_linear_grads` needs for y = F.linear(x, w); returns the forward GEMM's operands.
     Tensorwise FP8 (keeps_fp8): x's (with `keep_x`) and w's FP8 copies, cast once here for the forward GEMM and
     saved in place of the bf16 x (half its bytes; w's copy is held too), so the backward transposes them instead of
     casting again: the same FP8 values, bit for bit. w itself is saved as well (a parameter: no memory) for the
-    weight-gradient sink. Otherwise x and w (rowwise: cast again in backward)."""
-    x_op, w_op = linear_operands(ctx, x, w, fp8, keep_x)
+    weight-gradient sink. Otherwise x and w (rowwise: cast again in backward). `x_amax`: linear_operands'."""
+    x_op, w_op = linear_operands(ctx, x, w, fp8, keep_x, x_amax)
     save_linear_operands(ctx, x_op, w_op, w)
     return x_op, w_op
 
 
-def linear_operands(ctx, x: torch.Tensor, w: torch.Tensor, fp8: str, keep_x: bool = True) -> tuple:
+def linear_operands(ctx, x: torch.Tensor, w: torch.Tensor, fp8: str, keep_x: bool = True,
+                    x_amax: torch.Tensor | None = None) -> tuple:
     """save_linear's first half, for an op that fuses the linear with what follows it: the forward GEMM's operands
-    (cast where the recipe keeps FP8 copies), the recipe and x's shape noted in ctx."""
+    (cast where the recipe keeps FP8 copies), the recipe and x's shape noted in ctx. `x_amax`: x's amax where the
+    kernel that wrote x took it (tensorwise: x's cast skips its reduction; unused where x is not cast whole)."""
     ctx.fp8, ctx.x_shape = fp8, x.shape
     keep = keeps_fp8(fp8)
-    x_op = fp8_copy(rows(x), fp8, transposed=True) if keep and keep_x else x
+    x_op = fp8_copy(rows(x), fp8, transposed=True, amax=x_amax) if keep and keep_x else x
     w_op = weight_copy(w, fp8) if keep else w
     return x_op, w_op
 
@@ -227,30 +230,33 @@ class _LinearWgradTo(torch.autograd.Function):
     it and returns what autograd gets for w (a MainGrad adds it and returns a placeholder; the MLP region's
     hand-over in tp_linear.py keeps the operands for later and returns None). No sink: grad_y^T x as usual. With
     `fp8` on, all three GEMMs run in FP8 (the FP8 linear of TP 1 and of the sequence-parallel row-parallel layers),
-    tensorwise on the forward's FP8 copies (save_linear)."""
+    tensorwise on the forward's FP8 copies (save_linear; `x_amax`: x's, where known)."""
 
     @staticmethod
-    def forward(ctx, x, w, sink, fp8):  # type: ignore[override]
+    def forward(ctx, x, w, sink, fp8, x_amax):  # type: ignore[override]
         ctx.sink = sink
-        x_op, w_op = save_linear(ctx, x, w, fp8)
+        x_op, w_op = save_linear(ctx, x, w, fp8, x_amax=x_amax)
         return linear(x_op, w_op, fp8, like=x)
 
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
-        return (*saved_linear_grads(ctx, grad_y, ctx.sink), None, None)
+        return (*saved_linear_grads(ctx, grad_y, ctx.sink), None, None, None)
 
 
-def linear_wgrad_to(x: torch.Tensor, w: torch.Tensor, sink, fp8: str = "off") -> torch.Tensor:
-    """F.linear(x, w) with its weight gradient handed to `sink` (see _LinearWgradTo)."""
-    return _LinearWgradTo.apply(x, w, sink, fp8)
+def linear_wgrad_to(x: torch.Tensor, w: torch.Tensor, sink, fp8: str = "off",
+                    x_amax: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w) with its weight gradient handed to `sink` (see _LinearWgradTo); `x_amax`: x's amax where the
+    kernel that wrote x took it (tensorwise FP8: x's cast skips its reduction)."""
+    return _LinearWgradTo.apply(x, w, sink, fp8, x_amax)
 
 
-def fused_linear(x: torch.Tensor, w: torch.Tensor, fp8: str = "off") -> torch.Tensor:
-    """F.linear(x, w), whose weight gradient goes into w's MainGrad when it has one; `fp8`: its GEMMs' recipe."""
+def fused_linear(x: torch.Tensor, w: torch.Tensor, fp8: str = "off", x_amax: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w), whose weight gradient goes into w's MainGrad when it has one; `fp8`: its GEMMs' recipe;
+    `x_amax`: linear_wgrad_to's."""
     main = main_grad_of(w) if w.requires_grad else None
     if main is None and fp8 == "off":
         return F.linear(x, w)
-    return linear_wgrad_to(x, w, main, fp8)
+    return linear_wgrad_to(x, w, main, fp8, x_amax)
 
 
 class _FusedEmbedding(torch.autograd.Function):

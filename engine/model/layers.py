@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
-from engine.distributed.fp8 import Fp8Recipe
+from engine.distributed.fp8 import Fp8Recipe, keeps_fp8
 from engine.errors import ConfigError
 from engine.distributed import (ParallelState, TPComm, column_input, column_parallel_linear, copy_to_tp,
                                 fused_embedding, fused_linear, main_grad_of, mlp_region, reduce_from_tp, row_output,
@@ -180,22 +180,30 @@ class MLP(nn.Module):
             self.fc1.copy_(torch.cat([gate, up]))
             self.fc2.copy_(init.residual_out(f"{name}.w_down", (self.hidden, self.ffn))[:, rows])
 
-    def _fc1(self, x: torch.Tensor) -> torch.Tensor:
-        """The op, with fc1's fp32 gradient accumulator when gradient-accumulation fusion is on; --fp8 passes its
-        recipe (only then: versions without an FP8 path are refused at start, engine/ops/dispatch.py)."""
+    def _fc1(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(h, h's amax or None): the op, with fc1's fp32 gradient accumulator when gradient-accumulation fusion is
+        on; --fp8 passes its recipe (only then: versions without an FP8 path are refused at start,
+        engine/ops/dispatch.py), and tensorwise asks for h's amax too: FC2's input is h, whose one-scale cast then
+        skips its reduction where the op took it (engine/ops/gemm_fc1/register.toml)."""
+        main = main_grad_of(self.fc1)
+        if keeps_fp8(self.tp.fp8):
+            return self.ops.gemm_fc1(x, self.fc1, main_grad=main, fp8=self.tp.fp8, amax=True)
         if self.tp.fp8 != "off":
-            return self.ops.gemm_fc1(x, self.fc1, main_grad=main_grad_of(self.fc1), fp8=self.tp.fp8)
-        return self.ops.gemm_fc1(x, self.fc1, main_grad=main_grad_of(self.fc1))
+            return self.ops.gemm_fc1(x, self.fc1, main_grad=main, fp8=self.tp.fp8), None
+        return self.ops.gemm_fc1(x, self.fc1, main_grad=main), None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             x = copy_to_tp(x, self.par.tp_group, self.par.tp_size)
-            out = fused_linear(self._fc1(x), self.fc2, self.tp.fp8)
+            h, amax = self._fc1(x)
+            out = fused_linear(h, self.fc2, self.tp.fp8, x_amax=amax)
             return reduce_from_tp(out, self.par.tp_group, self.par.tp_size)
         if self.tp.overlap:  # FC1's input-gradient collective overlaps FC2's weight-gradient GEMM
             x, fc2, hand_over = mlp_region(x, self.fc2, self.tp)
-            return row_parallel_linear(self._fc1(x), fc2, self.tp, sink=hand_over)
-        return row_parallel_linear(self._fc1(column_input(x, self.tp)), self.fc2, self.tp)
+            h, amax = self._fc1(x)
+            return row_parallel_linear(h, fc2, self.tp, sink=hand_over, x_amax=amax)
+        h, amax = self._fc1(column_input(x, self.tp))
+        return row_parallel_linear(h, self.fc2, self.tp, x_amax=amax)
 
 
 class VocabEmbedding(nn.Module):

@@ -308,8 +308,9 @@ def check_documents(cfg: EngineConfig, version: str, fn: Callable[..., Any], *, 
 
 def check_fp8(cfg: EngineConfig, version: str, fn: Callable[..., Any], runs: tuple[str, ...] | None = None) -> None:
     """Raise ConfigError when --fp8 is on and gemm_fc1 version `fn` has no FP8 path (no keyword-only `fp8`): FC1 would
-    silently stay in bf16 while the run reports FP8; or when its register entry's `fp8` (`runs`) leaves out the recipe
-    or the fast accumulation the run asks for: FC1 would silently run another."""
+    silently stay in bf16 while the run reports FP8; with tensorwise, when it takes no keyword-only `amax` (the layer
+    passes it: a TypeError at the first step otherwise); or when its register entry's `fp8` (`runs`) leaves out the
+    recipe or the fast accumulation the run asks for: FC1 would silently run another."""
     if cfg.fp8 == "off":
         return
     param = inspect.signature(fn).parameters.get("fp8")
@@ -318,6 +319,11 @@ def check_fp8(cfg: EngineConfig, version: str, fn: Callable[..., Any], runs: tup
                           "pass --op-gemm-fc1 compiled (or baseline) with --fp8, or leave out --fp8",
                           f"has no FP8 path (engine/ops/gemm_fc1/register.toml: the `fp8` keyword), and --fp8 "
                           f"{cfg.fp8} asks for one")
+    amax = inspect.signature(fn).parameters.get("amax")
+    if cfg.fp8 == "tensorwise" and (amax is None or amax.kind is not inspect.Parameter.KEYWORD_ONLY):
+        raise ConfigError("--op-gemm-fc1", version, "pass --op-gemm-fc1 triton (or baseline), or give the version "
+                          "the keyword", f"takes no `amax` keyword (engine/ops/gemm_fc1/register.toml), which --fp8 "
+                          f"tensorwise passes: FC2's input cast asks gemm_fc1 for its output's amax")
     if runs is not None and cfg.fp8 not in runs:
         recipes = " or ".join(r for r in runs if r != "fast-accum")
         raise ConfigError("--fp8", cfg.fp8, f"pass --fp8 {recipes}, or --op-gemm-fc1 compiled (or baseline)",

@@ -331,7 +331,7 @@ def test_a_versions_fp8_key_says_what_of_fp8_it_runs_and_the_rest_is_refused_at_
     assert load_register("gemm_fc1").versions["quack"].fp8 == ("tensorwise",)
     assert load_register("gemm_fc1").versions["compiled"].fp8 is None
 
-    def with_fp8(x, w, *, main_grad=None, fp8="off"):
+    def with_fp8(x, w, *, main_grad=None, fp8="off", amax=False):
         return x
 
     runs = load_register("gemm_fc1").versions["quack"].fp8
@@ -351,3 +351,31 @@ def test_a_versions_fp8_key_says_what_of_fp8_it_runs_and_the_rest_is_refused_at_
             f'fp8 = {bad}\n')
         with pytest.raises(KernelRegistryError, match="versions.baseline.fp8.*list the recipes"):
             load_register("gemm_fc1", root)
+
+
+def test_a_gemm_fc1_without_the_amax_keyword_is_refused_with_tensorwise_only():
+    """The layer passes `amax` (FC2's input amax, register.toml) with --fp8 tensorwise only: there a version with an
+    FP8 path but no keyword-only `amax` is refused at start (ConfigError naming the version and the fix), not a
+    TypeError at the first step; rowwise runs it. Every registered FP8 version takes it."""
+    from engine.config import build_config, resolve
+    from engine.errors import ConfigError
+    from engine.ops.dispatch import check_fp8
+
+    def no_amax(x, w, *, main_grad=None, fp8="off"):
+        return x
+
+    def positional_amax(x, w, amax=False, *, main_grad=None, fp8="off"):
+        return x
+
+    tensorwise = resolve(build_config({"fp8": "tensorwise"}))
+    for fn in (no_amax, positional_amax):
+        with pytest.raises(ConfigError, match="--op-gemm-fc1='mine' takes no `amax` keyword.*--op-gemm-fc1 triton"):
+            check_fp8(tensorwise, "mine", fn)
+        check_fp8(resolve(build_config({"fp8": "rowwise"})), "mine", fn)
+    for version in ("baseline", "compiled"):  # importable here; triton's and quack's entries read from the source
+        check_fp8(tensorwise, version, load_op("gemm_fc1", version))
+    for version in ("triton", "quack"):
+        module, name = load_register("gemm_fc1").versions[version].entry.split(":")
+        tree = ast.parse((Path(__file__).resolve().parents[2] / (module.replace(".", "/") + ".py")).read_text())
+        fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+        assert {"fp8", "amax"} <= {a.arg for a in fn.args.kwonlyargs}, version

@@ -55,9 +55,12 @@ class _SwiGLU(torch.autograd.Function):
         return _BACKWARD(dy, pre)
 
 
-def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None, fp8: str = "off") -> torch.Tensor:
-    """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f].
-    main_grad, fp8: see engine/ops/gemm_fc1/register.toml."""
+def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None, fp8: str = "off",
+             amax: bool = False) -> "torch.Tensor | tuple[torch.Tensor, None]":
+    """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f], or with `amax`
+    (y, None): the inductor kernel does not take y's amax, so the cast reduces y itself (its own kernel: no slower
+    than a reduction here). main_grad, fp8, amax: see engine/ops/gemm_fc1/register.toml."""
     pre = preact(x, w, main_grad, fp8)
     out = _SwiGLU.apply(pre.reshape(-1, pre.shape[-1]))
-    return out.view(*pre.shape[:-1], out.shape[-1])
+    y = out.view(*pre.shape[:-1], out.shape[-1])
+    return (y, None) if amax else y

@@ -74,9 +74,11 @@ class _GemmFc1Fp8(torch.autograd.Function):
         return dx, dw, None, None
 
 
-def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None, fp8: str = "off") -> torch.Tensor:
-    """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f].
-    main_grad, fp8 (tensorwise only: register.toml): see engine/ops/gemm_fc1/register.toml."""
+def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None, fp8: str = "off",
+             amax: bool = False) -> "torch.Tensor | tuple[torch.Tensor, None]":
+    """silu(x @ W_gate^T) * (x @ W_up^T) with w = [W_gate; W_up] of shape [2f, h]; returns [..., f], or with `amax`
+    (y, None): quack's epilogue does not take y's amax, so the cast reduces y itself. main_grad, fp8 (tensorwise
+    only: register.toml), amax: see engine/ops/gemm_fc1/register.toml."""
     check_inputs(x, w)
     if x.dtype not in _DTYPES or w.dtype != x.dtype or not x.is_cuda:
         raise ValueError(f"gemm_fc1 (quack) runs bf16/fp16 CUDA tensors of one dtype; got x {x.dtype} {x.device}, "
@@ -84,9 +86,11 @@ def gemm_fc1(x: torch.Tensor, w: torch.Tensor, *, main_grad=None, fp8: str = "of
     if (w.shape[0] // 2) % 8 or w.shape[1] % 8:
         raise ValueError(f"gemm_fc1 (quack) needs f and h multiples of 8 (16-byte aligned rows); got w {tuple(w.shape)}")
     if fp8 == "off":
-        return _GemmFc1.apply(x, w, main_grad)
-    if fp8 != "tensorwise" or getattr(fp8, "fast_accum", False):  # refused at start (engine/ops/dispatch.py check_fp8)
+        y = _GemmFc1.apply(x, w, main_grad)
+    elif fp8 != "tensorwise" or getattr(fp8, "fast_accum", False):  # refused at start (dispatch.py check_fp8)
         raise ValueError(f"gemm_fc1 (quack) runs --fp8 tensorwise with full accumulation only; got {fp8!r}"
                          f"{' with fast accumulation' if getattr(fp8, 'fast_accum', False) else ''}: use "
                          f"--op-gemm-fc1 compiled")
-    return _GemmFc1Fp8.apply(x, w, main_grad, fp8)
+    else:
+        y = _GemmFc1Fp8.apply(x, w, main_grad, fp8)
+    return (y, None) if amax else y
