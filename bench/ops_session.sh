@@ -77,6 +77,9 @@
 #                                      static and tile-tuned (bench/compiled_shapes.py), ~4 minutes
 #   bash bench/ops_session.sh fp8-wgrad  one GPU, CuTeDSL wheels staged: the fp8_wgrad quack version's GPU tests, then the
 #                                      slice with --op-fp8-wgrad baseline vs quack beside bf16 (one job), ~4 minutes
+#   bash bench/ops_session.sh fc2-amax  one GPU, CuTeDSL wheels staged: gemm_fc1 triton's GPU tests and fp8-triton-1gpu
+#                                      determinism (~5 min); `fc2-amax bench`: the slice with FC2's input amax fused /
+#                                      reduced by the cast (tests.engine.no_fc2_amax), one job (~6 min)
 #   bash bench/ops_session.sh fp8-det [ID,ID..]  the FP8 cases of tests/engine/test_determinism.py -m gpu (same seed and a
 #                                      resume bit for bit), by id (fp8-tensorwise-tp2, ...; default all ten), ~150 s a case
 #   bash bench/ops_session.sh host-overhead  one GPU: host time of a compiled call, a cast, one linear bf16 / FP8 (~1 min)
@@ -451,6 +454,27 @@ case "${1:-check}" in
       --variant fp8-wgrad-baseline="$FP8_CACHE --op-fp8-wgrad baseline" \
       --variant fp8-wgrad-quack="$FP8_CACHE --op-fp8-wgrad quack" \
       --out "$OUT/mfu_8b4l_fp8_wgrad.json" 2>&1 | grep -v "^\[" | tail -6
+    ;;
+  fc2-amax)
+    # FC2's input amax from the SwiGLU forward (gemm_fc1's `amax`, sixteenth session). No argument: the triton
+    # version's GPU tests (tests/ops/test_gemm_fc1_triton.py -m gpu: the kernels against the baseline, the amax
+    # against torch's), then `fp8-det fp8-triton-1gpu` (same seed and a resume bit for bit), ~5 minutes. `bench`: the
+    # slice, FP8 graphed + fast accumulation and the FP8 defaults, each beside the engine whose FC2 cast reduces h
+    # itself (tests.engine.no_fc2_amax), twice, bf16 first (one job), ~6 minutes.
+    N="tests.engine.no_fc2_amax"
+    if [ "${2:-}" = bench ]; then
+      F="$FP8_CACHE --cuda-graphs --fp8-fast-accum"
+      stamp "the slice: FP8 with FC2's input amax from the SwiGLU forward / reduced by the cast (one job)"
+      timeout 590 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 80 --variant bf16= \
+        --variant gf-fused="$F" --variant gf-cast@$N="$F" --variant gf-fused-2="$F" --variant gf-cast-2@$N="$F" \
+        --variant fp8-fused="$FP8_CACHE" --variant fp8-cast@$N="$FP8_CACHE" \
+        --out "$OUT/mfu_8b4l_fc2_amax.json" 2>&1 | grep -v "^\[" | tail -9
+      exit 0
+    fi
+    stamp "gemm_fc1 triton on the GPU (tests/ops/test_gemm_fc1_triton.py -m gpu)"
+    timeout 240 python3 -m pytest tests/ops/test_gemm_fc1_triton.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$OUT/gemm_fc1_triton_gpu.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" | tail -14
+    bash "$0" fp8-det fp8-triton-1gpu
     ;;
   fp8-det)
     # Same seed and a resume bit for bit on the GPU with --fp8 (tests/engine/test_determinism.py): the cases named in
