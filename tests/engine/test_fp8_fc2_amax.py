@@ -1,8 +1,8 @@
 """FC2's input amax handed out by gemm_fc1 (engine/ops/gemm_fc1/register.toml `amax`, passed with --fp8 tensorwise):
 FC2's FP8 cast of its input h takes it (fp8_copy's `amax`) instead of reducing h again.
 
-Reference: the same run with the cast reducing h itself (gemm_fc1 returning None for the amax, as compiled and quack
-do). Tolerance: none. The amax of the same stored values is the same fp32 value (a max is exact), so the scale, the
+Reference: the same run with the cast reducing h itself (tests/engine/no_fc2_amax.py: gemm_fc1 asked for no amax,
+the GPU A/B's other arm too). Tolerance: none. The amax of the same stored values is the same fp32 value (a max is exact), so the scale, the
 FP8 bits and everything after them are equal: torch.equal, every step's (loss, grad norm) exactly. A wrong amax
 (three times the true one: not a power of two, which would only move every FP8 value's exponent)
 must change them: the amax reaches the cast. The baseline's amax (its plain reduction, the
@@ -14,7 +14,9 @@ import torch
 
 from engine.distributed.fp8 import E4M3, Fp8Recipe, amax_of, cast
 from engine.distributed.wgrad import MainGrad, attach_main_grad, fused_linear, main_grad_of
+from engine.model.layers import MLP
 from engine.ops.gemm_fc1 import baseline
+from tests.engine.no_fc2_amax import fc1_without_amax
 from tests.parallel.workers import single_run, spawn
 
 FP8 = {"fp8": "tensorwise", "eval_samples": 0}
@@ -84,14 +86,6 @@ def test_fc2s_fp8_linear_with_the_amax_equals_the_one_reducing_its_input(dtype, 
     assert not torch.equal(fc2(h, w2, dy, amax * 3, fused, [])[0], want[0])
 
 
-def no_fc2_amax(fn):
-    """gemm_fc1 `fn` that forms no amax (None, as compiled and quack): FC2's cast reduces h itself."""
-    def gemm_fc1(x, w, *, main_grad=None, fp8="off", amax=False):
-        y = fn(x, w, main_grad=main_grad, fp8=fp8)
-        return (y, None) if amax else y
-    return gemm_fc1
-
-
 def wrong_fc2_amax(fn):
     """gemm_fc1 `fn` handing out three times y's amax: a wrong scale, which must show in the run."""
     def gemm_fc1(x, w, *, main_grad=None, fp8="off", amax=False):
@@ -129,7 +123,7 @@ def test_a_tensorwise_run_hands_every_fc2_input_cast_its_amax_and_trains_bit_for
         single_run({**FP8, "fp8": "rowwise"}, 1)
         assert calls and not any(c[3] for c in calls)
     with monkeypatch.context() as patch:
-        patch.setattr(baseline, "gemm_fc1", no_fc2_amax(baseline.gemm_fc1))
+        patch.setattr(MLP, "_fc1", fc1_without_amax)  # gemm_fc1 asked for none: FC2's cast reduces h itself
         assert same(fused, single_run(FP8, 2))
     with monkeypatch.context() as patch:
         patch.setattr(baseline, "gemm_fc1", wrong_fc2_amax(baseline.gemm_fc1))
@@ -163,9 +157,10 @@ def test_at_tp2_each_ranks_fc2_amax_trains_bit_for_bit_as_without(tmp_path, monk
     try:
         fused = spawn(2, scenarios, tmp_path)
         runs = {}
-        for name, patched in (("reduced", no_fc2_amax), ("wrong", wrong_fc2_amax)):
+        for name, target, attr, patched in (("reduced", MLP, "_fc1", fc1_without_amax),
+                                            ("wrong", baseline, "gemm_fc1", wrong_fc2_amax(baseline.gemm_fc1))):
             with monkeypatch.context() as patch:
-                patch.setattr(baseline, "gemm_fc1", patched(baseline.gemm_fc1))
+                patch.setattr(target, attr, patched)
                 (tmp_path / name).mkdir()
                 runs[name] = spawn(2, scenarios, tmp_path / name)
     finally:
