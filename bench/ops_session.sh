@@ -457,6 +457,29 @@ case "${1:-check}" in
       --variant fp8-wgrad-quack="$FP8_CACHE --op-fp8-wgrad quack" \
       --out "$OUT/mfu_8b4l_fp8_wgrad.json" 2>&1 | grep -v "^\[" | tail -6
     ;;
+  wgrad-lt)
+    # The fp8_wgrad cublaslt version (cuBLASLt's FP8 GEMM adding into the fp32 accumulator, seventeenth session). No
+    # argument: its GPU tests (tests/ops/test_fp8_wgrad.py -m gpu: against the baseline at the 8B's shapes, run to
+    # run, a view of the flat buffer, a CUDA graph), bench/fp8_wgrad.py, then `fp8-det fp8-triton-1gpu` (the FP8
+    # defaults, cublaslt among them) and `fp8-wgrad-baseline-1gpu`, ~7
+    # minutes. `bench`: the slice, bf16, FP8 graphed + fast accumulation with the wgrad baseline and cublaslt twice
+    # each, and torchao's FP8 loop (one job: the targets' job with the A/B in it), ~9 minutes.
+    F="$FP8_CACHE --cuda-graphs --fp8-fast-accum"
+    if [ "${2:-}" = bench ]; then
+      stamp "the slice: bf16, FP8 graphed + fast with the wgrad baseline / cublaslt, torchao (one job)"
+      timeout 595 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 80 --peer-timeout 100 \
+        --variant bf16= --variant gf-base="$F --op-fp8-wgrad baseline" --variant gf-lt="$F --op-fp8-wgrad cublaslt" \
+        --variant gf-base-2="$F --op-fp8-wgrad baseline" --variant gf-lt-2="$F --op-fp8-wgrad cublaslt" \
+        --peer torchao-fp8 --out "$OUT/mfu_8b4l_wgrad_lt.json" 2>&1 | grep -v "^\[" | tail -10
+      exit 0
+    fi
+    stamp "fp8_wgrad on the GPU (tests/ops/test_fp8_wgrad.py -m gpu)"
+    timeout 150 python3 -m pytest tests/ops/test_fp8_wgrad.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$OUT/fp8_wgrad_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -16
+    stamp "the wgrad add at the slice's shapes (bench/fp8_wgrad.py)"
+    timeout 120 python3 bench/fp8_wgrad.py --out "$OUT/fp8_wgrad_lt.json" 2>&1 | tail -10
+    bash "$0" fp8-det fp8-triton-1gpu,fp8-wgrad-baseline-1gpu
+    ;;
   fc2-amax)
     # FC2's input amax from the SwiGLU forward (gemm_fc1's `amax`, sixteenth session). No argument: the triton
     # version's GPU tests (tests/ops/test_gemm_fc1_triton.py -m gpu: the kernels against the baseline, the amax
@@ -484,7 +507,7 @@ case "${1:-check}" in
     # fp8-tensorwise-tp2,fp8-rowwise-1gpu). A tp2 case takes two GPUs; ~150 s a case. fp8-defaults, fp8-wgrad-quack and
     # fp8-fast-accum need the wheels.
     T=tests/engine/test_determinism.py::test_gpu_same_seed_runs_and_a_resume_are_bitwise
-    ids=(); for c in $(echo "${2:-fp8-tensorwise-1gpu,fp8-rowwise-1gpu,fp8-defaults-1gpu,fp8-wgrad-quack-1gpu,fp8-fast-accum-1gpu,fp8-tensorwise-tp2,fp8-rowwise-tp2,fp8-defaults-tp2,fp8-wgrad-quack-tp2,fp8-fast-accum-tp2}" | tr , ' '); do
+    ids=(); for c in $(echo "${2:-fp8-tensorwise-1gpu,fp8-rowwise-1gpu,fp8-defaults-1gpu,fp8-wgrad-quack-1gpu,fp8-fast-accum-1gpu,fp8-triton-1gpu,fp8-wgrad-baseline-1gpu,fp8-tensorwise-tp2,fp8-rowwise-tp2,fp8-defaults-tp2,fp8-wgrad-quack-tp2,fp8-fast-accum-tp2,fp8-triton-tp2,fp8-wgrad-baseline-tp2}" | tr , ' '); do
       ids+=("$T[$c]"); done
     stamp "FP8 same seed and resume bit for bit: ${2:-every fp8 case}"
     timeout "${DET_S:-560}" python3 -m pytest "${ids[@]}" -m gpu -q -rA -p no:cacheprovider 2>&1 \

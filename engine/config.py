@@ -228,7 +228,8 @@ class EngineConfig:
     op_fp8_cast: str = _f("", "FP8 operand cast version (amax, scale, cast; with --fp8 only): baseline (plain torch) or "
                           "compiled (torch.compile: fused kernels); see engine/ops/fp8_cast/register.toml", "kernels")
     op_fp8_wgrad: str = _f("", "FP8 weight-gradient GEMM added into the fp32 gradient (with --fp8 tensorwise only): "
-                           "baseline (torch._scaled_mm, then an add) or quack (the add in the GEMM's epilogue); see "
+                           "baseline (torch._scaled_mm, then an add), cublaslt (cuBLASLt adding in its epilogue; the "
+                           "CUDA default) or quack (quack's GEMM adding in its epilogue); see "
                            "engine/ops/fp8_wgrad/register.toml", "kernels")
 
     # --- performance

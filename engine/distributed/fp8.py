@@ -17,7 +17,7 @@ from engine.errors import ConfigError
 __all__ = ["FP8_RECIPES", "E4M3", "E5M2", "Fp8Recipe", "Fp8Operand", "scale_for", "amax_of", "amax_scale", "scaled_cast", "quantize", "cast",
            "check_cast", "keeps_fp8", "fp8_copy", "weight_copies_kept", "kept_weight_copies", "weight_copy", "grad_operand", "rows",
            "save_operands", "saved_operands", "scaled_mm_nt", "linear_forward", "linear_dgrad", "linear_wgrad",
-           "scaled_wgrad_add", "wgrad_add", "reference_linear_fp8", "check_fp8_device"]
+           "scaled_wgrad_add", "check_wgrad", "wgrad_add", "reference_linear_fp8", "check_fp8_device"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -297,6 +297,26 @@ def scaled_wgrad_add(out: torch.Tensor, qa: torch.Tensor, sa: torch.Tensor, qb: 
     """out += (qa / sa) @ (qb / sb)^T in fp32: the fp8_wgrad op's contract (engine/ops/fp8_wgrad/register.toml) in
     plain torch, its `baseline` version (_scaled_mm cannot accumulate: the product is written, then added)."""
     out.add_(_mm_tensorwise(Fp8Operand(qa, sa), Fp8Operand(qb, sb), out.dtype))
+
+
+def check_wgrad(out: torch.Tensor, qa: torch.Tensor, qb: torch.Tensor, version: str) -> None:
+    """The fp8_wgrad contract's inputs, as the GEMM-epilogue versions (`version`) take them: FP8 operands qa [m, k]
+    and qb [n, k], both row-major with k a multiple of 16, into a contiguous fp32 out [m, n], all on CUDA; one
+    ValueError naming every problem and the fix."""
+    (m, k), (n, kb) = qa.shape, qb.shape
+    problems = []
+    if qa.dtype not in (E4M3, E5M2) or qb.dtype not in (E4M3, E5M2):
+        problems.append(f"operands {qa.dtype} and {qb.dtype}, not FP8")
+    if out.dtype != torch.float32 or tuple(out.shape) != (m, n) or not out.is_contiguous():
+        problems.append(f"out {out.dtype} {tuple(out.shape)} (contiguous: {out.is_contiguous()}), not fp32 [{m}, {n}]")
+    if kb != k or k % 16 or qa.stride(-1) != 1 or qb.stride(-1) != 1:
+        problems.append(f"qa {tuple(qa.shape)} strides {qa.stride()} and qb {tuple(qb.shape)} strides {qb.stride()}: "
+                        "both row-major with one k, a multiple of 16")
+    if not (out.is_cuda and qa.is_cuda and qb.is_cuda):
+        problems.append("tensors not on CUDA")
+    if problems:
+        raise ValueError(f"fp8_wgrad ({version}) cannot take these inputs: {'; '.join(problems)}: use "
+                         f"--op-fp8-wgrad baseline")
 
 
 def wgrad_add(out: torch.Tensor, g2, x2, recipe: str, write: bool = False) -> None:

@@ -86,13 +86,17 @@ def _gpus() -> int:
 # epilogue (--op-fp8-wgrad quack), and fp8-fast-accum: the fastest FP8 configuration (each weight cast once a step,
 # the forward GEMMs accumulating fast, as torchao's recipes do), fp8-quack: FC1 on quack's gated GEMM in FP8 and the
 # operands cast by the Triton kernels (--op-fp8-cast triton), fp8-triton: FC1's SwiGLU and the casts in the Triton
-# kernels (the SwiGLU backward's amax atomically merged: order-free, so still bit for bit).
+# kernels (the SwiGLU backward's amax atomically merged: order-free, so still bit for bit) with the weight gradients
+# added in cuBLASLt's GEMM epilogue (the CUDA default since the seventeenth session: its algorithm fixed a shape),
+# fp8-wgrad-baseline: the same with the baseline's product-then-add (--op-fp8-wgrad baseline).
 OPS = {"defaults": [], "baseline": BASELINE, "fp8-tensorwise": [*BASELINE, "--fp8", "tensorwise"],
        "fp8-rowwise": [*BASELINE, "--fp8", "rowwise"], "fp8-defaults": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise"],
        "fp8-wgrad-quack": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise", "--op-fp8-wgrad", "quack"],
        "fp8-fast-accum": ["--op-gemm-fc1", "compiled", "--fp8", "tensorwise", "--fp8-weight-cache", "--fp8-fast-accum"],
        "fp8-quack": ["--op-gemm-fc1", "quack", "--fp8", "tensorwise", "--fp8-weight-cache", "--op-fp8-cast", "triton"],
-       "fp8-triton": ["--op-gemm-fc1", "triton", "--fp8", "tensorwise", "--fp8-weight-cache", "--op-fp8-cast", "triton"]}
+       "fp8-triton": ["--op-gemm-fc1", "triton", "--fp8", "tensorwise", "--fp8-weight-cache", "--op-fp8-cast", "triton"],
+       "fp8-wgrad-baseline": ["--op-gemm-fc1", "triton", "--fp8", "tensorwise", "--fp8-weight-cache", "--op-fp8-cast",
+                              "triton", "--op-fp8-wgrad", "baseline"]}
 
 
 @pytest.mark.gpu

@@ -12,29 +12,16 @@ _scaled_mm) and a fixed tile configuration (tuned=False, no split-K) keep it bit
 import torch
 from quack.gemm_interface import gemm_add_inplace
 
+from engine.distributed.fp8 import check_wgrad
 from engine.ops.kernel_cache import configure_quack_cache
 
 __all__ = ["wgrad_add"]
 
 configure_quack_cache()
 
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-
 
 def wgrad_add(out: torch.Tensor, qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor) -> None:
     """out += (qa / sa) @ (qb / sb)^T (engine/ops/fp8_wgrad/register.toml)."""
-    (m, k), (n, kb) = qa.shape, qb.shape
-    problems = []
-    if qa.dtype not in _FP8 or qb.dtype not in _FP8:
-        problems.append(f"operands {qa.dtype} and {qb.dtype}, not FP8")
-    if out.dtype != torch.float32 or tuple(out.shape) != (m, n) or not out.is_contiguous():
-        problems.append(f"out {out.dtype} {tuple(out.shape)} (contiguous: {out.is_contiguous()}), not fp32 [{m}, {n}]")
-    if kb != k or k % 16 or qa.stride(-1) != 1 or qb.stride(-1) != 1:
-        problems.append(f"qa {tuple(qa.shape)} strides {qa.stride()} and qb {tuple(qb.shape)} strides {qb.stride()}: "
-                        "both row-major with one k, a multiple of 16")
-    if not (out.is_cuda and qa.is_cuda and qb.is_cuda):
-        problems.append("tensors not on CUDA")
-    if problems:
-        raise ValueError(f"fp8_wgrad (quack) cannot take these inputs: {'; '.join(problems)}: use --op-fp8-wgrad baseline")
+    check_wgrad(out, qa, qb, "quack")
     alpha = (sa.reciprocal() * sb.reciprocal()).reshape(1)  # as _scaled_mm's epilogue forms it; quack reads (1,)
     gemm_add_inplace(qa, qb.t(), out, alpha=alpha, beta=1.0, tuned=False)
