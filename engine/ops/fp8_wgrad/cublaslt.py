@@ -15,7 +15,8 @@ first algorithm for a shape (and the operands' alignments) is kept for the proce
 kernel: bit for bit run to run, and inside CUDA graphs (the descriptors are host state; the call only enqueues).
 """
 
-import ctypes  # guard: allow isolation -- the cuBLASLt entry points torch does not expose (beta = 1 for FP8); this file calls only libcublasLt
+# guard: allow isolation -- cuBLASLt's FP8 matmul with a C, which torch does not expose; this file calls libcublasLt only
+import ctypes
 import threading
 
 import torch
@@ -106,9 +107,10 @@ class _Lt:
         c = self.layout(_R_32F, n, m, n)  # out: column-major [n, m]; C and D are the same buffer
         pref = ctypes.c_void_p()
         self.check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
-        self.set_attr(lib.cublasLtMatmulPreferenceSetAttribute, pref, _PREF_MAX_WORKSPACE, ctypes.c_uint64(WORKSPACE_BYTES))
+        set_pref = lib.cublasLtMatmulPreferenceSetAttribute
+        self.set_attr(set_pref, pref, _PREF_MAX_WORKSPACE, ctypes.c_uint64(WORKSPACE_BYTES))
         for name, bytes_ in aligns.items():
-            self.set_attr(lib.cublasLtMatmulPreferenceSetAttribute, pref, _PREF_ALIGN[name], ctypes.c_uint32(bytes_))
+            self.set_attr(set_pref, pref, _PREF_ALIGN[name], ctypes.c_uint32(bytes_))
         result, found = _Heuristic(), ctypes.c_int(0)
         status = lib.cublasLtMatmulAlgoGetHeuristic(self.handle(device), desc, a, b, c, c, pref, 1,
                                                     ctypes.byref(result), ctypes.byref(found))
