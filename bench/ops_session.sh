@@ -75,8 +75,10 @@
 #   bash bench/ops_session.sh fp8-tp2-full  two GPUs, CuTeDSL wheels staged: the full 8B at TP 2, bf16 vs --fp8 (~4 min)
 #   bash bench/ops_session.sh compiled-shapes  one GPU: the FP8 path's compiled kernels (cast, amax, SwiGLU) dynamic,
 #                                      static and tile-tuned (bench/compiled_shapes.py), ~4 minutes
-#   bash bench/ops_session.sh fp8-wgrad  one GPU, CuTeDSL wheels staged: the fp8_wgrad quack version's GPU tests, then the
-#                                      slice with --op-fp8-wgrad baseline vs quack beside bf16 (one job), ~4 minutes
+#   bash bench/ops_session.sh fp8-wgrad  one GPU, CuTeDSL wheels staged: the fp8_wgrad op's GPU tests, bench/fp8_wgrad.py
+#                                      and determinism (~7 min; `tests`: without the determinism); `fp8-wgrad bench`: the
+#                                      slice, wgrad baseline vs cublaslt graphed + fast, with torchao (~9 min);
+#                                      `fp8-wgrad quack`: the slice, baseline vs quack, eager (~4 min)
 #   bash bench/ops_session.sh fc2-amax  one GPU, CuTeDSL wheels staged: gemm_fc1 triton's GPU tests and fp8-triton-1gpu
 #                                      determinism (~5 min); `fc2-amax bench`: the slice with FC2's input amax fused /
 #                                      reduced by the cast (tests.engine.no_fc2_amax), one job (~6 min)
@@ -444,28 +446,15 @@ case "${1:-check}" in
     timeout "${SHAPES_S:-400}" python3 bench/compiled_shapes.py --out "$OUT/compiled_shapes.json" 2>&1 | grep -v -i warn | tail -24
     ;;
   fp8-wgrad)
-    # One GPU, CuTeDSL wheels staged: the fp8_wgrad op's quack version (the weight gradient added in its GEMM's
-    # epilogue) against the baseline (tests/ops/test_fp8_wgrad.py -m gpu), then the 4-layer 8B slice, bf16 vs --fp8
-    # tensorwise with the weight cache, the wgrad baseline and quack (one job), ~4 minutes; `fp8-det
-    # fp8-wgrad-quack-1gpu` for its determinism.
-    stamp "fp8_wgrad quack against the baseline, and run to run (tests/ops/test_fp8_wgrad.py -m gpu)"
-    timeout 150 python3 -m pytest tests/ops/test_fp8_wgrad.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
-      | tee "$OUT/fp8_wgrad_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -10
-    stamp "the slice: bf16, --fp8 (weight cache) with --op-fp8-wgrad baseline and quack (one job)"
-    timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --variant bf16-defaults= \
-      --variant fp8-wgrad-baseline="$FP8_CACHE --op-fp8-wgrad baseline" \
-      --variant fp8-wgrad-quack="$FP8_CACHE --op-fp8-wgrad quack" \
-      --out "$OUT/mfu_8b4l_fp8_wgrad.json" 2>&1 | grep -v "^\[" | tail -6
-    ;;
-  wgrad-lt)
-    # The fp8_wgrad cublaslt version (cuBLASLt's FP8 GEMM adding into the fp32 accumulator, seventeenth session). No
-    # argument: its GPU tests (tests/ops/test_fp8_wgrad.py -m gpu: against the baseline at the 8B's shapes, run to
-    # run, a view of the flat buffer, a CUDA graph), bench/fp8_wgrad.py, then `fp8-det fp8-triton-1gpu` (the FP8
-    # defaults, cublaslt among them) and `fp8-wgrad-baseline-1gpu`, ~7
-    # minutes. `bench`: the slice, bf16, FP8 graphed + fast accumulation with the wgrad baseline and cublaslt twice
-    # each, and torchao's FP8 loop (one job: the targets' job with the A/B in it), ~9 minutes.
-    F="$FP8_CACHE --cuda-graphs --fp8-fast-accum"
+    # The fp8_wgrad op on one GPU, CuTeDSL wheels staged. No argument: its GPU tests (tests/ops/test_fp8_wgrad.py -m
+    # gpu: quack and cublaslt against the baseline at the 8B's shapes, run to run; cublaslt into a view of the flat
+    # buffer and from a CUDA graph), bench/fp8_wgrad.py, then `fp8-det fp8-triton-1gpu,fp8-wgrad-baseline-1gpu` (the
+    # FP8 defaults, cublaslt among them, and the baseline add), ~7 minutes. `bench`: the slice, bf16, FP8 graphed +
+    # fast accumulation with the wgrad baseline and cublaslt twice each, and torchao's FP8 loop (one job: the targets'
+    # job with the A/B in it, seventeenth session), ~9 minutes. `quack`: the slice, bf16 vs --fp8 (weight cache) with
+    # the baseline and quack's epilogue add, eager (tenth session), ~4 minutes.
     if [ "${2:-}" = bench ]; then
+      F="$FP8_CACHE --cuda-graphs --fp8-fast-accum"
       stamp "the slice: bf16, FP8 graphed + fast with the wgrad baseline / cublaslt, torchao (one job)"
       timeout 595 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 80 --peer-timeout 100 \
         --variant bf16= --variant gf-base="$F --op-fp8-wgrad baseline" --variant gf-lt="$F --op-fp8-wgrad cublaslt" \
@@ -473,12 +462,20 @@ case "${1:-check}" in
         --peer torchao-fp8 --out "$OUT/mfu_8b4l_wgrad_lt.json" 2>&1 | grep -v "^\[" | tail -10
       exit 0
     fi
+    if [ "${2:-}" = quack ]; then
+      stamp "the slice: bf16, --fp8 (weight cache) with --op-fp8-wgrad baseline and quack (one job)"
+      timeout 300 python3 bench/mfu.py --common "$SLICE" --steps 5 --warmup 2 --engine-timeout 90 --variant bf16-defaults= \
+        --variant fp8-wgrad-baseline="$FP8_CACHE --op-fp8-wgrad baseline" \
+        --variant fp8-wgrad-quack="$FP8_CACHE --op-fp8-wgrad quack" \
+        --out "$OUT/mfu_8b4l_fp8_wgrad.json" 2>&1 | grep -v "^\[" | tail -6
+      exit 0
+    fi
     stamp "fp8_wgrad on the GPU (tests/ops/test_fp8_wgrad.py -m gpu)"
     timeout 150 python3 -m pytest tests/ops/test_fp8_wgrad.py -m gpu -q -rA -p no:cacheprovider 2>&1 \
       | tee "$OUT/fp8_wgrad_tests.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" | tail -16
     stamp "the wgrad add at the slice's shapes (bench/fp8_wgrad.py)"
     timeout 120 python3 bench/fp8_wgrad.py --out "$OUT/fp8_wgrad_lt.json" 2>&1 | tail -10
-    bash "$0" fp8-det fp8-triton-1gpu,fp8-wgrad-baseline-1gpu
+    [ "${2:-}" = tests ] || bash "$0" fp8-det fp8-triton-1gpu,fp8-wgrad-baseline-1gpu
     ;;
   fc2-amax)
     # FC2's input amax from the SwiGLU forward (gemm_fc1's `amax`, sixteenth session). No argument: the triton

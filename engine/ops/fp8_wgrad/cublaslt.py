@@ -58,11 +58,10 @@ def _library() -> ctypes.CDLL:
 
 class _Lt:
     """One process's cuBLASLt: the library, a handle and a workspace per device, and a plan (descriptors, layouts,
-    algorithm) per shape."""
+    algorithm) per shape. Used under _LOCK only (the plans' descriptors take each call's scales)."""
 
     def __init__(self):
         self.lib = _library()
-        self.lock = threading.Lock()
         self.handles: dict[int, ctypes.c_void_p] = {}
         self.workspaces: dict[int, torch.Tensor] = {}
         self.plans: dict[tuple, tuple] = {}
@@ -124,15 +123,15 @@ class _Lt:
 
 
 _LT: _Lt | None = None
-_LT_LOCK = threading.Lock()
+_LOCK = threading.Lock()
 
 
 def _lt() -> _Lt:
+    """The process's _Lt, made at the first call (under _LOCK)."""
     global _LT
-    with _LT_LOCK:
-        if _LT is None:
-            _LT = _Lt()
-        return _LT
+    if _LT is None:
+        _LT = _Lt()
+    return _LT
 
 
 def _alignment(t: torch.Tensor) -> int:
@@ -147,12 +146,12 @@ def wgrad_add(out: torch.Tensor, qa: torch.Tensor, sa: torch.Tensor, qb: torch.T
     if qa.dtype == E5M2 and qb.dtype == E5M2:
         raise ValueError("fp8_wgrad (cublaslt): cuBLASLt multiplies no two E5M2 operands: use --op-fp8-wgrad baseline")
     (m, k), n = qa.shape, qb.shape[0]
-    lt = _lt()
-    device = out.device.index if out.device.index is not None else torch.cuda.current_device()
+    device = out.device.index
     aligns = {"A": _alignment(qb), "B": _alignment(qa), "C": _alignment(out), "D": _alignment(out)}
     inv_a, inv_b = sa.reciprocal(), sb.reciprocal()  # the dequantisation scales, as _scaled_mm's (1 / s)
     alpha, beta = ctypes.c_float(1.0), ctypes.c_float(1.0)
-    with lt.lock, torch.cuda.device(device):
+    with _LOCK, torch.cuda.device(device):
+        lt = _lt()
         desc, a, b, c, algo = lt.plan(device, m, n, k, _TYPES[qa.dtype], _TYPES[qb.dtype], aligns)
         lt.set_attr(lt.lib.cublasLtMatmulDescSetAttribute, desc, _DESC_A_SCALE, ctypes.c_void_p(inv_b.data_ptr()))
         lt.set_attr(lt.lib.cublasLtMatmulDescSetAttribute, desc, _DESC_B_SCALE, ctypes.c_void_p(inv_a.data_ptr()))
